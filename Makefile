@@ -1,0 +1,74 @@
+# candle-trace — build, test, benchmark.
+#   make          build/libcandle_trace.so and build/candle-trace
+#   make demo     build and run the C demo, check its trace with candle-graph
+#   make test     every test of the project
+#   make bench    the benchmarks (figures go into BENCHMARKS.md)
+
+GO        ?= go
+CC        ?= cc
+BUILD     := build
+LIB       := $(BUILD)/libcandle_trace.so
+CLI       := $(BUILD)/candle-trace
+CFLAGS    ?= -O2 -Wall -Wextra -Werror -std=c99
+# candle-graph, the reference reader: installed by tools (or .ci/run) from crates.io.
+CANDLE_GRAPH_VERSION := 0.10.1
+TOOLS     := $(BUILD)/tools
+CANDLE_GRAPH ?= $(TOOLS)/bin/candle-graph
+export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
+
+GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h') include/candle_trace.h go.mod
+
+.PHONY: all lib cli demo test test-go test-c test-load bench tools clean
+
+all: lib cli
+
+lib: $(LIB)
+cli: $(CLI)
+
+$(LIB): $(GO_SRC)
+	$(GO) build -buildmode=c-shared -o $@ ./cmd/libtrace
+	@rm -f $(BUILD)/libcandle_trace.h   # the hand-written include/candle_trace.h is the header
+
+$(CLI): $(GO_SRC)
+	@if [ -d cmd/candle-trace ]; then $(GO) build -o $@ ./cmd/candle-trace; fi
+
+$(BUILD)/%: examples/c/%.c $(LIB) include/candle_trace.h
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lm
+
+$(BUILD)/test_abi: tests/c/test_abi.c $(LIB) include/candle_trace.h
+	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lm -lpthread
+
+$(BUILD)/bench_spans: tests/bench/bench_spans.c $(LIB)
+	$(CC) -O2 -Wall -std=c99 -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN'
+
+tools: $(CANDLE_GRAPH)
+
+$(CANDLE_GRAPH):
+	cargo install candle-graph --version $(CANDLE_GRAPH_VERSION) --locked --root $(TOOLS)
+
+demo: $(LIB) $(BUILD)/train_step tools
+	rm -rf $(BUILD)/demo && mkdir -p $(BUILD)/demo
+	$(BUILD)/train_step $(BUILD)/demo/demo.jsonl
+	@echo "--- first lines of the trace:"; head -c 1200 $(BUILD)/demo/demo.jsonl; echo " ..."
+	@echo "--- candle-graph's verdict:"
+	cd $(BUILD)/demo && $(CANDLE_GRAPH) summary demo.jsonl --require-valid > summary.json && \
+	  python3 -c "import json; h=json.load(open('summary.json'))['health']; print('structurally_valid:', h['structurally_valid'], ' capture_complete:', h['capture_complete']); [print(' ', i['severity'], i['code'], '-', i['message']) for i in h['issues']]"
+
+test: test-go test-c test-load
+
+test-go: $(LIB) tools
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
+	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
+
+test-load: $(LIB)
+	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
+
+bench: $(LIB) $(BUILD)/bench_spans
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
+	./$(BUILD)/bench_spans /tmp 100000
+
+clean:
+	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/bench_spans $(BUILD)/demo

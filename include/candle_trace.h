@@ -1,0 +1,367 @@
+/*
+ * candle_trace.h — the C ABI of candle-trace, a profiler for one representative
+ * training (or inference) step that writes a candle-graph/trace/10 JSONL trace.
+ *
+ * Example: trace one update of a training loop.
+ *
+ *     #include "candle_trace.h"
+ *
+ *     ct_session s;
+ *     if (ct_open("traces/step.jsonl",
+ *                 "{\"entrypoint\":\"mlp::train\",\"phase\":\"train\","
+ *                 "\"capture_step\":3,\"device\":\"cpu\"}", &s) != CT_OK) {
+ *         fprintf(stderr, "candle-trace: %s\n", ct_last_error());
+ *         return 1;
+ *     }
+ *     ct_span update, fwd;
+ *     ct_measurement_begin(s, "update", &update);      // the one measured region
+ *     ct_span_begin(s, "forward", CT_SPAN_MODULE, CT_STEP_FORWARD, &fwd);
+ *     ... run the forward pass, ct_record_op(s, fwd, &op) per op ...
+ *     ct_span_end(s, fwd);
+ *     ... backward, optimizer, ct_record_gradient(...) per parameter ...
+ *     ct_span_end(s, update);
+ *     if (ct_finish(s) != CT_OK) fprintf(stderr, "%s\n", ct_last_error());
+ *
+ * Conventions (they hold for every function below):
+ * - Fallible functions return ct_status; CT_OK (0) is success. On failure the
+ *   calling thread's message is in ct_last_error() and nothing was written.
+ * - Handles are integers; 0 is never a valid session or span. The root span
+ *   opened by ct_open is always 1 ("s1" in the trace).
+ * - Strings are NUL-terminated UTF-8, borrowed for the duration of the call;
+ *   the library copies what it keeps. NULL, empty (where a value is required)
+ *   and invalid UTF-8 are refused with CT_ERR_INVALID_ARGUMENT. Arrays come as
+ *   pointer + length.
+ * - Every function may be called from any thread on any session. Spans nest
+ *   per OS thread: ct_span_begin's parent is the innermost open span of the
+ *   calling thread (the root when it has none), and ct_span_end must close that
+ *   innermost span.
+ * - Record structs start with `size`: set it to sizeof(the struct). It lets the
+ *   structs grow in later ABI versions without breaking compiled callers.
+ * - Timestamps are nanoseconds on the session clock (CLOCK_MONOTONIC since
+ *   ct_open); ct_now_ns reads it.
+ * - A session whose trace write ever failed is poisoned: every later call
+ *   returns CT_ERR_POISONED except ct_finish_failed, and `complete` is never
+ *   written for it.
+ * - In a child created by fork(), every call on any session returns
+ *   CT_ERR_STATE without touching the parent's trace (the Go runtime inside
+ *   the library does not survive fork). Open a new session after exec instead.
+ * - Events are written by a background flusher at most
+ *   CT_DEFAULT_FLUSH_INTERVAL_MS after they are recorded (environment
+ *   CANDLE_TRACE_FLUSH_MS changes it), so a killed process leaves a readable
+ *   partial trace of whole lines.
+ */
+#ifndef CANDLE_TRACE_H
+#define CANDLE_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CT_ABI_VERSION 1
+#define CT_DEFAULT_FLUSH_INTERVAL_MS 50
+
+typedef uint64_t ct_session;
+typedef uint64_t ct_span;
+
+/* Status codes. Values are fixed. */
+typedef enum ct_status {
+    CT_OK = 0,
+    CT_ERR_INVALID_ARGUMENT = 1, /* NULL, empty, non-UTF-8, unknown enum, inconsistent record */
+    CT_ERR_INVALID_HANDLE = 2,   /* 0, unknown or finished session; unknown span */
+    CT_ERR_SPAN_MISMATCH = 3,    /* span_end of a span that is not this thread's innermost */
+    CT_ERR_STATE = 4,            /* call not allowed now: open spans at finish, second measured region, fork child */
+    CT_ERR_IO = 5,               /* the trace could not be created or written (the session is now poisoned) */
+    CT_ERR_POISONED = 6,         /* an earlier write failed; only ct_finish_failed works */
+    CT_ERR_UNAVAILABLE = 7,      /* a device collector or its library is not present */
+    CT_ERR_INTERNAL = 8          /* a bug or out of memory; the message says which */
+} ct_status;
+
+/* Wire enums: each mirrors a value set of the trace format. Values are fixed. */
+typedef enum ct_span_kind { CT_SPAN_FUNCTION = 0, CT_SPAN_OP = 1, CT_SPAN_MODULE = 2 } ct_span_kind;
+
+typedef enum ct_step {
+    CT_STEP_NONE = 0, /* the span is not a training step phase */
+    CT_STEP_FORWARD = 1,
+    CT_STEP_BACKWARD = 2,
+    CT_STEP_OPTIMIZER = 3
+} ct_step;
+
+typedef enum ct_memory_action { CT_MEMORY_ALLOC = 0, CT_MEMORY_FREE = 1 } ct_memory_action;
+
+typedef enum ct_gradient_state {
+    CT_GRADIENT_PRESENT = 0,   /* norm required: finite and > 0 */
+    CT_GRADIENT_ZERO = 1,      /* norm required: exactly +0.0 */
+    CT_GRADIENT_MISSING = 2,   /* norm must be NULL */
+    CT_GRADIENT_NON_FINITE = 3 /* norm must be NULL */
+} ct_gradient_state;
+
+typedef enum ct_category {
+    CT_CATEGORY_OTHER = 0,
+    CT_CATEGORY_PARAMETER = 1,
+    CT_CATEGORY_ACTIVATION = 2,
+    CT_CATEGORY_GRADIENT = 3,
+    CT_CATEGORY_OPTIMIZER = 4
+} ct_category;
+
+/* Presence flags of optional record fields. */
+#define CT_HAS_OUTPUT_DENSE_BYTES (1u << 0) /* ct_op.output_dense_bytes is set */
+#define CT_HAS_DENSE_BYTES (1u << 0)        /* ct_tensor.dense_bytes is set */
+#define CT_HAS_USED_BYTES (1u << 0)         /* ct_device_memory fields ... */
+#define CT_HAS_FREE_BYTES (1u << 1)
+#define CT_HAS_RESERVED_BYTES (1u << 2)
+#define CT_HAS_CAPACITY_BYTES (1u << 3)
+#define CT_HAS_CORRELATION_ID (1u << 0)     /* ct_device_interval.correlation_id is set */
+
+/* One executed operation (a matmul, an aten op, ...). */
+typedef struct ct_op {
+    uint32_t size;                /* sizeof(ct_op) */
+    uint32_t flags;               /* CT_HAS_OUTPUT_DENSE_BYTES */
+    const char *op_name;          /* required */
+    const char *dtype;            /* required, e.g. "f32" (case-insensitive element sizes) */
+    const char *device;           /* required, e.g. "cpu", "cuda:0" */
+    const char *const *inputs;    /* tensor ids of the inputs; may be NULL when n_inputs is 0 */
+    size_t n_inputs;
+    const char *output;           /* tensor id of the output, NULL for none */
+    const int64_t *shape;         /* output shape; each dim >= 0 */
+    size_t rank;
+    uint64_t duration_ns;
+    uint64_t timestamp_ns;        /* start on the session clock; 0 = now - duration_ns */
+    uint64_t output_dense_bytes;  /* when not flagged: product(shape) x element size */
+    uint64_t input_dense_bytes;
+} ct_op;
+
+/* Tensor metadata (an activation, a parameter, ...). */
+typedef struct ct_tensor {
+    uint32_t size;                /* sizeof(ct_tensor) */
+    uint32_t flags;               /* CT_HAS_DENSE_BYTES */
+    const char *tensor_id;        /* required: the backend's identity of the tensor */
+    const char *dtype;            /* required */
+    const char *device;           /* required */
+    const char *label;            /* NULL for none; a human name, never an identity */
+    const int64_t *shape;
+    size_t rank;
+    int32_t requires_grad;        /* 0 or 1 */
+    ct_category category;
+    uint64_t dense_bytes;
+} ct_tensor;
+
+/* Statistics a framework already reduced (on its own device). */
+typedef struct ct_tensor_stats {
+    uint32_t size;                /* sizeof(ct_tensor_stats) */
+    uint32_t reserved;            /* 0 */
+    const char *label;            /* required, non-blank */
+    const char *dtype;            /* required */
+    const int64_t *shape;
+    size_t rank;
+    uint64_t elements;            /* must equal product(shape); 1 for rank 0 */
+    uint64_t non_finite;          /* <= elements */
+    double rms;                   /* finite, >= 0 (write 0 when the reduction was not finite) */
+    double abs_max;               /* finite, >= 0 */
+    double mean;                  /* finite */
+} ct_tensor_stats;
+
+/* A logical allocation or free of one tensor's storage. */
+typedef struct ct_memory {
+    uint32_t size;                /* sizeof(ct_memory) */
+    uint32_t reserved;            /* 0 */
+    uint64_t timestamp_ns;        /* 0 = now; must lie inside the span */
+    const char *storage_id;       /* required; lifetimes are keyed by (device, storage_id) */
+    const char *tensor_id;        /* required */
+    const char *device;           /* required */
+    const char *dtype;            /* required */
+    const char *op_name;          /* NULL for none */
+    uint64_t bytes;
+    const int64_t *shape;
+    size_t rank;
+    ct_category category;
+} ct_memory;
+
+/* A sample of a device's physical memory. At least one value must be flagged. */
+typedef struct ct_device_memory {
+    uint32_t size;                /* sizeof(ct_device_memory) */
+    uint32_t flags;               /* CT_HAS_USED_BYTES | CT_HAS_FREE_BYTES | ... */
+    uint64_t timestamp_ns;        /* 0 = now */
+    const char *device;           /* required */
+    uint64_t used_bytes;
+    uint64_t free_bytes;
+    uint64_t reserved_bytes;
+    uint64_t capacity_bytes;
+} ct_device_memory;
+
+/* One interval of device work (a kernel, a memcpy, ...). */
+typedef struct ct_device_interval {
+    uint32_t size;                /* sizeof(ct_device_interval) */
+    uint32_t flags;               /* CT_HAS_CORRELATION_ID */
+    const char *device;           /* required */
+    const char *stream_id;        /* required */
+    const char *clock_id;         /* NULL = "host-monotonic" (start_ns on the session clock) */
+    const char *backend;          /* required, e.g. "cuda" */
+    const char *name;             /* NULL for none, e.g. the kernel name */
+    uint64_t start_ns;
+    uint64_t duration_ns;         /* > 0 */
+    uint64_t correlation_id;
+} ct_device_interval;
+
+/* ---- sessions ----------------------------------------------------------- */
+
+/* Opens a trace at `path` and writes its meta line and root span s1.
+ *
+ * `run_json` is a JSON object with the run's provenance: required
+ * "entrypoint", "phase" ("train" | "infer"), "capture_step" (>= 1) and
+ * "device"; optional "warmup_steps" (default capture_step - 1),
+ * "correlation_id" (default "<entrypoint>/update-<step>" or
+ * ".../inference-<step>"), "timing_mode" ("host" | "device_synchronized"),
+ * "measured_region_device_synchronized", "capture_contract",
+ * "comparison_identity", "tags" (string -> string), "candle_version", and
+ * "measured_root": true to make the root span the measured region. Unknown
+ * keys are refused (typos would otherwise vanish). The gradient manifest
+ * digest of a gradient contract is computed here; do not pass one.
+ * Parent folders of `path` are created; an existing file is replaced.
+ *
+ * Thread-safe. Returns CT_OK and stores the handle in *out;
+ * CT_ERR_INVALID_ARGUMENT for bad JSON or provenance (nothing is created);
+ * CT_ERR_IO when the file cannot be created or written (no file that claims
+ * to be a trace is left). */
+ct_status ct_open(const char *path, const char *run_json, ct_session *out);
+
+/* Opens a span nested in the calling thread's innermost open span (the root
+ * when it has none). `step` tags a training phase (CT_STEP_NONE for none).
+ * Costs tens of nanoseconds: it never blocks on I/O, except that a thread
+ * whose event ring is full drains it synchronously (nothing is dropped).
+ * Thread-safe. Returns CT_OK and the span in *out. */
+ct_status ct_span_begin(ct_session session, const char *name, ct_span_kind kind, ct_step step,
+                        ct_span *out);
+
+/* Opens the session's single measured region (a function span marked
+ * measured), nested like ct_span_begin. A second one, or one in a session
+ * opened with "measured_root", is CT_ERR_STATE. Close it with ct_span_end. */
+ct_status ct_measurement_begin(ct_session session, const char *name, ct_span *out);
+
+/* Closes `span`, which must be the innermost open span of the calling thread;
+ * otherwise CT_ERR_SPAN_MISMATCH and nothing is written. The root s1 is
+ * closed by ct_finish only. Thread-safe. */
+ct_status ct_span_end(ct_session session, ct_span span);
+
+/* Records host work that already happened (on any thread) as a closed span
+ * attached to the root. It does not touch any thread's span stack.
+ * duration_ns must be > 0 and start_ns + duration_ns must not lie in the
+ * future. Thread-safe. Returns the new span in *out (may be NULL). */
+ct_status ct_record_completed_span(ct_session session, const char *name, ct_span_kind kind,
+                                   uint64_t start_ns, uint64_t duration_ns, ct_span *out);
+
+/* The session clock: nanoseconds since ct_open. 0 on a bad handle.
+ * Thread-safe, never blocks. */
+uint64_t ct_now_ns(ct_session session);
+
+/* ---- records -------------------------------------------------------------
+ * Each takes the span the record belongs to. The span must exist; records
+ * with times (op, memory) must lie inside the span: while it is open they
+ * must end no later than now, once it is closed inside its interval. The
+ * library remembers the bounds of the most recent 262144 closed spans; older
+ * closed spans are refused with CT_ERR_INVALID_HANDLE. All are thread-safe. */
+
+/* One operation. Derives output_dense_bytes from shape and dtype when not
+ * flagged. Shapes whose byte size overflows 64 bits are refused. */
+ct_status ct_record_op(ct_session session, ct_span span, const ct_op *op);
+
+/* Tensor metadata. */
+ct_status ct_record_tensor(ct_session session, ct_span span, const ct_tensor *tensor);
+
+/* Statistics already reduced by the caller; the invariants noted in
+ * ct_tensor_stats are checked. */
+ct_status ct_record_tensor_stats(ct_session session, ct_span span, const ct_tensor_stats *stats);
+
+/* Reduces a host float32 buffer (product(shape) elements) to rms, abs_max,
+ * mean and the count of non-finite elements; the finite elements alone feed
+ * rms, abs_max and mean. `data` may be NULL only for an empty tensor. */
+ct_status ct_record_tensor_stats_f32(ct_session session, ct_span span, const char *label,
+                                     const float *data, const int64_t *shape, size_t rank);
+
+/* A scalar observation (a loss, a learning rate) as single-element stats.
+ * A non-finite value is recorded as non_finite 1 with zeros. */
+ct_status ct_record_scalar(ct_session session, ct_span span, const char *label, double value);
+
+/* A logical allocation or free. Lifetimes are checked as they arrive: an
+ * alloc of a live storage with other bytes, a repeated (storage, tensor)
+ * alloc, and a free of a storage that is not live are refused. */
+ct_status ct_record_memory(ct_session session, ct_span span, ct_memory_action action,
+                           const ct_memory *memory);
+
+/* A physical device-memory sample (not tied to a span). */
+ct_status ct_record_device_memory(ct_session session, const ct_device_memory *sample);
+
+/* A device interval, attributed to `span` (the span that launched it). */
+ct_status ct_record_device_interval(ct_session session, ct_span span,
+                                    const ct_device_interval *interval);
+
+/* A call edge from `from` to its child `to` (to's parent must be from).
+ * host_duration_ns 0 takes to's duration: the edge is written when `to`
+ * closes (at once if it is closed). Otherwise it must equal that duration. */
+ct_status ct_record_call_edge(ct_session session, ct_span from, ct_span to,
+                              uint64_t host_duration_ns);
+
+/* A data edge between two tensor ids (both non-empty). */
+ct_status ct_record_data_edge(ct_session session, const char *from_tensor, const char *to_tensor);
+
+/* One gradient fact for parameter `key` under `root` (e.g. a VarMap).
+ * `norm` is NULL when absent; see ct_gradient_state for what each state
+ * requires. With a gradient contract, the key must be in its manifest and may
+ * be recorded once. */
+ct_status ct_record_gradient(ct_session session, const char *root, const char *key,
+                             ct_gradient_state state, const double *norm);
+
+/* ---- device collectors -------------------------------------------------- */
+
+/* Starts device collectors. `options_json` (may be NULL) is an object:
+ * {"collect":["nvml","cupti"], "interval_ms":10, "devices":[0]}.
+ * Returns CT_ERR_UNAVAILABLE with a message naming what is missing when the
+ * driver or library is absent; the session goes on either way. */
+ct_status ct_device_start(ct_session session, const char *options_json);
+
+/* Stops device collectors and writes what they hold (ct_finish does too). */
+ct_status ct_device_stop(ct_session session);
+
+/* ---- ending --------------------------------------------------------------- */
+
+/* Writes everything recorded so far to the file. Returns CT_OK when it is
+ * there; CT_ERR_IO (and the session is poisoned) when a write failed. */
+ct_status ct_flush(ct_session session);
+
+/* Closes the root, writes the terminal `complete` line, flushes, closes the
+ * file and invalidates the handle. Refused with CT_ERR_STATE (the session
+ * stays usable) when spans are still open, when no measured region exists,
+ * when a required semantic label was not seen exactly once, or when a
+ * gradient contract's keys were not all recorded. Calls racing with
+ * ct_finish on other threads may be dropped; they never corrupt the trace. */
+ct_status ct_finish(ct_session session);
+
+/* Ends a capture that did not complete: writes the terminal `failed` line
+ * with `reason` (non-empty), leaves open spans open, and invalidates the
+ * handle. Works on a poisoned session (the write may still fail: CT_ERR_IO,
+ * and the handle is invalidated anyway). */
+ct_status ct_finish_failed(ct_session session, const char *reason);
+
+/* ---- library -------------------------------------------------------------- */
+
+/* The message of the calling thread's last failed call ("" when none).
+ * Never NULL; valid until the thread's next ct_* call. */
+const char *ct_last_error(void);
+
+/* The library version, e.g. "0.1.0". */
+const char *ct_version(void);
+
+/* CT_ABI_VERSION of the library; bindings compare it with theirs. */
+uint32_t ct_abi_version(void);
+
+/* The session opened from CANDLE_TRACE_PATH at load (drop-in mode), 0 when
+ * none. */
+ct_session ct_ambient_session(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CANDLE_TRACE_H */

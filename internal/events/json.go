@@ -1,0 +1,119 @@
+package events
+
+import (
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Low-level JSON writing shared by every appender. These helpers never fail: input that
+// JSON cannot carry (invalid UTF-8, non-finite floats) is replaced, so a line is always
+// valid JSON even when a caller skipped validation.
+
+const hexDigits = "0123456789abcdef"
+
+// plainASCII[c] is true for ASCII bytes that go into a JSON string unchanged.
+var plainASCII = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// appendString appends s as a quoted JSON string. Quote and backslash are escaped with a
+// backslash, every other control character as \u00XX; valid UTF-8 passes through raw and each
+// invalid byte becomes \ufffd.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if plainASCII[c] {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			if c == '"' || c == '\\' {
+				b = append(b, '\\', c)
+			} else {
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// appendFloat writes f the way encoding/json does (shortest round-trip form, exponent only
+// outside [1e-6, 1e21)). A non-finite value, which JSON cannot hold, is written as 0; the
+// validators refuse such values before anything is written.
+func appendFloat(b []byte, f float64) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return append(b, '0')
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// Turn e-07 into e-7, as encoding/json does.
+		n := len(b)
+		if n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, "true"...)
+	}
+	return append(b, "false"...)
+}
+
+// appendSpanRef writes a span handle as its wire id, "s<N>", quoted.
+func appendSpanRef(b []byte, id uint64) []byte {
+	b = append(b, `"s`...)
+	b = strconv.AppendUint(b, id, 10)
+	return append(b, '"')
+}
+
+// appendShape writes a [u64] array; a nil shape is written as [] because null is rejected.
+func appendShape(b []byte, shape []uint64) []byte {
+	b = append(b, '[')
+	for i, d := range shape {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, d, 10)
+	}
+	return append(b, ']')
+}
+
+// appendStrings writes a [str] array; nil is written as [].
+func appendStrings(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, s)
+	}
+	return append(b, ']')
+}

@@ -1,0 +1,105 @@
+package session
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include -O2 -std=gnu11 -Wall
+#include <stdlib.h>
+#include "fastpath.h"
+*/
+import "C"
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// The C side owns the handle registry, the per-thread span stacks and the
+// rings (fastpath.c). These wrappers are the only Go code that touches it.
+
+func slotAlloc() uint64 { return uint64(C.ct__slot_alloc()) }
+
+func slotRelease(h uint64) { C.ct__slot_release(C.uint64_t(h)) }
+
+func slotOf(h uint64) *C.ct_slot { return C.ct__slot_of(C.uint64_t(h)) }
+
+func setSlotState(s *C.ct_slot, state uint32) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.state)), state)
+}
+
+func slotState(s *C.ct_slot) uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.state)))
+}
+
+func slotMeasured(s *C.ct_slot) bool {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.measured))) != 0
+}
+
+func setSlotMeasured(s *C.ct_slot) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.measured)), 1)
+}
+
+// nextSpanID hands out a span id from the same counter the C fast path uses.
+func nextSpanID(s *C.ct_slot) uint64 {
+	return atomic.AddUint64((*uint64)(unsafe.Pointer(&s.next_span)), 1)
+}
+
+func lastSpanID(s *C.ct_slot) uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&s.next_span)))
+}
+
+// setPoison stores the reason before the state flips, so the C side can quote it.
+func setPoison(s *C.ct_slot, msg string) {
+	n := len(msg)
+	if n > C.CT_POISON_CAP-1 {
+		n = C.CT_POISON_CAP - 1
+	}
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&s.poison[0])), C.CT_POISON_CAP)
+	copy(buf, msg[:n])
+	buf[n] = 0
+	setSlotState(s, C.CT_SLOT_POISONED)
+}
+
+func clockNs() uint64 { return uint64(C.ct__clock_ns()) }
+
+func slotT0(s *C.ct_slot) uint64 { return uint64(s.t0) }
+
+func threadID() int64 { return int64(C.ct__gettid()) }
+
+// Forked reports whether this process is a fork child of the one that loaded
+// the library (every session is then out of reach).
+func Forked() bool { return atomic.LoadInt32((*int32)(unsafe.Pointer(&C.ct__forked))) != 0 }
+
+const (
+	slotOpen      = C.CT_SLOT_OPEN
+	slotFinishing = C.CT_SLOT_FINISHING
+	slotPoisoned  = C.CT_SLOT_POISONED
+)
+
+// lastCError is the calling thread's C message buffer (set by the fast path).
+func lastCError() string { return C.GoString(C.ct__errbuf()) }
+
+// beginSpanC and endSpanC run the C fast path; Go callers (tests, Go users)
+// use them through Session.BeginSpan / EndSpan.
+func beginSpanC(h uint64, name string, kind, step uint32, measured bool) (uint64, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var out C.ct_span
+	m := C.int(0)
+	if measured {
+		m = 1
+	}
+	st := C.ct__span_begin(C.ct_session(h), cname, C.ct_span_kind(kind), C.ct_step(step), m, &out)
+	if st != C.CT_OK {
+		return 0, &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return uint64(out), nil
+}
+
+func endSpanC(h uint64, span uint64) error {
+	st := C.ct__span_end(C.ct_session(h), C.ct_span(span))
+	if st != C.CT_OK {
+		return &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return nil
+}
+
+type cSlot = C.ct_slot

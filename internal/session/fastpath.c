@@ -1,0 +1,446 @@
+#define _GNU_SOURCE
+#include "fastpath.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Implemented in Go (drain.go): drains every ring into its session. */
+extern void ctgo_drain_rings(void);
+
+ct_slot ct__slots[CT_MAX_SESSIONS];
+ct_ring *ct__rings;
+int ct__forked;
+int ct__wake_fd = -1;
+
+static uint64_t generation;
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t rings_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t thread_key;
+static uint32_t ring_bytes = 1u << 19;
+
+#define CT_ID_BLOCK 64
+
+typedef struct ct_frame {
+    uint64_t id;
+    uint64_t start;
+} ct_frame;
+
+typedef struct ct_tls_sess {
+    uint64_t handle;
+    uint64_t next_id, end_id; /* this thread's block of span ids: [next_id, end_id) */
+    uint32_t depth;
+    uint32_t cap;
+    ct_frame *stack;
+} ct_tls_sess;
+
+typedef struct ct_tls {
+    ct_ring *ring;
+    int64_t tid;
+    int registered;
+    ct_tls_sess sess[CT_TLS_SESSIONS];
+    char err[CT_ERR_CAP];
+} ct_tls;
+
+static __thread ct_tls tls;
+
+/* ---- process hooks ------------------------------------------------------ */
+
+/* After fork() only the forking thread exists in the child, and the Go runtime
+ * does not survive that: a Go call that allocates or needs another thread
+ * hangs. The child therefore refuses every call before touching Go. */
+static void on_fork_child(void) { STORE(&ct__forked, 1); }
+
+static void thread_exit(void *arg) {
+    (void)arg;
+    for (int i = 0; i < CT_TLS_SESSIONS; i++) {
+        free(tls.sess[i].stack);
+        tls.sess[i].stack = NULL;
+        tls.sess[i].handle = 0;
+        tls.sess[i].depth = tls.sess[i].cap = 0;
+    }
+    if (tls.ring) {
+        /* The drainer frees the ring once it has read what is left. */
+        STORE(&tls.ring->dead, 1);
+        tls.ring = NULL;
+    }
+}
+
+__attribute__((constructor)) static void ct_init(void) {
+    pthread_atfork(NULL, NULL, on_fork_child);
+    pthread_key_create(&thread_key, thread_exit);
+    const char *kb = getenv("CANDLE_TRACE_RING_KB");
+    if (kb) {
+        long v = strtol(kb, NULL, 10);
+        if (v >= 64 && v <= (1 << 20)) {
+            uint32_t b = 1u << 16;
+            while (b < (uint64_t)v * 1024 && b < (1u << 30)) b <<= 1;
+            ring_bytes = b;
+        }
+    }
+}
+
+/* ---- clock, ids, errors ------------------------------------------------- */
+
+static inline __attribute__((always_inline)) uint64_t clock_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+uint64_t ct__clock_ns(void) { return clock_now(); }
+
+int64_t ct__gettid(void) {
+    if (!tls.tid) tls.tid = (int64_t)syscall(SYS_gettid);
+    return tls.tid;
+}
+
+char *ct__errbuf(void) { return tls.err; }
+
+ct_status ct__fail(ct_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls.err, sizeof tls.err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* ---- registry ----------------------------------------------------------- */
+
+/* A handle is (generation << 8) | (slot index + 1): the low byte finds the slot
+ * in O(1), the generation makes a finished handle never valid again. */
+uint64_t ct__slot_alloc(void) {
+    pthread_mutex_lock(&slots_mu);
+    uint64_t h = 0;
+    for (int i = 0; i < CT_MAX_SESSIONS - 1; i++) {
+        ct_slot *s = &ct__slots[i];
+        if (LOAD(&s->handle) != 0) continue;
+        uint64_t gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED) + 1;
+        h = (gen << 8) | (uint64_t)(i + 1);
+        s->t0 = ct__clock_ns();
+        s->poison[0] = 0;
+        STORE(&s->measured, 0);
+        STORE(&s->next_span, 1); /* the root is s1 */
+        STORE(&s->state, CT_SLOT_OPEN);
+        STORE(&s->handle, h);
+        break;
+    }
+    pthread_mutex_unlock(&slots_mu);
+    return h;
+}
+
+void ct__slot_release(uint64_t handle) {
+    ct_slot *s = ct__slot_of(handle);
+    if (!s) return;
+    STORE(&s->state, CT_SLOT_FREE);
+    STORE(&s->handle, 0);
+}
+
+static inline __attribute__((always_inline)) ct_slot *slot_get(uint64_t handle) {
+    uint64_t idx = handle & 0xff;
+    if (idx == 0) return NULL;
+    ct_slot *s = &ct__slots[idx - 1];
+    if (LOAD(&s->handle) != handle) return NULL;
+    return s;
+}
+
+ct_slot *ct__slot_of(uint64_t handle) { return slot_get(handle); }
+
+uint64_t ct__session_now(uint64_t handle) {
+    ct_slot *s = ct__slot_of(handle);
+    if (!s) return 0;
+    return ct__clock_ns() - s->t0;
+}
+
+static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct_session h, const char *fn) {
+    if (!s) {
+        if (h == 0) return ct__fail(CT_ERR_INVALID_HANDLE, "%s: session handle is 0 (never valid)", fn);
+        return ct__fail(CT_ERR_INVALID_HANDLE,
+                        "%s: session %llu is unknown or already finished", fn,
+                        (unsigned long long)h);
+    }
+    uint32_t st = LOAD(&s->state);
+    if (st == CT_SLOT_OPEN) return CT_OK;
+    if (st == CT_SLOT_POISONED)
+        return ct__fail(CT_ERR_POISONED,
+                        "%s: session %llu is poisoned by an earlier write error (%s); only "
+                        "ct_finish_failed works now",
+                        fn, (unsigned long long)h, s->poison);
+    return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);
+}
+
+ct_status ct__session_usable(ct_session h, const char *fn) {
+    return check_slot(ct__slot_of(h), h, fn);
+}
+
+/* ---- UTF-8 -------------------------------------------------------------- */
+
+int ct__utf8_len(const char *str, size_t *len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    for (;;) {
+        unsigned char c = s[i];
+        if (c == 0) break;
+        if (c < 0x80) { i++; continue; }
+        int n;
+        uint32_t cp;
+        if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
+        else return -1;
+        for (int k = 1; k <= n; k++) {
+            unsigned char cc = s[i + k];
+            if ((cc & 0xC0) != 0x80) return -1;
+            cp = (cp << 6) | (cc & 0x3F);
+        }
+        /* overlong forms, surrogates and values past U+10FFFF */
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+            (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+            return -1;
+        i += (size_t)n + 1;
+    }
+    *len = i;
+    return 0;
+}
+
+/* ---- per-thread state --------------------------------------------------- */
+
+static ct_ring *ring_new(void) {
+    ct_ring *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->data = malloc(ring_bytes);
+    if (!r->data) { free(r); return NULL; }
+    r->cap = ring_bytes;
+    r->tid = ct__gettid();
+    pthread_mutex_lock(&rings_mu);
+    r->next = LOAD(&ct__rings);
+    STORE(&ct__rings, r);
+    pthread_mutex_unlock(&rings_mu);
+    return r;
+}
+
+/* Called by Go under the drain mutex: frees rings whose thread exited and
+ * that have been drained. */
+void ct__ring_unlink_dead(void) {
+    pthread_mutex_lock(&rings_mu);
+    ct_ring **link = &ct__rings;
+    ct_ring *r = LOAD(link);
+    while (r) {
+        ct_ring *next = r->next;
+        if (LOAD(&r->dead) && LOAD(&r->head) == LOAD(&r->tail)) {
+            STORE(link, next);
+            free(r->data);
+            free(r);
+        } else {
+            link = &r->next;
+        }
+        r = next;
+    }
+    pthread_mutex_unlock(&rings_mu);
+}
+
+static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, uint64_t h) {
+    for (int i = 0; i < CT_TLS_SESSIONS; i++)
+        if (t->sess[i].handle == h) return &t->sess[i];
+    return NULL;
+}
+
+/* Takes a slot whose session is gone (or never was) for handle h. */
+static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
+    ct_tls_sess *free_slot = NULL;
+    for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++) {
+        ct_tls_sess *ts = &tls.sess[i];
+        if (ts->handle == 0 || !ct__slot_of(ts->handle)) free_slot = ts;
+    }
+    if (!free_slot) return NULL;
+    if (!tls.registered) {
+        pthread_setspecific(thread_key, &tls);
+        tls.registered = 1;
+    }
+    free_slot->handle = h;
+    free_slot->depth = 0;
+    free_slot->next_id = free_slot->end_id = 0;
+    return free_slot;
+}
+
+/* ---- ring writes -------------------------------------------------------- */
+
+static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t size) {
+    for (int attempt = 0;; attempt++) {
+        uint64_t head = LOAD(&r->head);
+        uint64_t tail = LOAD(&r->tail);
+        uint64_t off = head & (r->cap - 1);
+        uint64_t to_end = r->cap - off;
+        uint64_t need = size <= to_end ? size : to_end + size;
+        if (r->cap - (head - tail) >= need) {
+            if (size > to_end) {
+                ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
+                pad->size = (uint32_t)to_end;
+                pad->type = CT_REC_PAD;
+                STORE(&r->head, head + to_end);
+                off = 0;
+            }
+            return r->data + off;
+        }
+        if (attempt > 0) {
+            /* Another thread holds the drain; it will get to our ring. */
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+        /* Full: drain now rather than drop. The cost is amortised over the
+         * whole ring. */
+        ctgo_drain_rings();
+    }
+}
+
+static inline __attribute__((always_inline)) uint8_t *ring_reserve(ct_ring *r, uint32_t size) {
+    uint64_t head = r->head; /* only this thread writes head */
+    uint64_t off = head & (r->cap - 1);
+    if (r->cap - off >= size && r->cap - (head - LOAD(&r->tail)) >= size) return r->data + off;
+    return ring_reserve_slow(r, size);
+}
+
+/* Wakes the Go drainer once per half ring, so it drains on its own core
+ * while this thread goes on; one write(2) per thousands of events. */
+static __attribute__((noinline)) void wake_drainer(void) {
+    int fd = LOAD(&ct__wake_fd);
+    if (fd >= 0) {
+        uint64_t one = 1;
+        ssize_t n = write(fd, &one, sizeof one);
+        (void)n;
+    }
+}
+
+static inline void ring_commit(ct_ring *r, uint32_t size) {
+    uint64_t head = r->head;
+    uint64_t half = r->cap >> 1;
+    STORE(&r->head, head + size);
+    if (((head - r->wake_mark) < half) && ((head + size - r->wake_mark) >= half)) {
+        r->wake_mark = head + size;
+        wake_drainer();
+    }
+}
+
+int ct__wake_fd_open(void) {
+    int fd = LOAD(&ct__wake_fd);
+    if (fd >= 0) return fd;
+    fd = eventfd(0, EFD_CLOEXEC);
+    if (fd >= 0) STORE(&ct__wake_fd, fd);
+    return fd;
+}
+
+/* ---- spans -------------------------------------------------------------- */
+
+ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
+                         int measured, ct_span *out) {
+    const char *fn = measured ? "ct_measurement_begin" : "ct_span_begin";
+    ct_slot *s = slot_get(h);
+    ct_status st = check_slot(s, h, fn);
+    if (st != CT_OK) return st;
+    if (!out) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (!name) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
+    size_t n;
+    if (ct__utf8_len(name, &n) != 0)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is not valid UTF-8", fn);
+    if (n == 0) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
+    if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is longer than 1 MiB", fn);
+    if ((uint32_t)kind > CT_SPAN_MODULE)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);
+    if ((uint32_t)step > CT_STEP_OPTIMIZER)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown step %d", fn, (int)step);
+
+    ct_tls *t = &tls;
+    ct_tls_sess *ts = tls_sess(t, h);
+    if (!ts) ts = tls_sess_new(h);
+    if (!ts)
+        return ct__fail(CT_ERR_STATE, "%s: this thread already has open spans in %d other sessions", fn,
+                        CT_TLS_SESSIONS);
+    if (ts->depth == ts->cap) {
+        uint32_t cap = ts->cap ? ts->cap * 2 : 32;
+        ct_frame *grown = realloc(ts->stack, cap * sizeof *grown);
+        if (!grown) return ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the span stack", fn);
+        ts->stack = grown;
+        ts->cap = cap;
+    }
+    if (!t->ring && !(t->ring = ring_new()))
+        return ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the event ring", fn);
+    uint32_t size = (uint32_t)((sizeof(ct_rec_hdr) + n + 7) & ~(size_t)7);
+    if (size > t->ring->cap / 2)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name of %zu bytes does not fit the event ring", fn, n);
+    if (measured) {
+        uint32_t expect = 0;
+        if (!__atomic_compare_exchange_n(&s->measured, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return ct__fail(CT_ERR_STATE,
+                            "ct_measurement_begin: session already has its measured region (a "
+                            "capture holds exactly one)");
+    }
+
+    uint8_t *p = ring_reserve(t->ring, size);
+    /* Ids come in blocks per thread: one shared atomic per CT_ID_BLOCK spans
+     * instead of a contended one per span. */
+    if (ts->next_id == ts->end_id) {
+        ts->next_id = __atomic_fetch_add(&s->next_span, CT_ID_BLOCK, __ATOMIC_RELAXED) + 1;
+        ts->end_id = ts->next_id + CT_ID_BLOCK;
+    }
+    uint64_t id = ts->next_id++;
+    uint64_t start = clock_now() - s->t0;
+    ct_rec_hdr *rec = (ct_rec_hdr *)p;
+    rec->size = size;
+    rec->type = CT_REC_SPAN_START;
+    rec->kind = (uint8_t)kind;
+    rec->step = (uint8_t)step;
+    rec->measured = (uint8_t)measured;
+    rec->session = h;
+    rec->id = id;
+    rec->parent = ts->depth ? ts->stack[ts->depth - 1].id : 1;
+    rec->ts = start;
+    rec->name_len = (uint32_t)n;
+    memcpy(p + sizeof *rec, name, n);
+    ring_commit(t->ring, size);
+    ts->stack[ts->depth].id = id;
+    ts->stack[ts->depth].start = start;
+    ts->depth++;
+    *out = id;
+    return CT_OK;
+}
+
+ct_status ct__span_end(ct_session h, ct_span span) {
+    ct_slot *s = slot_get(h);
+    ct_status st = check_slot(s, h, "ct_span_end");
+    if (st != CT_OK) return st;
+    ct_tls *t = &tls;
+    ct_tls_sess *ts = tls_sess(t, h);
+    if (!ts || ts->depth == 0) {
+        if (span == 1)
+            return ct__fail(CT_ERR_SPAN_MISMATCH,
+                            "ct_span_end: s1 is the root span; ct_finish closes it");
+        return ct__fail(CT_ERR_SPAN_MISMATCH, "ct_span_end: span s%llu is not open on this thread",
+                        (unsigned long long)span);
+    }
+    ct_frame top = ts->stack[ts->depth - 1];
+    if (top.id != span)
+        return ct__fail(CT_ERR_SPAN_MISMATCH,
+                        "ct_span_end: span s%llu is not the innermost open span of this thread "
+                        "(s%llu is)",
+                        (unsigned long long)span, (unsigned long long)top.id);
+    uint8_t *p = ring_reserve(t->ring, sizeof(ct_rec_hdr));
+    uint64_t end = clock_now() - s->t0;
+    ct_rec_hdr *rec = (ct_rec_hdr *)p;
+    rec->size = sizeof *rec;
+    rec->type = CT_REC_SPAN_END;
+    rec->session = h;
+    rec->id = span;
+    rec->ts = end - top.start;
+    ring_commit(t->ring, sizeof *rec);
+    ts->depth--;
+    return CT_OK;
+}

@@ -1,0 +1,101 @@
+/* The per-event path of candle-trace, in C.
+ *
+ * Why C: a C->Go call through cgo costs about 70 ns, so a span begin+end that
+ * crossed into Go twice could never meet the 60 ns budget. Span begin/end stay
+ * here: a registry lookup, a per-thread span stack, a clock read and a copy
+ * into a per-thread ring. A Go goroutine drains the rings, encodes JSON and
+ * writes the file (see drain.go).
+ *
+ * Everything else (ops, tensors, memory, ...) is rare enough to go through Go.
+ */
+#ifndef CT_FASTPATH_H
+#define CT_FASTPATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "candle_trace.h"
+
+#define CT_MAX_SESSIONS 256          /* live sessions at once */
+#define CT_TLS_SESSIONS 8            /* sessions one thread may hold spans in */
+#define CT_ERR_CAP 1024              /* bytes of ct_last_error() */
+#define CT_POISON_CAP 512
+
+/* Session slot states. */
+enum { CT_SLOT_FREE = 0, CT_SLOT_OPEN = 1, CT_SLOT_FINISHING = 2, CT_SLOT_POISONED = 3 };
+
+typedef struct ct_slot {
+    uint64_t handle;      /* 0 = free */
+    uint32_t state;
+    uint32_t measured;    /* 1 once the measured region exists */
+    uint64_t next_span;   /* last span id handed out */
+    uint64_t t0;                  /* CLOCK_MONOTONIC ns at open */
+    char poison[CT_POISON_CAP];   /* why the session is poisoned */
+} ct_slot;
+
+/* A single-producer single-consumer byte ring: the owning thread writes, the
+ * Go drainer (under its mutex) reads. head/tail count bytes ever written/read. */
+typedef struct ct_ring {
+    uint64_t head;
+    char pad0[56];
+    uint64_t tail;
+    char pad1[56];
+    uint32_t dead;        /* owning thread exited */
+    uint32_t cap;                 /* power of two */
+    int64_t tid;
+    uint64_t wake_mark;           /* head when the drainer was last woken (producer only) */
+    struct ct_ring *next;
+    uint8_t *data;
+} ct_ring;
+
+/* Fields read by both C and Go are accessed with __atomic builtins in C and
+ * sync/atomic in Go (cgo cannot see _Atomic types). */
+
+/* Ring records are 8-byte aligned; a record never wraps (a PAD fills the end). */
+enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2 };
+
+typedef struct ct_rec_hdr {
+    uint32_t size;      /* whole record incl. header and name, multiple of 8 */
+    uint8_t type;
+    uint8_t kind;
+    uint8_t step;
+    uint8_t measured;
+    uint64_t session;
+    uint64_t id;
+    uint64_t parent;    /* span_start only */
+    uint64_t ts;        /* span_start: start_ns; span_end: duration_ns */
+    uint32_t name_len;  /* span_start only; name bytes follow the header */
+    uint32_t pad;
+} ct_rec_hdr;
+
+extern ct_slot ct__slots[CT_MAX_SESSIONS];
+extern ct_ring *ct__rings;
+extern int ct__forked;
+extern int ct__wake_fd;       /* eventfd the drainer blocks on; -1 until the first open */
+int ct__wake_fd_open(void);
+
+/* Registry (used by Go). */
+uint64_t ct__slot_alloc(void);            /* 0 when full */
+void ct__slot_release(uint64_t handle);
+ct_slot *ct__slot_of(uint64_t handle);    /* NULL when not live */
+uint64_t ct__clock_ns(void);
+uint64_t ct__session_now(uint64_t handle);
+int64_t ct__gettid(void);
+
+/* Errors: the calling thread's message buffer. */
+char *ct__errbuf(void);
+ct_status ct__fail(ct_status st, const char *fmt, ...);
+
+/* Argument checks shared with cmd/libtrace's shims. */
+int ct__utf8_len(const char *s, size_t *len);  /* 0 ok, -1 invalid UTF-8 */
+
+/* The fast path proper. */
+ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
+                         int measured, ct_span *out);
+ct_status ct__span_end(ct_session h, ct_span span);
+ct_status ct__session_usable(ct_session h, const char *fn);
+
+/* Forget every per-thread span stack of a finished session on this thread. */
+void ct__ring_unlink_dead(void);
+
+#endif

@@ -1,0 +1,44 @@
+package session
+
+import (
+	"github.com/candle-trace/candle-trace/internal/events"
+)
+
+// NaiveBeginSpan and NaiveEndSpan are the straightforward design — every
+// event crosses into Go, takes the lock and is encoded on the spot — kept only
+// so `make bench` can show what the C fast path saves. Spans nest per
+// session here, not per thread; do not use them for tracing.
+func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.usableLocked("naive_span_begin"); err != nil {
+		return 0, err
+	}
+	id := nextSpanID(s.slot)
+	parent := uint64(1)
+	if n := len(s.naiveStack); n > 0 {
+		parent = s.naiveStack[n-1]
+	}
+	s.naiveStack = append(s.naiveStack, id)
+	start := s.Now()
+	s.buf = events.AppendSpanStart(s.buf, id, parent, name, start, kind, false, step, 0)
+	s.open[id] = openSpan{parent: parent, start: start}
+	s.maybeWrite()
+	return id, nil
+}
+
+func (s *Session) NaiveEndSpan(id uint64) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.usableLocked("naive_span_end"); err != nil {
+		return err
+	}
+	n := len(s.naiveStack)
+	if n == 0 || s.naiveStack[n-1] != id {
+		return errorf(SpanMismatch, "naive_span_end: s%d is not the innermost span", id)
+	}
+	s.naiveStack = s.naiveStack[:n-1]
+	o := s.open[id]
+	s.onSpanEnd(id, s.Now()-o.start)
+	return nil
+}

@@ -1,0 +1,93 @@
+package session
+
+import (
+	"io"
+	"os"
+	"time"
+)
+
+// DefaultFlushInterval bounds how old an event can be before it is on disk:
+// a killed process loses at most this much of its trace.
+const DefaultFlushInterval = 50 * time.Millisecond
+
+// DefaultWriteChunk is how much encoded output is buffered before a write
+// happens between flush ticks.
+const DefaultWriteChunk = 256 << 10
+
+// Sink receives the encoded trace. It is the seam tests use to fake disks.
+type Sink interface {
+	io.Writer
+	io.Closer
+}
+
+// Opener creates the sink for a trace path.
+type Opener func(path string) (Sink, error)
+
+// DefaultOpener creates (or truncates) the file.
+func DefaultOpener(path string) (Sink, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+}
+
+// Producer names the program that wrote the trace (meta.producer).
+type Producer struct {
+	Name, Version, Binding string
+}
+
+// DefaultProducer is the library itself, reached through the C ABI.
+var DefaultProducer = Producer{Name: "candle-trace", Version: Version, Binding: "c"}
+
+// Version of the library, reported by ct_version and meta.producer.
+const Version = "0.1.0"
+
+type options struct {
+	flushInterval time.Duration
+	writeChunk    int
+	opener        Opener
+	producer      Producer
+}
+
+// Option configures Open.
+type Option func(*options)
+
+// WithFlushInterval sets the background flush period (> 0).
+func WithFlushInterval(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.flushInterval = d
+		}
+	}
+}
+
+// WithWriteChunk sets how many encoded bytes are buffered before writing.
+func WithWriteChunk(n int) Option {
+	return func(o *options) {
+		if n > 0 {
+			o.writeChunk = n
+		}
+	}
+}
+
+// WithOpener replaces how the trace file is created.
+func WithOpener(f Opener) Option {
+	return func(o *options) {
+		if f != nil {
+			o.opener = f
+		}
+	}
+}
+
+// WithProducer names the binding that wrote the trace.
+func WithProducer(p Producer) Option { return func(o *options) { o.producer = p } }
+
+func newOptions(opts []Option) options {
+	o := options{
+		flushInterval: DefaultFlushInterval,
+		writeChunk:    DefaultWriteChunk,
+		opener:        DefaultOpener,
+		producer:      DefaultProducer,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}

@@ -1,0 +1,457 @@
+// Package session turns C ABI calls into a candle-graph/trace/10 JSONL file.
+//
+// The span hot path lives in C (fastpath.c): a per-OS-thread span stack and a
+// per-thread ring. This package drains the rings, checks every other record
+// against the trace format's rules as it arrives, encodes JSON with the
+// appenders of internal/events, and writes the file from a background
+// flusher, so a killed process leaves whole lines.
+package session
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+)
+
+// Session is one trace being written. All methods are safe for concurrent use.
+type Session struct {
+	handle uint64
+	slot   *cSlot
+	path   string
+	run    *events.Run
+	opts   options
+	sink   Sink
+
+	// Everything below is guarded by mu.
+	buf          []byte
+	poison       error
+	open         map[uint64]openSpan
+	closed       closedTable
+	names        map[string]string
+	pendingEdges map[uint64][]uint64 // to -> from, written when `to` closes
+	required     map[string]int      // required semantic label -> spans seen
+	expected     map[gradKey]bool    // gradient contract keys -> recorded yet
+	nextGradient uint64
+	liveStorage  map[storageKey]*storage
+	tensors      map[string]struct{}
+	naiveStack   []uint64 // NaiveBeginSpan only
+	done         chan struct{}
+	stopped      chan struct{}
+}
+
+type gradKey struct{ root, key string }
+
+type storageKey struct{ device, storage string }
+
+type storage struct {
+	bytes   uint64
+	allocNs uint64
+	tensors []string
+}
+
+// Open validates the run provenance (see events.ParseRun), creates the trace
+// file and writes its meta line and root span s1.
+func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
+	if Forked() {
+		return nil, errForked("ct_open")
+	}
+	if strings.TrimSpace(path) == "" {
+		return nil, errorf(InvalidArgument, "ct_open: path is empty")
+	}
+	run, err := events.ParseRun(runJSON)
+	if err != nil {
+		return nil, errorf(InvalidArgument, "ct_open: %v", err)
+	}
+	o := newOptions(opts)
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
+		}
+	}
+	sink, err := o.opener(path)
+	if err != nil {
+		return nil, errorf(IO, "ct_open: create %s: %v", path, err)
+	}
+	h := slotAlloc()
+	if h == 0 {
+		sink.Close()
+		removeIfRegular(path)
+		return nil, errorf(State, "ct_open: too many sessions open at once")
+	}
+	s := &Session{
+		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink,
+		open:        map[uint64]openSpan{},
+		names:       map[string]string{},
+		liveStorage: map[storageKey]*storage{},
+		tensors:     map[string]struct{}{},
+		done:        make(chan struct{}),
+		stopped:     make(chan struct{}),
+	}
+	if labels := run.RequiredLabels(); len(labels) > 0 {
+		s.required = make(map[string]int, len(labels))
+		for _, l := range labels {
+			s.required[l] = 0
+		}
+	}
+	if exp := run.ExpectedGradients(); len(exp) > 0 {
+		s.expected = make(map[gradKey]bool, len(exp))
+		for _, e := range exp {
+			s.expected[gradKey{e.Root, e.Key}] = false
+		}
+	}
+	if run.MeasuredRoot {
+		setSlotMeasured(s.slot)
+	}
+	s.buf = run.AppendMeta(s.buf, s.metaExtras())
+	s.buf = events.AppendSpanStart(s.buf, 1, 0, run.Entrypoint, 0, events.SpanFunction, run.MeasuredRoot, events.StepNone, threadID())
+	s.open[1] = openSpan{start: 0, tid: threadID(), name: run.Entrypoint}
+	s.countLabel(run.Entrypoint)
+	if err := s.writeOut(); err != nil {
+		slotRelease(h)
+		sink.Close()
+		removeIfRegular(path)
+		return nil, errorf(IO, "ct_open: write %s: %v", path, err)
+	}
+	mu.Lock()
+	live[h] = s
+	mu.Unlock()
+	startWaker()
+	go s.flushLoop()
+	return s, nil
+}
+
+// removeIfRegular deletes a trace that could not be started, so nothing
+// claims to be a trace; a device or fifo the user pointed at is left alone.
+func removeIfRegular(path string) {
+	if st, err := os.Lstat(path); err == nil && st.Mode().IsRegular() {
+		os.Remove(path)
+	}
+}
+
+func (s *Session) metaExtras() events.MetaExtras {
+	host, _ := os.Hostname()
+	now := time.Now()
+	x := events.MetaExtras{
+		RunID:            fmt.Sprintf("run-%d-%d", os.Getpid(), now.UnixNano()),
+		Timestamp:        events.FormatTimestamp(now),
+		ProducerName:     s.opts.producer.Name,
+		ProducerVersion:  s.opts.producer.Version,
+		ProducerBinding:  s.opts.producer.Binding,
+		WallUnixNsAtOpen: uint64(now.UnixNano()),
+		PID:              os.Getpid(),
+		Hostname:         host,
+		Rank:             envInt("RANK"),
+		WorldSize:        envInt("WORLD_SIZE"),
+	}
+	return x
+}
+
+func envInt(name string) int {
+	var v int
+	if _, err := fmt.Sscanf(os.Getenv(name), "%d", &v); err != nil || v < 0 {
+		return -1
+	}
+	return v
+}
+
+// Handle is the integer the C ABI hands out for this session.
+func (s *Session) Handle() uint64 { return s.handle }
+
+// Path is the trace file.
+func (s *Session) Path() string { return s.path }
+
+// Lookup finds an open session by handle.
+func Lookup(h uint64) (*Session, error) {
+	if Forked() {
+		return nil, errForked("ct_*")
+	}
+	mu.Lock()
+	s := live[h]
+	mu.Unlock()
+	if s == nil {
+		if h == 0 {
+			return nil, errorf(InvalidHandle, "session handle is 0 (never valid)")
+		}
+		return nil, errorf(InvalidHandle, "session %d is unknown or already finished", h)
+	}
+	return s, nil
+}
+
+func errForked(fn string) error {
+	return errorf(State, "%s: this process is a fork() child; sessions belong to the parent and the library cannot run here", fn)
+}
+
+// Now is the session clock in nanoseconds since Open.
+func (s *Session) Now() uint64 { return clockNs() - slotT0(s.slot) }
+
+// usableLocked refuses calls on a poisoned or finishing session.
+func (s *Session) usableLocked(fn string) error {
+	if live[s.handle] != s {
+		return errorf(InvalidHandle, "%s: session %d is unknown or already finished", fn, s.handle)
+	}
+	if s.poison != nil {
+		return errorf(Poisoned, "%s: session %d is poisoned by an earlier write error (%v); only ct_finish_failed works now", fn, s.handle, s.poison)
+	}
+	if slotState(s.slot) == slotFinishing {
+		return errorf(State, "%s: session %d is finishing", fn, s.handle)
+	}
+	return nil
+}
+
+// BeginSpan opens a span on the calling OS thread through the C fast path.
+// Go callers must keep the goroutine on one thread (runtime.LockOSThread)
+// for as long as they hold spans, since spans nest per OS thread.
+func (s *Session) BeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
+	return beginSpanC(s.handle, name, uint32(kind), uint32(step), false)
+}
+
+// BeginMeasurement opens the single measured region on the calling thread.
+func (s *Session) BeginMeasurement(name string) (uint64, error) {
+	return beginSpanC(s.handle, name, uint32(events.SpanFunction), uint32(events.StepNone), true)
+}
+
+// EndSpan closes the calling thread's innermost span.
+func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
+
+// onSpanStart and onSpanEnd apply a drained ring record; mu is held.
+func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
+	s.buf = events.AppendSpanStart(s.buf, id, parent, string(name), start, events.SpanKind(kind), measured, events.Step(step), tid)
+	s.open[id] = openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
+	if s.required != nil {
+		if _, ok := s.required[string(name)]; ok {
+			s.required[string(name)]++
+		}
+	}
+	s.maybeWrite()
+}
+
+func (s *Session) onSpanEnd(id, dur uint64) {
+	o, ok := s.open[id]
+	if !ok {
+		return
+	}
+	delete(s.open, id)
+	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur})
+	s.buf = events.AppendSpanEnd(s.buf, id, dur)
+	if froms, ok := s.pendingEdges[id]; ok {
+		for _, from := range froms {
+			s.buf = events.AppendCallEdge(s.buf, from, id, dur)
+		}
+		delete(s.pendingEdges, id)
+	}
+	s.maybeWrite()
+}
+
+func (s *Session) countLabel(name string) {
+	if s.required != nil {
+		if _, ok := s.required[name]; ok {
+			s.required[name]++
+		}
+	}
+}
+
+// maybeWrite writes once enough output is buffered; mu is held.
+func (s *Session) maybeWrite() {
+	if len(s.buf) >= s.opts.writeChunk {
+		s.writeLocked()
+	}
+}
+
+// writeLocked writes the buffer; a failure poisons the session for good.
+func (s *Session) writeLocked() error {
+	if s.poison != nil {
+		s.buf = s.buf[:0]
+		return s.poison
+	}
+	if err := s.writeOut(); err != nil {
+		s.poison = err
+		setPoison(s.slot, err.Error())
+		return err
+	}
+	return nil
+}
+
+func (s *Session) writeOut() error {
+	if len(s.buf) == 0 {
+		return nil
+	}
+	n, err := s.sink.Write(s.buf)
+	if err == nil && n != len(s.buf) {
+		err = errors.New("short write")
+	}
+	s.buf = s.buf[:0]
+	if cap(s.buf) > 4*s.opts.writeChunk {
+		s.buf = make([]byte, 0, s.opts.writeChunk)
+	}
+	return err
+}
+
+// flushLoop is the background flusher: every flushInterval it drains the
+// rings and writes what is buffered, so nothing older than that is only in
+// memory.
+func (s *Session) flushLoop() {
+	defer close(s.stopped)
+	t := time.NewTicker(s.opts.flushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+			mu.Lock()
+			if live[s.handle] == s {
+				drainLocked()
+				s.writeLocked()
+			}
+			mu.Unlock()
+		}
+	}
+}
+
+// Flush writes everything recorded so far (CT_ERR_IO when it fails).
+func (s *Session) Flush() error {
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.usableLocked("ct_flush"); err != nil {
+		return err
+	}
+	drainLocked()
+	if err := s.writeLocked(); err != nil {
+		return errorf(IO, "ct_flush: write %s: %v", s.path, err)
+	}
+	return nil
+}
+
+// Finish closes the root, writes terminal complete and releases the handle.
+// It refuses (leaving the session open) when the capture is not complete.
+func (s *Session) Finish() error {
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.usableLocked("ct_finish"); err != nil {
+		return err
+	}
+	// New fast-path calls are refused from here on; what is already in the
+	// rings is drained below.
+	setSlotState(s.slot, slotFinishing)
+	drainLocked()
+	if err := s.finishCheckLocked(); err != nil {
+		if s.poison == nil {
+			setSlotState(s.slot, slotOpen)
+		}
+		return err
+	}
+	now := s.Now()
+	s.buf = events.AppendSpanEnd(s.buf, 1, now)
+	s.buf = events.AppendTerminal(s.buf, true, now, "")
+	err := s.writeLocked()
+	if cerr := s.sink.Close(); err == nil {
+		err = cerr
+	}
+	s.releaseLocked()
+	if err != nil {
+		return errorf(IO, "ct_finish: write %s: %v (the trace has no terminal line)", s.path, err)
+	}
+	return nil
+}
+
+func (s *Session) finishCheckLocked() error {
+	if len(s.open) > 1 {
+		var list []string
+		for id, o := range s.open {
+			if id == 1 {
+				continue
+			}
+			list = append(list, fmt.Sprintf("s%d %q (thread %d)", id, o.name, o.tid))
+		}
+		sort.Strings(list)
+		more := ""
+		if len(list) > 5 {
+			more = fmt.Sprintf(" and %d more", len(list)-5)
+			list = list[:5]
+		}
+		return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", len(s.open)-1, strings.Join(list, ", "), more)
+	}
+	if !slotMeasured(s.slot) {
+		return errorf(State, "ct_finish: the capture has no measured region; wrap the step in ct_measurement_begin/ct_span_end or open with \"measured_root\": true")
+	}
+	for _, label := range sortedKeys(s.required) {
+		if n := s.required[label]; n != 1 {
+			return errorf(State, "ct_finish: required semantic label %q must name exactly one span, saw %d", label, n)
+		}
+	}
+	var missing []string
+	for k, seen := range s.expected {
+		if !seen {
+			missing = append(missing, k.root+"/"+k.key)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		more := ""
+		if len(missing) > 5 {
+			more = fmt.Sprintf(" and %d more", len(missing)-5)
+			missing = missing[:5]
+		}
+		return errorf(State, "ct_finish: the gradient contract expects gradients not recorded: %s%s; record them (state missing if absent) or call ct_finish_failed", strings.Join(missing, ", "), more)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// FinishFailed writes terminal failed with reason and releases the handle,
+// also on a poisoned session.
+func (s *Session) FinishFailed(reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return errorf(InvalidArgument, "ct_finish_failed: reason is empty")
+	}
+	if !utf8.ValidString(reason) {
+		return errorf(InvalidArgument, "ct_finish_failed: reason is not valid UTF-8")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if live[s.handle] != s {
+		return errorf(InvalidHandle, "ct_finish_failed: session %d is unknown or already finished", s.handle)
+	}
+	setSlotState(s.slot, slotFinishing)
+	var err error
+	if s.poison == nil {
+		drainLocked()
+		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason)
+		err = s.writeLocked()
+	} else {
+		// Whatever the poisoned stream holds, try to say why it ends here.
+		reason = fmt.Sprintf("%s (events after the last successful write are lost: %v)", reason, s.poison)
+		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason)
+		err = s.writeOut()
+	}
+	if cerr := s.sink.Close(); err == nil {
+		err = cerr
+	}
+	s.releaseLocked()
+	if err != nil {
+		return errorf(IO, "ct_finish_failed: write %s: %v", s.path, err)
+	}
+	return nil
+}
+
+// releaseLocked forgets the session and stops its flusher.
+func (s *Session) releaseLocked() {
+	delete(live, s.handle)
+	slotRelease(s.handle)
+	close(s.done)
+}

@@ -1,0 +1,113 @@
+/* Span begin+end cost from C, while the session writes to disk.
+ * Prints one line per design: median and p99 ns per pair over bursts. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "candle_trace.h"
+
+/* Benchmark-only export: the straightforward design, one Go call per event. */
+extern ct_status ctbench_naive_span_begin(ct_session, const char *, ct_span_kind, ct_step, ct_span *);
+extern ct_status ctbench_naive_span_end(ct_session, ct_span);
+
+static uint64_t now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef ct_status (*begin_fn)(ct_session, const char *, ct_span_kind, ct_step, ct_span *);
+typedef ct_status (*end_fn)(ct_session, ct_span);
+
+#define CHUNK 100
+
+static void run(const char *label, const char *path, begin_fn b, end_fn e, long pairs) {
+    ct_session s;
+    if (ct_open(path, "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}", &s)) {
+        fprintf(stderr, "open: %s\n", ct_last_error());
+        exit(1);
+    }
+    long chunks = pairs / CHUNK;
+    double *per = malloc(sizeof(double) * chunks);
+    ct_span sp;
+    uint64_t total0 = now();
+    for (long c = 0; c < chunks; c++) {
+        uint64_t t0 = now();
+        for (int i = 0; i < CHUNK; i++) {
+            if (b(s, "layer/forward", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp) || e(s, sp)) {
+                fprintf(stderr, "%s: %s\n", label, ct_last_error());
+                exit(1);
+            }
+        }
+        per[c] = (double)(now() - t0) / CHUNK;
+    }
+    uint64_t total = now() - total0;
+    if (ct_finish(s)) {
+        fprintf(stderr, "finish: %s\n", ct_last_error());
+        exit(1);
+    }
+    uint64_t fin = now() - total0;
+    qsort(per, chunks, sizeof *per, cmp);
+    printf("%-28s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns events/s(incl. finish)=%.2fM\n", label, pairs,
+           per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, 2.0 * pairs / (fin / 1e9) / 1e6);
+    free(per);
+}
+
+/* 50 M events through one session: throughput and peak resident memory. */
+static void sustained(const char *path, long events) {
+    ct_session s;
+    if (ct_open(path, "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}", &s)) {
+        fprintf(stderr, "open: %s\n", ct_last_error());
+        exit(1);
+    }
+    ct_span sp;
+    uint64_t t0 = now();
+    for (long i = 0; i < events / 2; i++) {
+        if (ct_span_begin(s, "layer/forward", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp) || ct_span_end(s, sp)) {
+            fprintf(stderr, "sustained: %s\n", ct_last_error());
+            exit(1);
+        }
+    }
+    if (ct_finish(s)) {
+        fprintf(stderr, "finish: %s\n", ct_last_error());
+        exit(1);
+    }
+    double secs = (now() - t0) / 1e9;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    FILE *f = fopen(path, "r");
+    fseek(f, 0, SEEK_END);
+    long bytes = ftell(f);
+    fclose(f);
+    unlink(path);
+    printf("sustained: %ld events in %.2f s = %.2f M events/s written (%.0f MB/s of JSONL), max RSS %.1f MiB\n",
+           events, secs, events / secs / 1e6, bytes / secs / 1e6, ru.ru_maxrss / 1024.0);
+}
+
+int main(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : "/tmp";
+    long pairs = argc > 2 ? atol(argv[2]) : 100000;
+    if (argc > 3) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/bench-sustained.jsonl", dir);
+        sustained(p, atol(argv[3]));
+        return 0;
+    }
+    char p1[4096], p2[4096];
+    snprintf(p1, sizeof p1, "%s/bench-fast.jsonl", dir);
+    snprintf(p2, sizeof p2, "%s/bench-naive.jsonl", dir);
+    for (int round = 0; round < 3; round++) {
+        run("fast path (C ring)", p1, ct_span_begin, ct_span_end, pairs);
+        run("naive (Go export per event)", p2, ctbench_naive_span_begin, ctbench_naive_span_end, pairs);
+    }
+    return 0;
+}
