@@ -403,4 +403,3 @@ func (s *Session) RecordGradient(root, key string, state events.GradientState, n
 	s.maybeWrite()
 	return nil
 }
-
