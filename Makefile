@@ -63,7 +63,7 @@ test-go: $(LIB) tools
 test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
 
-test-load: $(LIB)
+test-load: $(LIB) $(BUILD)/train_step
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
 
 bench: $(LIB) $(BUILD)/bench_spans

@@ -241,8 +241,9 @@ ct_status ct_span_begin(ct_session session, const char *name, ct_span_kind kind,
 ct_status ct_measurement_begin(ct_session session, const char *name, ct_span *out);
 
 /* Closes `span`, which must be the innermost open span of the calling thread;
- * otherwise CT_ERR_SPAN_MISMATCH and nothing is written. The root s1 is
- * closed by ct_finish only. Thread-safe. */
+ * any other id (another thread's span, an outer span, an unknown id) is
+ * CT_ERR_SPAN_MISMATCH and nothing is written. The root s1 is closed by
+ * ct_finish only. Thread-safe. */
 ct_status ct_span_end(ct_session session, ct_span span);
 
 /* Records host work that already happened (on any thread) as a closed span
@@ -286,7 +287,9 @@ ct_status ct_record_scalar(ct_session session, ct_span span, const char *label, 
 
 /* A logical allocation or free. Lifetimes are checked as they arrive: an
  * alloc of a live storage with other bytes, a repeated (storage, tensor)
- * alloc, and a free of a storage that is not live are refused. */
+ * alloc, a free of a storage that is not live, and an event earlier than one
+ * its storage already had (record one storage's events in time order) are
+ * refused. */
 ct_status ct_record_memory(ct_session session, ct_span span, ct_memory_action action,
                            const ct_memory *memory);
 
@@ -303,7 +306,8 @@ ct_status ct_record_device_interval(ct_session session, ct_span span,
 ct_status ct_record_call_edge(ct_session session, ct_span from, ct_span to,
                               uint64_t host_duration_ns);
 
-/* A data edge between two tensor ids (both non-empty). */
+/* A data edge between two tensor ids, each already known from a ct_tensor or
+ * an op's inputs/output (the first 1048576 distinct ids are remembered). */
 ct_status ct_record_data_edge(ct_session session, const char *from_tensor, const char *to_tensor);
 
 /* One gradient fact for parameter `key` under `root` (e.g. a VarMap).
@@ -334,8 +338,11 @@ ct_status ct_flush(ct_session session);
  * file and invalidates the handle. Refused with CT_ERR_STATE (the session
  * stays usable) when spans are still open, when no measured region exists,
  * when a required semantic label was not seen exactly once, or when a
- * gradient contract's keys were not all recorded. Calls racing with
- * ct_finish on other threads may be dropped; they never corrupt the trace. */
+ * gradient contract's keys were not all recorded. It does not refuse what
+ * describes the run rather than the calls — a non-finite gradient family, an
+ * active family below its minimum — which candle-graph reports as health
+ * errors of the captured step. Calls racing with ct_finish on other threads
+ * may be dropped; they never corrupt the trace. */
 ct_status ct_finish(ct_session session);
 
 /* Ends a capture that did not complete: writes the terminal `failed` line

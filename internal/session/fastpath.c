@@ -184,7 +184,7 @@ ct_status ct__session_usable(ct_session h, const char *fn) {
 
 /* ---- UTF-8 -------------------------------------------------------------- */
 
-int ct__utf8_len(const char *str, size_t *len) {
+int ct__utf8_len(const char *str, size_t *len, int *blank) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
     for (;;) {
@@ -209,6 +209,13 @@ int ct__utf8_len(const char *str, size_t *len) {
         i += (size_t)n + 1;
     }
     *len = i;
+    if (blank) {
+        /* Blank = empty or ASCII whitespace only (what a trim would empty);
+         * real names rarely start with a space, so this rarely scans. */
+        size_t k = 0;
+        while (k < i && (s[k] == ' ' || (s[k] >= '\t' && s[k] <= '\r'))) k++;
+        *blank = k == i;
+    }
     return 0;
 }
 
@@ -349,9 +356,10 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     if (!out) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (!name) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
     size_t n;
-    if (ct__utf8_len(name, &n) != 0)
+    int blank;
+    if (ct__utf8_len(name, &n, &blank) != 0)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is not valid UTF-8", fn);
-    if (n == 0) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
+    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
     if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is longer than 1 MiB", fn);
     if ((uint32_t)kind > CT_SPAN_MODULE)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);

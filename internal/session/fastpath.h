@@ -87,7 +87,9 @@ char *ct__errbuf(void);
 ct_status ct__fail(ct_status st, const char *fmt, ...);
 
 /* Argument checks shared with cmd/libtrace's shims. */
-int ct__utf8_len(const char *s, size_t *len);  /* 0 ok, -1 invalid UTF-8 */
+/* 0 ok (with the length, and whether it is empty or ASCII whitespace only),
+ * -1 invalid UTF-8. */
+int ct__utf8_len(const char *s, size_t *len, int *blank);
 
 /* The fast path proper. */
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,

@@ -193,34 +193,8 @@ func (s *Session) RecordMemory(span uint64, m *events.Memory) error {
 	if m.TimestampNs < start || m.TimestampNs > end {
 		return errorf(InvalidArgument, "%s: timestamp %d ns lies outside span s%d [%d, %d]%s", fn, m.TimestampNs, span, start, end, openNote(closed))
 	}
-	key := storageKey{m.Device, m.StorageID}
-	live := s.liveStorage[key]
-	switch m.Action {
-	case events.MemoryAlloc:
-		if live != nil {
-			if live.bytes != m.Bytes {
-				return errorf(InvalidArgument, "%s: storage %q on %q is live with %d bytes; an alloc of %d bytes conflicts (allocation_size_mismatch)", fn, m.StorageID, m.Device, live.bytes, m.Bytes)
-			}
-			for _, t := range live.tensors {
-				if t == m.TensorID {
-					return errorf(InvalidArgument, "%s: tensor %q already holds storage %q on %q (duplicate_allocation)", fn, m.TensorID, m.StorageID, m.Device)
-				}
-			}
-			live.tensors = append(live.tensors, m.TensorID)
-		} else {
-			s.liveStorage[key] = &storage{bytes: m.Bytes, allocNs: m.TimestampNs, tensors: []string{m.TensorID}}
-		}
-	case events.MemoryFree:
-		if live == nil {
-			return errorf(InvalidArgument, "%s: storage %q on %q is not live (unpaired_free)", fn, m.StorageID, m.Device)
-		}
-		if live.bytes != m.Bytes {
-			return errorf(InvalidArgument, "%s: storage %q on %q was allocated with %d bytes, freed with %d (allocation_size_mismatch)", fn, m.StorageID, m.Device, live.bytes, m.Bytes)
-		}
-		if m.TimestampNs < live.allocNs {
-			return errorf(InvalidArgument, "%s: free of storage %q at %d ns precedes its alloc at %d ns", fn, m.StorageID, m.TimestampNs, live.allocNs)
-		}
-		delete(s.liveStorage, key)
+	if err := s.memory.apply(m); err != nil {
+		return invalid(fn, err)
 	}
 	m.SpanID = span
 	s.buf = events.AppendMemory(s.buf, m)

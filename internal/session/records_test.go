@@ -226,3 +226,24 @@ func TestDeviceRecords(t *testing.T) {
 	assert.Len(t, testutil.OfKind(lines, "device_memory"), 1)
 	testutil.RequireValid(t, path)
 }
+
+func TestMemoryMustBeInTimeOrderPerStorage(t *testing.T) {
+	s, path := openT(t, measuredRootRun)
+	span := begin(t, s, "step")
+	at := func(action events.MemoryAction, tensor string, ts uint64) *events.Memory {
+		return &events.Memory{Action: action, StorageID: "st", TensorID: tensor, Device: "cpu", Dtype: "f32", Bytes: 16, TimestampNs: ts}
+	}
+	base := s.Now()
+	time.Sleep(50 * time.Microsecond)
+	require.NoError(t, s.RecordMemory(span, at(events.MemoryAlloc, "t1", base+10)))
+	requireCode(t, s.RecordMemory(span, at(events.MemoryFree, "t1", base+5)), InvalidArgument, "precedes its alloc")
+	require.NoError(t, s.RecordMemory(span, at(events.MemoryFree, "t1", base+20)))
+	// Sorted by time this alloc would fall inside the lifetime that just
+	// ended: candle-graph would report duplicate_allocation and unpaired_free.
+	requireCode(t, s.RecordMemory(span, at(events.MemoryAlloc, "t1", base+15)), InvalidArgument, "precedes its previous free at")
+	require.NoError(t, s.RecordMemory(span, at(events.MemoryAlloc, "t1", base+20)), "a tie keeps arrival order")
+	require.NoError(t, s.RecordMemory(span, at(events.MemoryFree, "t1", base+30)))
+	end(t, s, span)
+	require.NoError(t, s.Finish())
+	testutil.RequireValid(t, path)
+}

@@ -39,7 +39,7 @@ type Session struct {
 	required     map[string]int      // required semantic label -> spans seen
 	expected     map[gradKey]bool    // gradient contract keys -> recorded yet
 	nextGradient uint64
-	liveStorage  map[storageKey]*storage
+	memory       lifetimes
 	tensors      map[string]struct{}
 	naiveStack   []uint64 // NaiveBeginSpan only
 	done         chan struct{}
@@ -48,13 +48,6 @@ type Session struct {
 
 type gradKey struct{ root, key string }
 
-type storageKey struct{ device, storage string }
-
-type storage struct {
-	bytes   uint64
-	allocNs uint64
-	tensors []string
-}
 
 // Open validates the run provenance (see events.ParseRun), creates the trace
 // file and writes its meta line and root span s1.
@@ -89,7 +82,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink,
 		open:        map[uint64]openSpan{},
 		names:       map[string]string{},
-		liveStorage: map[storageKey]*storage{},
+		memory:      newLifetimes(),
 		tensors:     map[string]struct{}{},
 		done:        make(chan struct{}),
 		stopped:     make(chan struct{}),

@@ -164,6 +164,7 @@ func TestSpanBeginRefusesBadArguments(t *testing.T) {
 		contains string
 	}{
 		{"empty name", "", events.SpanFunction, events.StepNone, InvalidArgument, "name is empty"},
+		{"blank name", " \t\n", events.SpanFunction, events.StepNone, InvalidArgument, "name is empty"},
 		{"invalid utf-8", "bad\xff", events.SpanFunction, events.StepNone, InvalidArgument, "not valid UTF-8"},
 		{"overlong encoding", "\xc0\xaf", events.SpanFunction, events.StepNone, InvalidArgument, "not valid UTF-8"},
 		{"surrogate", "\xed\xa0\x80", events.SpanFunction, events.StepNone, InvalidArgument, "not valid UTF-8"},
