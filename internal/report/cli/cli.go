@@ -1,0 +1,225 @@
+// Package cli is the candle-trace command line: argument handling and
+// output around package report, so that cmd/candle-trace stays a one-liner
+// and the commands can be tested in-process.
+package cli
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/candle-trace/candle-trace/internal/report"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitProblem = 1 // a trace failed validation or could not be read
+	ExitUsage   = 2
+)
+
+const usage = `usage: candle-trace <command> [flags] TRACE...
+
+commands:
+  validate [--json] [--allow-partial] TRACE...
+        check each trace against candle-graph's parse rules and health
+        analysis; exit 0 only if every trace is structurally valid and
+        complete (--allow-partial: a cut, unterminated or failed capture
+        passes if what was written is valid)
+  report [--json] TRACE
+        where the captured step spent its time, device idle time, memory
+        peak, gradients, tensor statistics and an overhead analysis; exit 0
+        whenever the trace could be read (its health is part of the report)
+
+TRACE "-" reads standard input.
+`
+
+// DefaultMemoryLimit is the soft heap limit the commands run under unless
+// GOMEMLIMIT says otherwise. The reader's live state is bounded by spans
+// and summaries, but with the default GOGC the heap may grow to twice that
+// before a collection; the limit makes the collector work harder instead,
+// which keeps a 1 GB trace well inside 256 MiB resident.
+const DefaultMemoryLimit = 160 << 20
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(DefaultMemoryLimit)
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	}
+	switch args[0] {
+	case "validate":
+		return validate(args[1:], stdout, stderr)
+	case "report":
+		return reportCmd(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	default:
+		fmt.Fprintf(stderr, "candle-trace: unknown command %q\n\n%s", args[0], usage)
+		return ExitUsage
+	}
+}
+
+// parse parses flags anywhere among the arguments ("validate a.jsonl
+// --json" works as well as "validate --json a.jsonl"); "--" ends flags.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			pos = append(pos, args[1:]...)
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	return pos, nil
+}
+
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("candle-trace "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+type validateResult struct {
+	Path   string         `json:"path"`
+	OK     bool           `json:"ok"`
+	Error  string         `json:"error,omitempty"`
+	Health *report.Health `json:"health,omitempty"`
+}
+
+func validate(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("validate", stderr)
+	asJSON := fs.Bool("json", false, "print one JSON document for machines")
+	allowPartial := fs.Bool("allow-partial", false, "accept a cut, unterminated or failed capture when what was written is valid")
+	paths, err := parse(fs, args)
+	if err != nil {
+		return ExitUsage
+	}
+	if len(paths) == 0 {
+		fmt.Fprintln(stderr, "candle-trace validate: no trace given")
+		return ExitUsage
+	}
+	allOK := true
+	var results []validateResult
+	for _, p := range paths {
+		res, err := analyze(p, report.Options{Progress: progress(stderr, p)})
+		vr := validateResult{Path: p}
+		if err != nil {
+			vr.Error = err.Error()
+		} else {
+			vr.Health = &res.Health
+			vr.OK = res.Health.OK(*allowPartial)
+		}
+		allOK = allOK && vr.OK
+		if *asJSON {
+			results = append(results, vr)
+			continue
+		}
+		if err != nil {
+			fmt.Fprintf(stdout, "%s: FAIL (%v)\n", p, err)
+			continue
+		}
+		report.WriteHealth(stdout, p, &res.Health, *allowPartial)
+	}
+	if *asJSON {
+		writeJSON(stdout, struct {
+			OK     bool             `json:"ok"`
+			Traces []validateResult `json:"traces"`
+		}{allOK, results})
+	}
+	if !allOK {
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+func reportCmd(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("report", stderr)
+	asJSON := fs.Bool("json", false, "print one JSON document for machines")
+	paths, err := parse(fs, args)
+	if err != nil {
+		return ExitUsage
+	}
+	if len(paths) != 1 {
+		fmt.Fprintln(stderr, "candle-trace report: give exactly one trace")
+		return ExitUsage
+	}
+	p := paths[0]
+	res, err := analyze(p, report.Options{Report: true, Progress: progress(stderr, p)})
+	if err != nil {
+		fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
+		return ExitProblem
+	}
+	if *asJSON {
+		writeJSON(stdout, struct {
+			Path string `json:"path"`
+			*report.Result
+		}{p, res})
+	} else {
+		report.WriteReport(stdout, p, res)
+	}
+	if res.Report == nil {
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+// analyze reads a trace file, or standard input for "-".
+func analyze(path string, opts report.Options) (*report.Result, error) {
+	if path == "-" {
+		return report.Analyze(os.Stdin, opts)
+	}
+	return report.AnalyzeFile(path, opts)
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(w, "{\"error\": %q}\n", err.Error())
+	}
+}
+
+// progress returns a callback that shows a progress line on stderr when it
+// is a terminal and the read has taken longer than two seconds.
+func progress(stderr io.Writer, path string) func(int64) {
+	f, ok := stderr.(*os.File)
+	if !ok {
+		return nil
+	}
+	if st, err := f.Stat(); err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	var size int64
+	if st, err := os.Stat(path); err == nil {
+		size = st.Size()
+	}
+	start := time.Now()
+	return func(n int64) {
+		if time.Since(start) < 2*time.Second {
+			return
+		}
+		line := fmt.Sprintf("%s: %s read", path, report.FormatBytes(uint64(n)))
+		if size > 0 {
+			line += fmt.Sprintf(" (%.0f%%)", 100*float64(n)/float64(size))
+		}
+		fmt.Fprintf(f, "\r%s%s", line, strings.Repeat(" ", 8))
+	}
+}

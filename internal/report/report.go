@@ -1,0 +1,454 @@
+package report
+
+import (
+	"math"
+	"sort"
+)
+
+// Report is what `candle-trace report` shows: where the captured step spent
+// its time, whether the device sat idle, the memory peak, gradients, tensor
+// statistics and an overhead analysis. Durations are nanoseconds.
+type Report struct {
+	MeasuredRegion *Region          `json:"measured_region,omitempty"`
+	Spans          []NameStats      `json:"spans"`
+	Ops            []NameStats      `json:"ops"`
+	Memory         MemoryReport     `json:"memory"`
+	Device         DeviceReport     `json:"device"`
+	Gradients      GradientReport   `json:"gradients"`
+	TensorStats    []TensorSummary  `json:"tensor_stats"`
+	Overhead       OverheadAnalysis `json:"overhead"`
+}
+
+// Region is the single measured span.
+type Region struct {
+	SpanID     string `json:"span_id"`
+	Name       string `json:"name"`
+	StartNS    uint64 `json:"start_ns"`
+	DurationNS uint64 `json:"duration_ns"`
+	Closed     bool   `json:"closed"`
+}
+
+// NameStats aggregates the spans or ops sharing one name. Share is Total
+// over the measured region's duration (spans enclosing the region exceed 1).
+type NameStats struct {
+	Name        string  `json:"name"`
+	Count       uint64  `json:"count"`
+	TotalNS     uint64  `json:"total_ns"`
+	SelfNS      uint64  `json:"self_ns"`
+	MeanNS      float64 `json:"mean_ns"`
+	P50NS       uint64  `json:"p50_ns"`
+	P95NS       uint64  `json:"p95_ns"`
+	MaxNS       uint64  `json:"max_ns"`
+	Share       float64 `json:"share"`
+	Approximate bool    `json:"approximate,omitempty"` // percentiles from a ~1% sketch
+	// Ops only: dense bytes read and written.
+	InputBytes  uint64  `json:"input_bytes,omitempty"`
+	OutputBytes uint64  `json:"output_bytes,omitempty"`
+	BytesPerOp  float64 `json:"bytes_per_op,omitempty"`
+	// Spans only: closed spans (only these have a duration).
+	Open uint64 `json:"open,omitempty"`
+}
+
+// MemoryPeak is the simultaneous logical-memory peak.
+type MemoryPeak struct {
+	TimestampNS uint64            `json:"timestamp_ns"`
+	LiveBytes   uint64            `json:"live_bytes"`
+	SpanID      string            `json:"span_id"` // span of the allocation that reached it
+	SpanName    string            `json:"span_name,omitempty"`
+	ByDevice    map[string]uint64 `json:"by_device"`
+	ByCategory  map[string]uint64 `json:"by_category"`
+}
+
+type MemoryReport struct {
+	Allocations         uint64             `json:"allocations"`
+	Frees               uint64             `json:"frees"`
+	TotalAllocatedBytes uint64             `json:"total_allocated_bytes"`
+	RetainedStorages    int                `json:"retained_storages"`
+	Peak                *MemoryPeak        `json:"peak,omitempty"`
+	Devices             []DeviceMemoryStat `json:"devices"`
+}
+
+// DeviceMemoryStat summarises device_memory samples of one device.
+type DeviceMemoryStat struct {
+	Device            string  `json:"device"`
+	Samples           uint64  `json:"samples"`
+	PeakUsedBytes     *uint64 `json:"peak_used_bytes,omitempty"`
+	PeakUsedAtNS      uint64  `json:"peak_used_at_ns,omitempty"`
+	PeakReservedBytes *uint64 `json:"peak_reserved_bytes,omitempty"`
+	MinFreeBytes      *uint64 `json:"min_free_bytes,omitempty"`
+	CapacityBytes     *uint64 `json:"capacity_bytes,omitempty"`
+}
+
+type DeviceReport struct {
+	Streams []StreamStat `json:"streams"`
+	Devices []DeviceBusy `json:"devices"`
+}
+
+// StreamStat is the device work on one stream. Kernels are device intervals.
+type StreamStat struct {
+	Device       string  `json:"device"`
+	ClockID      string  `json:"clock_id"`
+	StreamID     string  `json:"stream_id"`
+	Kernels      uint64  `json:"kernels"`
+	KernelNS     uint64  `json:"kernel_ns"`
+	MeanKernelNS float64 `json:"mean_kernel_ns"`
+	BusyNS       uint64  `json:"busy_ns"` // union: overlapping kernels count once
+}
+
+// DeviceBusy is the union of all streams of one device clock, and for the
+// host clock its idle gaps inside the measured region.
+type DeviceBusy struct {
+	Device       string  `json:"device"`
+	ClockID      string  `json:"clock_id"`
+	Kernels      uint64  `json:"kernels"`
+	BusyNS       uint64  `json:"busy_ns"`
+	InRegion     bool    `json:"in_region"` // the fields below are set
+	RegionBusyNS uint64  `json:"region_busy_ns,omitempty"`
+	IdleNS       uint64  `json:"idle_ns,omitempty"`
+	IdleGaps     int     `json:"idle_gaps,omitempty"`
+	LargestGapNS uint64  `json:"largest_gap_ns,omitempty"`
+	LargestGapAt uint64  `json:"largest_gap_at_ns,omitempty"`
+	Utilization  float64 `json:"utilization,omitempty"`
+}
+
+type GradientReport struct {
+	Total     int            `json:"total"`
+	Present   int            `json:"present"`
+	Missing   int            `json:"missing"`
+	Zero      int            `json:"zero"`
+	NonFinite int            `json:"non_finite"`
+	Flagged   []GradientFact `json:"flagged"`
+	All       []GradientFact `json:"all"`
+}
+
+// GradientFact is the first gradient record of one parameter.
+type GradientFact struct {
+	Root  string   `json:"root"`
+	Key   string   `json:"key"`
+	State string   `json:"state"`
+	Norm  *float64 `json:"norm,omitempty"`
+	Line  int      `json:"line"`
+}
+
+// TensorSummary folds the tensor_stats records of one label; the values
+// are those of the last record.
+type TensorSummary struct {
+	Label             string   `json:"label"`
+	Dtype             string   `json:"dtype"`
+	Shape             []uint64 `json:"shape"`
+	Observations      uint64   `json:"observations"`
+	NonFiniteRecords  uint64   `json:"non_finite_records"`
+	NonFiniteElements uint64   `json:"non_finite_elements"`
+	FirstNonFiniteAt  int      `json:"first_non_finite_line,omitempty"`
+	RMS               float64  `json:"rms"`
+	AbsMax            float64  `json:"abs_max"`
+	Mean              float64  `json:"mean"`
+}
+
+// reportBuilder accumulates what the report needs beyond the health state.
+type reportBuilder struct {
+	keyBuf  []byte
+	ops     map[string]*opAcc
+	opOrder []string
+	streams map[string]*streamAcc // device \0 clock \0 stream
+	devices map[string]*deviceAcc // device \0 clock
+	devMem  map[string]*DeviceMemoryStat
+	stats   map[string]*TensorSummary
+	labels  []string
+}
+
+type opAcc struct {
+	d       dist
+	in, out uint64
+}
+
+type streamAcc struct {
+	device, clock, stream string
+	kernels, kernelNS     uint64
+	blocks                blockList
+}
+
+type deviceAcc struct {
+	device, clock string
+	kernels       uint64
+	blocks        blockList
+}
+
+func newReportBuilder() *reportBuilder {
+	return &reportBuilder{
+		ops: map[string]*opAcc{}, streams: map[string]*streamAcc{}, devices: map[string]*deviceAcc{},
+		devMem: map[string]*DeviceMemoryStat{}, stats: map[string]*TensorSummary{},
+	}
+}
+
+func (b *reportBuilder) op(a *analyzer, e *opEvent) {
+	acc, ok := b.ops[string(e.opName)]
+	if !ok {
+		name := a.intern(e.opName)
+		acc = &opAcc{}
+		b.ops[name] = acc
+		b.opOrder = append(b.opOrder, name)
+	}
+	acc.d.add(e.duration)
+	acc.in = satAdd(acc.in, e.inBytes)
+	if out, ok := denseBytes(e.outBytes, e.hasOutBytes, e.shape, e.dtype); ok {
+		acc.out = satAdd(acc.out, out)
+	}
+}
+
+func (b *reportBuilder) interval(a *analyzer, e *deviceIntervalEvent) {
+	end := satAdd(e.start, e.duration)
+	b.keyBuf = append(append(append(b.keyBuf[:0], e.device...), 0), e.clockID...)
+	devKey := len(b.keyBuf)
+	b.keyBuf = append(append(b.keyBuf, 0), e.streamID...)
+	st, ok := b.streams[string(b.keyBuf)]
+	if !ok {
+		st = &streamAcc{device: a.intern(e.device), clock: a.intern(e.clockID), stream: a.intern(e.streamID)}
+		b.streams[string(b.keyBuf)] = st
+	}
+	st.kernels++
+	st.kernelNS = satAdd(st.kernelNS, e.duration)
+	st.blocks.add(e.start, end)
+	dv, ok := b.devices[string(b.keyBuf[:devKey])]
+	if !ok {
+		dv = &deviceAcc{device: st.device, clock: st.clock}
+		b.devices[string(b.keyBuf[:devKey])] = dv
+	}
+	dv.kernels++
+	dv.blocks.add(e.start, end)
+}
+
+func (b *reportBuilder) deviceMemory(a *analyzer, e *deviceMemoryEvent) {
+	s, ok := b.devMem[string(e.device)]
+	if !ok {
+		s = &DeviceMemoryStat{Device: a.intern(e.device)}
+		b.devMem[s.Device] = s
+	}
+	s.Samples++
+	// Ties keep the earliest sample, as candle-graph does.
+	if e.hasUsed && (s.PeakUsedBytes == nil || e.used > *s.PeakUsedBytes || (e.used == *s.PeakUsedBytes && e.timestamp < s.PeakUsedAtNS)) {
+		v := e.used
+		s.PeakUsedBytes, s.PeakUsedAtNS = &v, e.timestamp
+	}
+	if e.hasReserved && (s.PeakReservedBytes == nil || e.reserved > *s.PeakReservedBytes) {
+		v := e.reserved
+		s.PeakReservedBytes = &v
+	}
+	if e.hasFree && (s.MinFreeBytes == nil || e.free < *s.MinFreeBytes) {
+		v := e.free
+		s.MinFreeBytes = &v
+	}
+	if e.hasCapacity && (s.CapacityBytes == nil || e.capacity > *s.CapacityBytes) {
+		v := e.capacity
+		s.CapacityBytes = &v
+	}
+}
+
+func (b *reportBuilder) tensorStats(e *tensorStatsEvent, line int) {
+	s, ok := b.stats[string(e.label)]
+	if !ok {
+		s = &TensorSummary{Label: string(e.label), Shape: []uint64{}}
+		b.stats[s.Label] = s
+		b.labels = append(b.labels, s.Label)
+	}
+	s.Observations++
+	s.Dtype, s.Shape = string(e.dtype), append(s.Shape[:0], e.shape...)
+	s.RMS, s.AbsMax, s.Mean = e.rms, e.absMax, e.mean
+	if e.nonFinite > 0 {
+		if s.NonFiniteRecords == 0 {
+			s.FirstNonFiniteAt = line
+		}
+		s.NonFiniteRecords++
+		s.NonFiniteElements = satAdd(s.NonFiniteElements, e.nonFinite)
+	}
+}
+
+// build assembles the report once the whole trace is read.
+func (b *reportBuilder) build(a *analyzer, lt *lifetimes) *Report {
+	r := &Report{}
+	var measured *span
+	for _, s := range a.spanList {
+		if s.measured {
+			measured = s
+			break
+		}
+	}
+	if measured != nil {
+		r.MeasuredRegion = &Region{SpanID: measured.id, Name: measured.name, StartNS: measured.start, DurationNS: measured.dur, Closed: measured.closed}
+	}
+	share := func(ns uint64) float64 {
+		if measured == nil || !measured.closed || measured.dur == 0 {
+			return 0
+		}
+		return float64(ns) / float64(measured.dur)
+	}
+
+	r.Spans = b.spanStats(a, share)
+	for _, name := range b.opOrder {
+		acc := b.ops[name]
+		st := statsOf(name, &acc.d, share)
+		st.SelfNS = st.TotalNS // ops are leaves
+		st.InputBytes, st.OutputBytes = acc.in, acc.out
+		if acc.d.n > 0 {
+			st.BytesPerOp = float64(satAdd(acc.in, acc.out)) / float64(acc.d.n)
+		}
+		r.Ops = append(r.Ops, st)
+	}
+	sortStats(r.Ops)
+
+	r.Memory = b.memoryReport(a, lt)
+	r.Device = b.deviceReport(measured)
+	r.Gradients = gradientReport(a.grads)
+	r.TensorStats = []TensorSummary{}
+	for _, l := range b.labels {
+		r.TensorStats = append(r.TensorStats, *b.stats[l])
+	}
+	r.Overhead = overheadAnalysis(a, measured, r.Device)
+	return r
+}
+
+func statsOf(name string, d *dist, share func(uint64) float64) NameStats {
+	return NameStats{
+		Name: name, Count: d.n, TotalNS: d.sum, MeanNS: d.mean(),
+		P50NS: d.quantile(0.5), P95NS: d.quantile(0.95), MaxNS: d.max,
+		Share: share(d.sum), Approximate: d.approximate(),
+	}
+}
+
+func sortStats(s []NameStats) {
+	sort.SliceStable(s, func(i, j int) bool { return s[i].TotalNS > s[j].TotalNS })
+}
+
+// spanStats groups closed spans by name. Self time is the span's duration
+// less its closed direct children's.
+func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64) []NameStats {
+	for _, s := range a.spanList {
+		s.childDur = 0
+	}
+	for _, s := range a.spanList {
+		if s.closed && s.hasParent {
+			if p, ok := a.spans[s.parent]; ok {
+				p.childDur = satAdd(p.childDur, s.dur)
+			}
+		}
+	}
+	type acc struct {
+		d          dist
+		self, open uint64
+	}
+	byName := map[string]*acc{}
+	var order []string
+	for _, s := range a.spanList {
+		x, ok := byName[s.name]
+		if !ok {
+			x = &acc{}
+			byName[s.name] = x
+			order = append(order, s.name)
+		}
+		if !s.closed {
+			x.open++
+			continue
+		}
+		x.d.add(s.dur)
+		x.self = satAdd(x.self, s.dur-min(s.dur, s.childDur))
+	}
+	out := []NameStats{}
+	for _, name := range order {
+		x := byName[name]
+		st := statsOf(name, &x.d, share)
+		st.SelfNS, st.Open = x.self, x.open
+		out = append(out, st)
+	}
+	sortStats(out)
+	return out
+}
+
+func (b *reportBuilder) memoryReport(a *analyzer, lt *lifetimes) MemoryReport {
+	m := MemoryReport{Devices: []DeviceMemoryStat{}}
+	if lt != nil {
+		m.Allocations, m.Frees, m.TotalAllocatedBytes = lt.allocs, lt.frees, lt.totalAllocated
+		m.RetainedStorages = len(lt.live)
+		if lt.peak != nil {
+			p := *lt.peak
+			if s, ok := a.spans[p.SpanID]; ok {
+				p.SpanName = s.name
+			}
+			m.Peak = &p
+		}
+	}
+	for _, s := range b.devMem {
+		m.Devices = append(m.Devices, *s)
+	}
+	sort.Slice(m.Devices, func(i, j int) bool { return m.Devices[i].Device < m.Devices[j].Device })
+	return m
+}
+
+func (b *reportBuilder) deviceReport(measured *span) DeviceReport {
+	d := DeviceReport{Streams: []StreamStat{}, Devices: []DeviceBusy{}}
+	for _, st := range b.streams {
+		s := StreamStat{Device: st.device, ClockID: st.clock, StreamID: st.stream, Kernels: st.kernels,
+			KernelNS: st.kernelNS, BusyNS: st.blocks.total()}
+		if st.kernels > 0 {
+			s.MeanKernelNS = float64(st.kernelNS) / float64(st.kernels)
+		}
+		d.Streams = append(d.Streams, s)
+	}
+	sort.Slice(d.Streams, func(i, j int) bool {
+		x, y := d.Streams[i], d.Streams[j]
+		if x.Device != y.Device {
+			return x.Device < y.Device
+		}
+		if x.ClockID != y.ClockID {
+			return x.ClockID < y.ClockID
+		}
+		return x.StreamID < y.StreamID
+	})
+	for _, dv := range b.devices {
+		busy := DeviceBusy{Device: dv.device, ClockID: dv.clock, Kernels: dv.kernels, BusyNS: dv.blocks.total()}
+		// Only host-clock intervals can be placed against the host-timed region.
+		if dv.clock == HostClock && measured != nil && measured.closed && measured.dur > 0 {
+			g := dv.blocks.window(measured.start, measured.end())
+			busy.InRegion = true
+			busy.RegionBusyNS, busy.IdleNS, busy.IdleGaps = g.busy, g.idle, g.count
+			busy.LargestGapNS, busy.LargestGapAt = g.largest, g.largestAt
+			busy.Utilization = float64(g.busy) / float64(measured.dur)
+		}
+		d.Devices = append(d.Devices, busy)
+	}
+	sort.Slice(d.Devices, func(i, j int) bool {
+		x, y := d.Devices[i], d.Devices[j]
+		if x.Device != y.Device {
+			return x.Device < y.Device
+		}
+		return x.ClockID < y.ClockID
+	})
+	return d
+}
+
+func gradientReport(g *gradientState) GradientReport {
+	r := GradientReport{Flagged: []GradientFact{}, All: []GradientFact{}}
+	for _, k := range g.order {
+		e := g.byKey[k]
+		f := GradientFact{Root: k.root, Key: k.key, State: gradStateNames[e.state], Line: e.line}
+		if e.hasNorm && !math.IsNaN(e.norm) {
+			n := e.norm
+			f.Norm = &n
+		}
+		r.Total++
+		switch e.state {
+		case gradPresent:
+			r.Present++
+		case gradMissing:
+			r.Missing++
+		case gradZero:
+			r.Zero++
+		case gradNonFinite:
+			r.NonFinite++
+		}
+		if e.state != gradPresent {
+			r.Flagged = append(r.Flagged, f)
+		}
+		r.All = append(r.All, f)
+	}
+	return r
+}
