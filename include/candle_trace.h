@@ -363,8 +363,15 @@ const char *ct_version(void);
 /* CT_ABI_VERSION of the library; bindings compare it with theirs. */
 uint32_t ct_abi_version(void);
 
-/* The session opened from CANDLE_TRACE_PATH at load (drop-in mode), 0 when
- * none. */
+/* Drop-in mode: with CANDLE_TRACE_PATH set, loading the library (LD_PRELOAD
+ * or a normal link) opens an ambient session whose root is the measured
+ * region, and process exit finishes it (complete when no span is open,
+ * failed with the reason otherwise). Provenance comes from
+ * CANDLE_TRACE_ENTRYPOINT (default: the program name), _PHASE (default
+ * "infer"), _DEVICE ("cpu"), _CAPTURE_STEP (1) and _TAGS ("k=v,k=v"); in the
+ * path, %p expands to the pid and %r to $RANK. Returns that session, or 0
+ * when there is none; when CANDLE_TRACE_PATH is set the first call waits for
+ * the library to finish starting. Bindings call it to join the session. */
 ct_session ct_ambient_session(void);
 
 #ifdef __cplusplus

@@ -5,6 +5,8 @@
 #include "fastpath.h"
 #include "_cgo_export.h"
 
+#include <stdlib.h>
+
 /* Kept equal to session.Version (a test checks). */
 #define CT_LIBRARY_VERSION "0.1.0"
 
@@ -142,4 +144,23 @@ const char *ct_version(void) { return CT_LIBRARY_VERSION; }
 
 uint32_t ct_abi_version(void) { return CT_ABI_VERSION; }
 
-ct_session ct_ambient_session(void) { return 0; }
+/* Drop-in mode (ambient.go). The Go side opens the session from a package
+ * init; these shims wait for it by calling a Go export, which blocks until
+ * the Go runtime and package inits are done. */
+ct_session ct_ambient_session(void) {
+    if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
+    if (!getenv("CANDLE_TRACE_PATH")) return 0;
+    return ctgo_ambient_handle();
+}
+
+static void ambient_exit(void) {
+    /* A fork child must not touch Go; its parent finishes the session. */
+    if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return;
+    ctgo_ambient_exit();
+}
+
+/* Registered at load, so a program that exits before the Go runtime has
+ * finished starting still finishes its trace. */
+__attribute__((constructor)) static void ambient_init(void) {
+    if (getenv("CANDLE_TRACE_PATH")) atexit(ambient_exit);
+}

@@ -1,0 +1,91 @@
+"""Drop-in mode: CANDLE_TRACE_PATH makes loading the library open a session
+that process exit finishes, for programs nobody instrumented."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so"))
+CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build" / "tools" / "bin" / "candle-graph"))
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def require_valid(trace: Path, tmp: Path) -> None:
+    if not CANDLE_GRAPH.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"candle-graph missing at {CANDLE_GRAPH}")
+        pytest.skip("candle-graph not installed (make tools)")
+    alone = tmp / "alone"
+    alone.mkdir()
+    shutil.copy(trace, alone / "trace.jsonl")
+    r = subprocess.run([str(CANDLE_GRAPH), "summary", "trace.jsonl", "--require-valid"],
+                       cwd=alone, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_preload_traces_an_uninstrumented_program(tmp_path: Path) -> None:
+    env = dict(os.environ, LD_PRELOAD=str(LIB), CANDLE_TRACE_PATH=str(tmp_path / "run-%p.jsonl"),
+               CANDLE_TRACE_TAGS="job=nightly,host=a", CANDLE_TRACE_PHASE="infer")
+    proc = subprocess.run(["/bin/sleep", "0.2"], env=env, timeout=30)
+    assert proc.returncode == 0
+    traces = list(tmp_path.glob("run-*.jsonl"))
+    assert len(traces) == 1, traces
+    trace = traces[0]
+    assert trace.name.removeprefix("run-").removesuffix(".jsonl").isdigit(), "%p expands to the pid"
+    events = lines(trace)
+    meta = events[0]
+    assert meta["entrypoint"] == "sleep"
+    assert meta["tags"] == {"mode": "drop-in", "job": "nightly", "host": "a"}
+    assert meta["producer"]["binding"] == "drop-in"
+    root = events[1]
+    assert root["id"] == "s1" and root["measured"] is True
+    assert events[-1]["kind"] == "terminal" and events[-1]["outcome"] == "complete"
+    # The root lasts about as long as the program's 200 ms sleep (the session
+    # opens while the Go runtime starts, a little after the program does).
+    assert events[-2] == {"kind": "span_end", "id": "s1", "duration_ns": events[-1]["timestamp_ns"]}
+    assert events[-1]["timestamp_ns"] >= 100_000_000
+    require_valid(trace, tmp_path)
+
+
+def test_bindings_join_the_ambient_session_and_open_spans_fail_it(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import ctypes
+        lib = ctypes.CDLL({str(LIB)!r})
+        lib.ct_ambient_session.restype = ctypes.c_uint64
+        s = lib.ct_ambient_session()
+        assert s != 0, "no ambient session"
+        span = ctypes.c_uint64()
+        lib.ct_span_begin.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+        assert lib.ct_span_begin(s, b"left-open", 0, 0, ctypes.byref(span)) == 0
+        print(s)
+    """)
+    env = dict(os.environ, CANDLE_TRACE_PATH=str(tmp_path / "r%r.jsonl"), RANK="3")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip()) > 0
+    trace = tmp_path / "r3.jsonl"  # %r expands to $RANK
+    events = lines(trace)
+    assert any(e.get("name") == "left-open" for e in events)
+    term = events[-1]
+    assert term["outcome"] == "failed"
+    assert "process exited before the capture completed" in term["reason"]
+    assert "left-open" in term["reason"]
+
+
+def test_without_the_variable_there_is_no_ambient_session(tmp_path: Path) -> None:
+    script = f"import ctypes; lib = ctypes.CDLL({str(LIB)!r}); lib.ct_ambient_session.restype = ctypes.c_uint64; print(lib.ct_ambient_session())"
+    env = {k: v for k, v in os.environ.items() if k != "CANDLE_TRACE_PATH"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
