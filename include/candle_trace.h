@@ -31,6 +31,9 @@
  *   the library copies what it keeps. NULL, empty (where a value is required)
  *   and invalid UTF-8 are refused with CT_ERR_INVALID_ARGUMENT. Arrays come as
  *   pointer + length.
+ * - Limits: 255 sessions open at once; a thread may hold open spans in at
+ *   most 8 sessions at a time; span names up to 256 KiB; shapes up to 64
+ *   dimensions; ops up to 65536 inputs.
  * - Every function may be called from any thread on any session. Spans nest
  *   per OS thread: ct_span_begin's parent is the innermost open span of the
  *   calling thread (the root when it has none), and ct_span_end must close that

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/candle-trace/candle-trace/internal/events"
@@ -73,6 +74,9 @@ func ctgo_open(path, runJSON *C.char, out *C.ct_session) (rc C.int) {
 	p, err := goString(fn, "path", path)
 	if err != nil {
 		return status(err)
+	}
+	if !utf8.ValidString(p) {
+		return status(argErr(fn, "path is not valid UTF-8"))
 	}
 	s, err := session.Open(p, []byte(C.GoString(runJSON)), openOptions()...)
 	if err != nil {

@@ -217,3 +217,28 @@ func TestParseRunIdentityValid(t *testing.T) {
 	assert.Nil(t, r.Identity.PairID)
 	assert.Nil(t, r.Identity.ImplementationID)
 }
+
+func TestParseRunRefusesUnpairedSurrogates(t *testing.T) {
+	for _, tc := range []struct {
+		name, entrypoint string
+		ok               bool
+	}{
+		{"lone high", `a\ud800b`, false},
+		{"lone low", `a\udc00b`, false},
+		{"high at end", `a\ud800`, false},
+		{"high then non-surrogate", `\ud800\u0041`, false},
+		{"valid pair", `\ud83d\ude00`, true},
+		{"escaped backslash then u", `a\\ud800`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := `{"entrypoint":"` + tc.entrypoint + `","phase":"train","capture_step":1,"device":"cpu"}`
+			r, err := ParseRun([]byte(run))
+			if tc.ok {
+				require.NoError(t, err)
+				require.NotContains(t, r.Entrypoint, "\uFFFD")
+				return
+			}
+			require.ErrorContains(t, err, "unpaired UTF-16 surrogate")
+		})
+	}
+}

@@ -33,6 +33,9 @@ func decodeStrict(data []byte) (any, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("input is not valid UTF-8")
 	}
+	if err := checkSurrogates(data); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	v, err := readValue(dec, 0)
@@ -313,4 +316,53 @@ func (f fields) enum(key string, required bool, def string, allowed ...string) (
 		}
 	}
 	return "", fmt.Errorf("%s must be one of %s, got %q", f.name(key), strings.Join(allowed, "|"), s)
+}
+
+// checkSurrogates refuses \u escapes of unpaired UTF-16 surrogates, which
+// encoding/json silently turns into U+FFFD and candle-graph rejects. It only
+// looks at escapes inside strings; anything else malformed is left to the
+// decoder.
+func checkSurrogates(data []byte) error {
+	hex4 := func(i int) (rune, bool) {
+		if i+4 > len(data) {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(data[i:i+4]), 16, 16)
+		return rune(v), err == nil
+	}
+	inString := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if !inString {
+			inString = c == '"'
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if i+1 < len(data) && data[i+1] == 'u' {
+				r, ok := hex4(i + 2)
+				switch {
+				case !ok:
+				case r >= 0xD800 && r <= 0xDBFF:
+					lo, ok := rune(0), false
+					if i+7 < len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
+						lo, ok = hex4(i + 8)
+					}
+					if !ok || lo < 0xDC00 || lo > 0xDFFF {
+						return fmt.Errorf("invalid JSON: unpaired UTF-16 surrogate \\u%04X", r)
+					}
+					i += 11
+					continue
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return fmt.Errorf("invalid JSON: unpaired UTF-16 surrogate \\u%04X", r)
+				}
+				i += 5
+				continue
+			}
+			i++ // skip the escaped character
+		}
+	}
+	return nil
 }

@@ -261,13 +261,18 @@ static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, ui
     return NULL;
 }
 
-/* Takes a slot whose session is gone (or never was) for handle h. */
+/* Takes a per-thread slot for handle h: one whose session is gone (or never
+ * was), else one with no open spans (its session simply gets a new slot the
+ * next time this thread opens a span in it). Only a thread holding open
+ * spans in CT_TLS_SESSIONS other live sessions is refused. */
 static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
     ct_tls_sess *free_slot = NULL;
     for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++) {
         ct_tls_sess *ts = &tls.sess[i];
         if (ts->handle == 0 || !ct__slot_of(ts->handle)) free_slot = ts;
     }
+    for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++)
+        if (tls.sess[i].depth == 0) free_slot = &tls.sess[i];
     if (!free_slot) return NULL;
     if (!tls.registered) {
         pthread_setspecific(thread_key, &tls);
