@@ -18,7 +18,7 @@ export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h') include/candle_trace.h go.mod
 
-.PHONY: all lib cli demo test test-go test-c test-load bench tools clean
+.PHONY: all lib cli demo test test-go test-c test-load test-python bench bench-python tools clean
 
 all: lib cli
 
@@ -54,7 +54,7 @@ demo: $(LIB) $(BUILD)/train_step tools
 	cd $(BUILD)/demo && $(CANDLE_GRAPH) summary demo.jsonl --require-valid > summary.json && \
 	  python3 -c "import json; h=json.load(open('summary.json'))['health']; print('structurally_valid:', h['structurally_valid'], ' capture_complete:', h['capture_complete']); [print(' ', i['severity'], i['code'], '-', i['message']) for i in h['issues']]"
 
-test: test-go test-c test-load
+test: test-go test-c test-load test-python
 
 test-go: $(LIB) tools
 	$(GO) vet ./...
@@ -65,6 +65,14 @@ test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
 
 test-load: $(LIB) $(BUILD)/train_step
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
+
+# The Python binding: non-torch tests under python3, torch tests under
+# Debian's /usr/bin/python3 with python3-torch (TORCH_PYTHON overrides).
+test-python: $(LIB) $(CLI) tools
+	./bindings/python/run_tests.sh
+
+bench-python: $(LIB)
+	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
 
 bench: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...

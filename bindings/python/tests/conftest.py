@@ -1,0 +1,48 @@
+"""Shared helpers: the repository, the reference reader and our validator."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "bindings" / "python"))
+
+CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build/tools/bin/candle-graph"))
+VALIDATOR = REPO / "build" / "candle-trace"
+
+
+def read_trace(path) -> list:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def candle_graph(trace, tmp_path: Path, require_valid: bool = True) -> dict:
+    """Runs candle-graph summary on a copy of the trace alone in a fresh folder;
+    returns the parsed summary. With require_valid, asserts exit 0."""
+    if not CANDLE_GRAPH.exists():
+        pytest.skip(f"{CANDLE_GRAPH} is not installed (make tools)")
+    d = tmp_path / f"cg-{Path(trace).stem}"
+    d.mkdir()
+    shutil.copy(trace, d / "trace.jsonl")
+    args = [str(CANDLE_GRAPH), "summary", "trace.jsonl"] + (
+        ["--require-valid"] if require_valid else [])
+    r = subprocess.run(args, cwd=d, capture_output=True, text=True, timeout=60)
+    if require_valid:
+        assert r.returncode == 0, f"candle-graph refused {trace}:\n{r.stdout[-3000:]}\n{r.stderr}"
+    return json.loads(r.stdout)
+
+
+def validate(trace) -> str:
+    """Our own validator (build/candle-trace validate); asserts exit 0."""
+    if not VALIDATOR.exists():
+        pytest.skip(f"{VALIDATOR} is not built (make cli)")
+    r = subprocess.run([str(VALIDATOR), "validate", str(trace)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, f"candle-trace validate refused {trace}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout

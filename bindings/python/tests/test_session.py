@@ -1,0 +1,226 @@
+"""The core binding against the real library (no torch)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+from conftest import candle_graph, read_trace, validate
+
+import candle_trace as ct
+from candle_trace import CandleTraceError, Status
+
+
+def open_session(tmp_path, name="t.jsonl", **kw):
+    kw.setdefault("capture_step", 1)
+    return ct.Session(tmp_path / name, "test::session", **kw)
+
+
+def test_complete_trace_with_every_record(tmp_path):
+    path = tmp_path / "all.jsonl"
+    contract = {"measurement_scope": "profiled_work", "operations": "complete",
+                "gradients": "complete", "logical_memory": "partial",
+                "physical_memory": "partial", "device_timing": "partial",
+                "gradient_contract": ct.gradient_contract([("m", "w", "fc"), ("m", "b", "fc")])}
+    with ct.Session(path, "test::all", capture_step=2, tags={"k": "v"}, contract=contract,
+                    identity={"workload_id": "w", "model_id": "m", "config_id": "c",
+                              "data_id": "d", "seed_policy": "s", "precision": "f32",
+                              "device_state": "cpu", "physical_batch": 4,
+                              "accumulation_steps": 1, "implementation_id": "pytorch"}) as s:
+        with s.measure("update") as upd:
+            with s.span("fwd", kind="module", step="forward") as fwd:
+                t0 = s.now_ns()
+                s.record_op(fwd, "matmul", dtype="f32", device="cpu", shape=[2, 3],
+                            inputs=["x", "w"], output="y", duration_ns=5, timestamp_ns=t0,
+                            input_dense_bytes=48)
+                s.record_tensor(fwd, "x", dtype="f32", device="cpu", shape=[2, 2],
+                                label="input", category="activation")
+                s.record_data_edge("x", "y")
+                s.record_tensor_stats(fwd, "y", dtype="f32", shape=[2, 3], non_finite=0,
+                                      rms=1.0, abs_max=2.0, mean=0.5)
+                s.record_tensor_stats_f32(fwd, "y32", [1.0, -3.0, float("inf"), 0.0], [2, 2])
+                s.record_scalar(fwd, "loss", 0.25)
+                s.record_memory(fwd, "alloc", storage_id="st", tensor_id="y", device="cpu",
+                                dtype="f32", bytes=24, shape=[2, 3], op_name="matmul",
+                                category="activation")
+                s.record_memory(fwd, "free", storage_id="st", tensor_id="y", device="cpu",
+                                dtype="f32", bytes=24, shape=[2, 3])
+                s.record_device_interval(fwd, device="cpu", stream_id="0", backend="host",
+                                         start_ns=s.now_ns(), duration_ns=10, name="k",
+                                         correlation_id=7)
+            s.record_call_edge(upd, fwd)
+            s.record_gradient("m", "w", "present", 1.5)
+            s.record_gradient("m", "b", ct.GradientState.CT_GRADIENT_ZERO, 0.0)
+            s.record_device_memory("cpu", used_bytes=1, reserved_bytes=2)
+        start = s.now_ns()
+        time.sleep(0.001)
+        s.record_completed_span("io", "function", start, s.now_ns() - start)
+    lines = read_trace(path)
+    kinds = {line["kind"] for line in lines}
+    assert {"meta", "span_start", "span_end", "op", "tensor", "tensor_stats", "memory",
+            "device_memory", "device_interval", "gradient", "edge", "terminal"} <= kinds
+    assert lines[-1] == {"kind": "terminal", "outcome": "complete",
+                         "timestamp_ns": lines[-1]["timestamp_ns"]}
+    candle_graph(path, tmp_path)
+    validate(path)
+
+
+def test_exception_in_session_writes_failed_trace_and_propagates(tmp_path):
+    path = tmp_path / "failed.jsonl"
+    with pytest.raises(ZeroDivisionError):
+        with ct.Session(path, "test::fail", capture_step=1) as s:
+            with s.measure("update"):
+                with s.span("inner"):
+                    1 / 0
+    term = read_trace(path)[-1]
+    assert term["outcome"] == "failed"
+    assert "ZeroDivisionError" in term["reason"] and "division by zero" in term["reason"]
+    summary = candle_graph(path, tmp_path, require_valid=False)
+    assert summary["health"]["structurally_valid"]
+
+
+def test_bad_arguments_raise_with_library_message(tmp_path):
+    with pytest.raises(CandleTraceError) as e:
+        ct.Session(tmp_path / "x.jsonl", "e", capture_step=0)
+    assert e.value.status is Status.CT_ERR_INVALID_ARGUMENT
+    assert e.value.status.name == "CT_ERR_INVALID_ARGUMENT"
+    assert '"capture_step"' in e.value.message and e.value.message.startswith("ct_open: run JSON")
+    assert not (tmp_path / "x.jsonl").exists()
+
+    with pytest.raises(CandleTraceError) as e:
+        ct.Session(tmp_path / "y.jsonl", "e", run={"runid": "x"})
+    assert 'unknown key "runid"' in e.value.message
+
+    s = open_session(tmp_path, measured_root=True)
+    with pytest.raises(CandleTraceError) as e:
+        s.record_gradient("m", "k", "present", None)  # present needs a norm
+    assert e.value.status is Status.CT_ERR_INVALID_ARGUMENT and "ct_record_gradient" in str(e.value)
+    with pytest.raises(CandleTraceError) as e:
+        s.record_data_edge("nope", "nada")
+    assert e.value.status is Status.CT_ERR_INVALID_ARGUMENT
+    with pytest.raises(CandleTraceError) as e:
+        s.record_op(999999, "op", dtype="f32", device="cpu")  # unknown span
+    assert e.value.status is Status.CT_ERR_INVALID_HANDLE
+    with pytest.raises(CandleTraceError) as e:
+        s.span("x", kind="bogus")
+    assert e.value.status is Status.CT_ERR_INVALID_ARGUMENT
+    with pytest.raises(CandleTraceError) as e:  # a second measured region
+        with s.measure("again"):
+            pass
+    assert e.value.status is Status.CT_ERR_STATE
+    outer = s.span("outer").__enter__()
+    inner = s.span("inner").__enter__()
+    with pytest.raises(CandleTraceError) as e:
+        s.end_span(outer)  # not the innermost span of this thread
+    assert e.value.status is Status.CT_ERR_SPAN_MISMATCH
+    inner.__exit__(None, None, None)
+    with pytest.raises(CandleTraceError) as e:
+        s.finish()  # "outer" is still open: refused, session stays usable
+    assert e.value.status is Status.CT_ERR_STATE
+    outer.__exit__(None, None, None)
+    s.finish()
+    with pytest.raises(CandleTraceError) as e:
+        with s.span("late"):
+            pass
+    assert e.value.status is Status.CT_ERR_INVALID_HANDLE
+    with pytest.raises(CandleTraceError) as e:
+        s.record_scalar(1, "x", 1.0)
+    assert e.value.status is Status.CT_ERR_INVALID_HANDLE
+
+
+def test_span_as_decorator_and_nesting(tmp_path):
+    path = tmp_path / "deco.jsonl"
+    s = open_session(tmp_path, "deco.jsonl", measured_root=True)
+
+    @s.span("leaf", kind="op")
+    def leaf(x):
+        return x + 1
+
+    @s.span("outer", step="forward")
+    def outer(n):
+        return sum(leaf(i) for i in range(n))
+
+    assert outer(3) == 6
+    assert leaf.__name__ == "leaf"
+    with pytest.raises(KeyError):  # exceptions pass through the decorator untouched
+        s.span("raises")(lambda: {}["k"])()
+    s.finish()
+    spans = [line for line in read_trace(path) if line["kind"] == "span_start"]
+    by_id = {sp["id"]: sp for sp in spans}
+    leaves = [sp for sp in spans if sp["name"] == "leaf"]
+    assert len(leaves) == 3
+    assert all(by_id[sp["parent_id"]]["name"] == "outer" for sp in leaves)
+    assert all(sp["span_kind"] == "op" for sp in leaves)
+    candle_graph(path, tmp_path)
+
+
+def test_spans_nest_per_thread(tmp_path):
+    path = tmp_path / "threads.jsonl"
+    s = open_session(tmp_path, "threads.jsonl", measured_root=True)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(200):
+                with s.span(f"t{i}"):
+                    with s.span(f"t{i}/child"):
+                        pass
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    with s.span("main"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    s.finish()
+    assert not errors
+    spans = {sp["id"]: sp for sp in read_trace(path) if sp["kind"] == "span_start"}
+    for sp in spans.values():
+        if sp["name"].endswith("/child"):
+            assert spans[sp["parent_id"]]["name"] == sp["name"].split("/")[0]
+        elif sp["name"] in ("t0", "t1", "t2", "t3"):
+            assert sp["parent_id"] == "s1"  # threads have no open span: the root
+    candle_graph(path, tmp_path)
+
+
+def test_disabled_session_writes_nothing(tmp_path):
+    path = tmp_path / "off.jsonl"
+    with ct.Session(path, "test::off", enabled=False) as s:
+        with s.measure("u"):
+            with s.span("x", kind="module", step="forward") as sp:
+                s.record_op(sp, "op", dtype="f32", device="cpu")
+                s.record_gradient("m", "k", "present", 1.0)
+
+        @s.span("f")
+        def f():
+            return 3
+
+        assert f() == 3
+        assert s.now_ns() == 0
+    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_span_cost_is_small(tmp_path):
+    """A span enter+exit through the context manager: median over batches. The
+    1 us target is checked by bench.py; here only a loose bound (CI machines vary)."""
+    s = open_session(tmp_path, measured_root=True)
+    n = 50
+    per = []
+    for _ in range(400):
+        t = time.perf_counter_ns()
+        for _ in range(n):
+            with s.span("hot"):
+                pass
+        per.append((time.perf_counter_ns() - t) / n)
+    s.finish()
+    assert statistics.median(per) < 5000
+
+
+def test_version_and_abi():
+    assert ct.abi_version() == ct.CT_ABI_VERSION
+    assert ct.version().count(".") == 2

@@ -1,0 +1,212 @@
+"""candle_trace.torch against real torch (no mocks) and the real library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, candle_graph, read_trace, validate
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import candle_trace.torch as ctt  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "python" / "train_mlp.py"
+
+
+def by_kind(lines, kind):
+    return [line for line in lines if line["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def example_trace(tmp_path_factory):
+    d = tmp_path_factory.mktemp("example")
+    path = d / "mlp.jsonl"
+    env_path = str(REPO / "bindings" / "python")
+    r = subprocess.run([sys.executable, str(EXAMPLE), str(path)], capture_output=True,
+                       text=True, timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout
+    return path
+
+
+def test_example_trace_is_valid_and_complete(example_trace, tmp_path):
+    summary = candle_graph(example_trace, tmp_path)
+    assert summary["health"]["structurally_valid"] and summary["health"]["capture_complete"]
+    assert "OK" in validate(example_trace)
+    lines = read_trace(example_trace)
+    assert lines[-1]["outcome"] == "complete"
+    meta = lines[0]
+    assert meta["comparison_identity"]["implementation_id"] == "pytorch"
+    assert meta["comparison_identity"]["model_id"] == "mlp-64-64-10"
+    assert meta["capture_step"] == 3 and meta["warmup_steps"] == 2
+
+
+def test_example_trace_matches_the_model(example_trace):
+    sys.path.insert(0, str(EXAMPLE.parent))
+    import train_mlp  # noqa: PLC0415
+
+    model = train_mlp.MLP()
+    params = dict(model.named_parameters())
+    lines = read_trace(example_trace)
+    spans = {s["id"]: s for s in by_kind(lines, "span_start")}
+
+    # one gradient per parameter, in the contract, with a norm
+    grads = by_kind(lines, "gradient")
+    assert sorted(g["key"] for g in grads) == sorted(params)
+    assert all(g["root"] == "mlp" and g["state"] == "present" and g["norm"] > 0 for g in grads)
+    expected = lines[0]["capture_contract"]["gradient_contract"]["expected"]
+    assert [e["key"] for e in expected] == list(params)
+
+    # parameter tensors with the model's shapes
+    tensors = {t["tensor_id"]: t for t in by_kind(lines, "tensor")}
+    for name, p in params.items():
+        assert tensors[name]["shape"] == list(p.shape) and tensors[name]["category"] == "parameter"
+
+    # module spans in forward and backward, the optimizer, one measured region
+    mods = {(s["name"], s.get("step")) for s in spans.values() if s["span_kind"] == "module"}
+    for m in ("mlp", "fc1", "act", "fc2"):
+        assert (m, "forward") in mods and (m, "backward") in mods
+    assert [s["name"] for s in spans.values() if s.get("measured")] == ["update"]
+    assert any(s.get("step") == "optimizer" for s in spans.values())
+
+    # ops: the linear layers' addmm with the right output shapes, in their module span
+    ops = by_kind(lines, "op")
+    fwd_addmm = [o for o in ops if o["op_name"] == "aten::addmm"
+                 and spans[o["span_id"]].get("step") == "forward"]
+    assert sorted((spans[o["span_id"]]["name"], tuple(o["shape"])) for o in fwd_addmm) == [
+        ("fc1", (32, 64)), ("fc2", (32, 10))]
+    assert all(o["device"] == "cpu" and o["duration_ns"] >= 0 for o in ops)
+    assert all(o["dtype"] == "f32" for o in ops if o["op_name"] in ("aten::addmm", "aten::mm"))
+    assert any(spans[o["span_id"]].get("step") == "backward" for o in ops)
+    assert any("fc1.weight" in o["inputs"] for o in ops)
+    assert by_kind(lines, "edge")
+
+    # memory: allocations of op outputs, frees of the ones that died during the step
+    mem = by_kind(lines, "memory")
+    assert any(m["action"] == "alloc" for m in mem) and any(m["action"] == "free" for m in mem)
+    live = {}  # addresses are reused: replay the lifetimes in time order
+    for m in sorted(mem, key=lambda m: m["timestamp_ns"]):
+        if m["action"] == "alloc":
+            assert m["storage_id"] not in live
+            live[m["storage_id"]] = m["bytes"]
+        else:
+            assert live.pop(m["storage_id"]) == m["bytes"]
+
+    # stats of the loss and each module's output
+    stats = {s["label"]: s for s in by_kind(lines, "tensor_stats")}
+    assert stats["loss"]["shape"] == [] and stats["loss"]["mean"] > 0
+    assert stats["fc1/output"]["shape"] == [32, 64] and stats["mlp/output"]["shape"] == [32, 10]
+    assert stats["act/output"]["mean"] >= 0  # after a ReLU
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 2)
+        self.unused = nn.Linear(8, 8)
+        self.frozen = nn.Parameter(torch.ones(2), requires_grad=False)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) * self.frozen
+
+
+def train(prof, model, opt, steps=4, fail_at=None, loader=None):
+    data = loader if loader is not None else [
+        (torch.randn(4, 8), torch.randn(4, 2)) for _ in range(steps)]
+    for i, (x, y) in enumerate(data, start=1):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        if i == fail_at:
+            raise RuntimeError(f"boom in update {i}")
+        loss.backward()
+        opt.step()
+        prof.step()
+
+
+def test_gradient_contract_states(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "net.jsonl"
+    with ctt.profile(model, opt, path, capture_step=2,
+                     gradient_families={"unused": ("inactive", 0)}) as prof:
+        train(prof, model, opt)
+    lines = read_trace(path)
+    grads = {g["key"]: g for g in by_kind(lines, "gradient")}
+    assert "frozen" not in grads  # only parameters that require grad
+    assert grads["unused.weight"]["state"] == "missing" and "norm" not in grads["unused.weight"]
+    assert grads["fc1.weight"]["state"] == "present"
+    candle_graph(path, tmp_path)
+    validate(path)
+    # hooks are gone after the captured update
+    assert not model._forward_hooks and not model.fc1._forward_pre_hooks
+    assert torch.autograd.backward.__module__ == "torch.autograd"
+    assert "step" not in opt.__dict__
+
+
+def test_exception_in_captured_step_gives_failed_trace(tmp_path):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "fail.jsonl"
+    with pytest.raises(RuntimeError, match="boom in update 3"):
+        with ctt.profile(model, opt, path, capture_step=3) as prof:
+            train(prof, model, opt, fail_at=3)
+    term = read_trace(path)[-1]
+    assert term["outcome"] == "failed"
+    assert term["reason"] == "RuntimeError: boom in update 3"
+    summary = candle_graph(path, tmp_path, require_valid=False)
+    assert summary["health"]["structurally_valid"]
+    assert torch.autograd.backward.__module__ == "torch.autograd"
+
+
+def test_loop_shorter_than_capture_step(tmp_path):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "short.jsonl"
+    with pytest.warns(RuntimeWarning, match="before capture step 9"):
+        with ctt.profile(model, opt, path, capture_step=9) as prof:
+            train(prof, model, opt, steps=2)
+    assert read_trace(path)[-1]["outcome"] == "failed"
+
+
+class Synthetic(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), torch.randn(2, generator=g)
+
+
+def test_dataloader_with_forked_workers(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(Synthetic(), batch_size=4, num_workers=2,
+                                         multiprocessing_context="fork")
+    path = tmp_path / "loader.jsonl"
+    with ctt.profile(model, opt, path, capture_step=3,
+                     gradient_families={"unused": ("inactive", 0)}) as prof:
+        train(prof, model, opt, loader=loader)
+    assert read_trace(path)[-1]["outcome"] == "complete"
+    candle_graph(path, tmp_path)
+    validate(path)
+
+
+def test_disabled_profile_writes_nothing(tmp_path):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "off.jsonl"
+    with ctt.profile(model, opt, path, capture_step=2, enabled=False) as prof:
+        train(prof, model, opt)
+    assert not path.exists()
+
+
+def test_tensor_stats_on_device():
+    t = torch.tensor([1.0, -3.0, float("nan"), float("inf")])
+    nf, rms, amax, mean = ctt.tensor_stats(t)
+    assert nf == 2 and amax == 3.0 and mean == -1.0 and abs(rms - (5.0 ** 0.5)) < 1e-12
