@@ -11,38 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// candleGraph locates the real candle-graph binary: $CANDLE_GRAPH, else
-// build/tools/bin/candle-graph under the module root. Without it the test is skipped,
-// except under CI, where a missing oracle must fail loudly.
-func candleGraph(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("CANDLE_GRAPH"); p != "" {
-		return p
-	}
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			p := filepath.Join(dir, "build", "tools", "bin", "candle-graph")
-			if _, err := os.Stat(p); err == nil {
-				return p
-			}
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("candle-graph not found: set CANDLE_GRAPH or build build/tools/bin/candle-graph")
-	}
-	t.Skip("candle-graph not found (set CANDLE_GRAPH); skipping the end-to-end check")
-	return ""
-}
+	"github.com/candle-trace/candle-trace/internal/testutil"
+)
 
 // summarize runs `candle-graph summary --require-valid` on trace, alone in a fresh folder.
 func summarize(t *testing.T, bin string, trace []byte) (map[string]any, string, error) {
@@ -151,7 +122,7 @@ func buildTrace(t *testing.T) []byte {
 func nanF64() float64 { var z float64; return z / z }
 
 func TestEndToEndCandleGraphAcceptsTrace(t *testing.T) {
-	bin := candleGraph(t)
+	bin := testutil.CandleGraph(t)
 	trace := buildTrace(t)
 	out, stderr, err := summarize(t, bin, trace)
 	require.NoError(t, err, "candle-graph rejected the trace:\n%s\ntrace:\n%s", stderr, trace)
@@ -174,7 +145,7 @@ func TestEndToEndCandleGraphAcceptsTrace(t *testing.T) {
 
 func TestEndToEndCandleGraphRejectsBrokenTrace(t *testing.T) {
 	// The oracle must be able to say no, or the test above proves nothing.
-	bin := candleGraph(t)
+	bin := testutil.CandleGraph(t)
 	trace := buildTrace(t)
 	tests := []struct {
 		name   string
