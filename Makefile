@@ -46,13 +46,15 @@ tools: $(CANDLE_GRAPH)
 $(CANDLE_GRAPH):
 	cargo install candle-graph --version $(CANDLE_GRAPH_VERSION) --locked --root $(TOOLS)
 
-demo: $(LIB) $(BUILD)/train_step tools
+demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	rm -rf $(BUILD)/demo && mkdir -p $(BUILD)/demo
 	$(BUILD)/train_step $(BUILD)/demo/demo.jsonl
 	@echo "--- first lines of the trace:"; head -c 1200 $(BUILD)/demo/demo.jsonl; echo " ..."
 	@echo "--- candle-graph's verdict:"
 	cd $(BUILD)/demo && $(CANDLE_GRAPH) summary demo.jsonl --require-valid > summary.json && \
 	  python3 -c "import json; h=json.load(open('summary.json'))['health']; print('structurally_valid:', h['structurally_valid'], ' capture_complete:', h['capture_complete']); [print(' ', i['severity'], i['code'], '-', i['message']) for i in h['issues']]"
+	@echo "--- candle-trace report:"
+	$(CLI) report $(BUILD)/demo/demo.jsonl
 
 test: test-go test-c test-load test-python
 
