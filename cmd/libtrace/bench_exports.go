@@ -5,9 +5,13 @@ package main
 */
 import "C"
 
-import "github.com/candle-trace/candle-trace/internal/events"
+import (
+	"runtime"
 
-// Benchmark-only exports (not in the public header): the one-Go-call-per-event
+	"github.com/candle-trace/candle-trace/internal/events"
+)
+
+// Benchmark- and test-only exports (not in the public header): the one-Go-call-per-event
 // design that tests/bench/bench_spans.c measures beside the C fast path.
 
 //export ctbench_naive_span_begin
@@ -32,4 +36,13 @@ func ctbench_naive_span_end(h C.ct_session, span C.ct_span) (rc C.int) {
 		return status(err)
 	}
 	return status(s.NaiveEndSpan(uint64(span)))
+}
+
+// ctdebug_runtime reports the Go runtime's thread cap and goroutine count,
+// for tests of what the library does to its host process (not in the header).
+//
+//export ctdebug_runtime
+func ctdebug_runtime(maxprocs, goroutines *C.int) {
+	*maxprocs = C.int(runtime.GOMAXPROCS(0))
+	*goroutines = C.int(runtime.NumGoroutine())
 }
