@@ -218,8 +218,9 @@ typedef struct ct_device_interval {
  * "correlation_id" (default "<entrypoint>/update-<step>" or
  * ".../inference-<step>"), "timing_mode" ("host" | "device_synchronized"),
  * "measured_region_device_synchronized", "capture_contract",
- * "comparison_identity", "tags" (string -> string), "candle_version", and
- * "measured_root": true to make the root span the measured region. Unknown
+ * "comparison_identity", "tags" (string -> string), "candle_version",
+ * "measured_root": true to make the root span the measured region, and
+ * "binding" (e.g. "python": meta.producer.binding, ours). Unknown
  * keys are refused (typos would otherwise vanish). The gradient manifest
  * digest of a gradient contract is computed here; do not pass one.
  * Parent folders of `path` are created; an existing file is replaced.

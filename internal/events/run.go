@@ -19,6 +19,10 @@ type Run struct {
 	Identity      *ComparisonIdentity
 	Tags          map[string]string // never nil after ParseRun
 	CandleVersion string            // "" = absent
+	// Binding names the binding that wrote the trace (meta.producer.binding),
+	// e.g. "python" or "rust"; "" leaves the session's default. Not a meta
+	// field of candle-graph's.
+	Binding string
 }
 
 // runKeys are the keys the run JSON may carry; anything else is refused by name, because a
@@ -26,7 +30,7 @@ type Run struct {
 var runKeys = []string{
 	"entrypoint", "phase", "capture_step", "device", "warmup_steps", "correlation_id",
 	"timing_mode", "measured_region_device_synchronized", "capture_contract",
-	"comparison_identity", "tags", "candle_version", "measured_root",
+	"comparison_identity", "tags", "candle_version", "measured_root", "binding",
 }
 
 // ParseRun parses and validates the run JSON given to ct_open.
@@ -111,6 +115,13 @@ func parseRun(data []byte) (*Run, error) {
 	}
 	if hasVersion && strings.TrimSpace(r.CandleVersion) == "" {
 		return nil, fmt.Errorf("%q must not be empty when present (omit it instead)", "candle_version")
+	}
+	var hasBinding bool
+	if r.Binding, hasBinding, err = f.str("binding", false, false); err != nil {
+		return nil, err
+	}
+	if hasBinding && strings.TrimSpace(r.Binding) == "" {
+		return nil, fmt.Errorf("%q must not be empty when present (omit it instead)", "binding")
 	}
 	if err := parseTags(f, r.Tags); err != nil {
 		return nil, err

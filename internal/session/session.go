@@ -143,6 +143,9 @@ func (s *Session) metaExtras() events.MetaExtras {
 		Rank:             envInt("RANK"),
 		WorldSize:        envInt("WORLD_SIZE"),
 	}
+	if s.run.Binding != "" {
+		x.ProducerBinding = s.run.Binding
+	}
 	return x
 }
 

@@ -377,3 +377,11 @@ func TestFinishFailedLeavesSpansOpenAndStatesReason(t *testing.T) {
 	assert.Error(t, err, "--require-valid refuses a failed capture")
 	assert.False(t, h.CaptureComplete)
 }
+
+func TestRunJSONNamesTheBinding(t *testing.T) {
+	_, path := openT(t, `{"entrypoint":"b","phase":"infer","capture_step":1,"device":"cpu","binding":"python"}`)
+	meta := testutil.Lines(t, path)[0]
+	assert.Equal(t, "python", meta["producer"].(map[string]any)["binding"])
+	_, err := Open(t.TempDir()+"/x.jsonl", []byte(`{"entrypoint":"b","phase":"infer","capture_step":1,"device":"cpu","binding":" "}`))
+	requireCode(t, err, InvalidArgument, `"binding" must not be empty`)
+}
