@@ -18,7 +18,7 @@ export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h') include/candle_trace.h go.mod
 
-.PHONY: all lib cli demo test test-go test-c test-load test-python bench bench-python tools clean
+.PHONY: all lib cli demo test test-go test-c test-load test-python test-rust bench bench-python bench-rust tools clean
 
 all: lib cli
 
@@ -56,7 +56,7 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
 
-test: test-go test-c test-load test-python
+test: test-go test-c test-load test-python test-rust
 
 test-go: $(LIB) tools
 	$(GO) vet ./...
@@ -75,6 +75,14 @@ test-python: $(LIB) $(CLI) tools
 
 bench-python: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
+
+# The Rust binding (bindings/rust): links build/libcandle_trace.so; the
+# candle feature builds candle-core/candle-nn 0.11 from crates.io.
+test-rust: $(LIB) tools
+	cd bindings/rust && CANDLE_TRACE_LIB_DIR=$(abspath $(BUILD)) cargo test --all-features
+
+bench-rust: $(LIB)
+	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead
 
 bench: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...

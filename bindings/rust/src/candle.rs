@@ -1,0 +1,330 @@
+//! Capture helpers for candle (feature `candle`).
+//!
+//! candle has no hook points of its own (no forward hooks; `Tensor::op()` is
+//! private), so capture comes from wrappers and explicit calls:
+//!
+//! - [`SessionRef::record_tensor`] / [`SessionRef::record_tensor_stats`]:
+//!   metadata, and statistics reduced with candle ops on the tensor's device;
+//! - [`SessionRef::record_gradients`]: one gradient fact per `VarMap` variable,
+//!   under the exact contract [`gradient_contract`] builds;
+//! - [`Traced`]: a `Module` wrapper that spans the forward, records it as an
+//!   op and records its output's metadata and stats;
+//! - [`backward_step`]: `Optimizer::backward_step` split in two spans, with the
+//!   gradients recorded in between.
+//!
+//! The wrappers record into the thread's [`crate::current`] session (set while
+//! a measured region is open) and cost one thread-local read otherwise.
+use candle_core::{DType, Device, DeviceLocation, Tensor};
+use candle_nn::{Module, Optimizer, VarMap};
+
+use candle_core::backprop::GradStore;
+
+use crate::error::Result;
+use crate::run::GradientContract;
+use crate::session::{current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta, TensorStats};
+
+/// The trace's name of a candle device: `cpu`, `cuda:N`, `metal:N`.
+pub fn device_name(device: &Device) -> String {
+    match device.location() {
+        DeviceLocation::Cpu => "cpu".to_string(),
+        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// The tensor's identity in traces: `t<N>` from candle's `TensorId`.
+pub fn tensor_id(t: &Tensor) -> String {
+    // TensorId's number is private; its Debug form is `TensorId(N)`.
+    let dbg = format!("{:?}", t.id());
+    let digits: String = dbg.chars().filter(|c| c.is_ascii_digit()).collect();
+    format!("t{digits}")
+}
+
+/// Statistics of a tensor, reduced on its own device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    pub elements: u64,
+    pub non_finite: u64,
+    pub rms: f64,
+    pub abs_max: f64,
+    pub mean: f64,
+}
+
+/// Reduces `t` with candle ops on its device, in f64 (f32 on Metal, which has
+/// no f64): the count of non-finite elements, and rms, abs_max and mean of the
+/// finite ones (all 0 when none is finite). One small transfer to the host.
+pub fn tensor_stats(t: &Tensor) -> candle_core::Result<Stats> {
+    let elements = t.elem_count() as u64;
+    if elements == 0 {
+        return Ok(Stats { elements, non_finite: 0, rms: 0.0, abs_max: 0.0, mean: 0.0 });
+    }
+    let cd = if t.device().is_metal() { DType::F32 } else { DType::F64 };
+    let x = t.flatten_all()?.to_dtype(cd)?;
+    let (finite_count, sum, sumsq, abs_max) = if t.dtype().is_int() {
+        let a = x.abs()?;
+        (elements as f64, x.sum_all()?, x.sqr()?.sum_all()?, a.max_all()?)
+    } else {
+        // |x| <= MAX is false for NaN and ±inf.
+        let max = if cd == DType::F64 { f64::MAX } else { f32::MAX as f64 };
+        let finite = x.abs()?.le(max)?;
+        let zeros = x.zeros_like()?;
+        let xf = finite.where_cond(&x, &zeros)?;
+        let count = finite.to_dtype(cd)?.sum_all()?;
+        let sums = Tensor::stack(&[count, xf.sum_all()?, xf.sqr()?.sum_all()?, xf.abs()?.max_all()?], 0)?;
+        let v = to_f64s(&sums)?;
+        return Ok(finish_stats(elements, v[0], v[1], v[2], v[3]));
+    };
+    let v = to_f64s(&Tensor::stack(&[sum, sumsq, abs_max], 0)?)?;
+    Ok(finish_stats(elements, finite_count, v[0], v[1], v[2]))
+}
+
+fn to_f64s(t: &Tensor) -> candle_core::Result<Vec<f64>> {
+    match t.dtype() {
+        DType::F64 => t.to_vec1::<f64>(),
+        _ => Ok(t.to_dtype(DType::F32)?.to_vec1::<f32>()?.into_iter().map(f64::from).collect()),
+    }
+}
+
+fn finish_stats(elements: u64, finite: f64, sum: f64, sumsq: f64, abs_max: f64) -> Stats {
+    let finite_n = finite.round().max(0.0) as u64;
+    let non_finite = elements.saturating_sub(finite_n);
+    let fin = |v: f64| if v.is_finite() { v } else { 0.0 };
+    if finite_n == 0 {
+        return Stats { elements, non_finite, rms: 0.0, abs_max: 0.0, mean: 0.0 };
+    }
+    let n = finite_n as f64;
+    Stats { elements, non_finite, rms: fin((sumsq / n).sqrt()).max(0.0), abs_max: fin(abs_max).max(0.0), mean: fin(sum / n) }
+}
+
+/// The L2 norm of a gradient, reduced on its device, classified.
+pub fn gradient_of(g: &Tensor) -> candle_core::Result<Gradient> {
+    let cd = if g.device().is_metal() { DType::F32 } else { DType::F64 };
+    let sumsq = g.to_dtype(cd)?.sqr()?.sum_all()?;
+    let v = to_f64s(&sumsq.reshape(1)?)?[0];
+    Ok(Gradient::from_norm(v.sqrt()))
+}
+
+/// The variables of a `VarMap` as `(name, tensor)`, sorted by name.
+pub fn named_vars(varmap: &VarMap) -> Vec<(String, Tensor)> {
+    let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
+    let mut v: Vec<(String, Tensor)> = data.iter().map(|(k, var)| (k.clone(), var.as_tensor().clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The exact gradient contract of a `VarMap`: every variable, sorted by name,
+/// under `root`, in the family [`crate::family_of`] gives it (`fc1.weight` →
+/// `fc1`), each family `active` with `min_present` 1. Adjust families with
+/// [`GradientContract::family`].
+pub fn gradient_contract(root: &str, varmap: &VarMap) -> GradientContract {
+    GradientContract::from_keys(root, named_vars(varmap).iter().map(|(k, _)| k.as_str()))
+}
+
+fn dims(t: &Tensor) -> &[usize] {
+    t.dims()
+}
+
+impl SessionRef {
+    /// Records `t`'s metadata in `span`: identity `t<N>`, dtype, device,
+    /// shape; a variable is a `parameter` (requires_grad), anything else an
+    /// `activation`.
+    pub fn record_tensor(&self, span: impl Into<SpanId>, t: &Tensor) -> Result<()> {
+        let category = if t.is_variable() { Category::Parameter } else { Category::Activation };
+        self.record_tensor_as(span, t, None, category)
+    }
+
+    /// [`SessionRef::record_tensor`] with a label and category of your choice.
+    pub fn record_tensor_as(&self, span: impl Into<SpanId>, t: &Tensor, label: Option<&str>, category: Category) -> Result<()> {
+        let id = tensor_id(t);
+        let device = device_name(t.device());
+        self.tensor(
+            span,
+            &TensorMeta {
+                tensor_id: &id,
+                dtype: t.dtype().as_str(),
+                device: &device,
+                label,
+                shape: dims(t),
+                requires_grad: t.is_variable(),
+                category,
+                dense_bytes: None,
+            },
+        )
+    }
+
+    /// Reduces `t` on its device ([`tensor_stats`]) and records the result
+    /// under `label`. Returns the statistics.
+    pub fn record_tensor_stats(&self, span: impl Into<SpanId>, label: &str, t: &Tensor) -> Result<Stats> {
+        let s = tensor_stats(t)?;
+        self.tensor_stats(
+            span,
+            &TensorStats {
+                label,
+                dtype: t.dtype().as_str(),
+                shape: dims(t),
+                non_finite: s.non_finite,
+                rms: s.rms,
+                abs_max: s.abs_max,
+                mean: s.mean,
+            },
+        )?;
+        Ok(s)
+    }
+
+    /// One gradient fact per variable of `varmap` (sorted by name) under
+    /// `root`: `missing` when `grads` has none for it, else `present`, `zero`
+    /// or `non_finite` from its L2 norm reduced on its device. Pair it with
+    /// [`gradient_contract`] in the run's capture contract. Returns the facts.
+    pub fn record_gradients(&self, root: &str, grads: &GradStore, varmap: &VarMap) -> Result<Vec<(String, Gradient)>> {
+        let mut out = Vec::new();
+        for (name, var) in named_vars(varmap) {
+            let g = match grads.get(&var) {
+                None => Gradient::Missing,
+                Some(g) => gradient_of(g)?,
+            };
+            self.gradient(root, &name, g)?;
+            out.push((name, g));
+        }
+        Ok(out)
+    }
+}
+
+/// Opens the measured region like [`SessionRef::measure`], synchronizing
+/// `device` right after it opens and right before it ends, as a run declared
+/// with [`crate::Run::device_synchronized`] promises.
+pub fn measure_synchronized<'a>(session: &'a SessionRef, name: &str, device: &'a Device) -> Result<Measured<'a>> {
+    device.synchronize()?;
+    let m = session.measure(name)?;
+    Ok(m.before_end(move || {
+        let _ = device.synchronize();
+    }))
+}
+
+/// A `Module` that, while a session is current, spans its forward (a module
+/// span tagged `forward`, named as given), records the forward as one op (the
+/// input and output by tensor id), the output's metadata, and the output's
+/// stats labelled `<name>/output`. Without a current session it is the inner
+/// module plus one thread-local read.
+///
+/// Capture failures never fail the forward: they are deferred to `finish`.
+#[derive(Debug, Clone)]
+pub struct Traced<M> {
+    name: String,
+    inner: M,
+}
+
+impl<M> Traced<M> {
+    pub fn new(name: impl Into<String>, inner: M) -> Self {
+        Traced { name: name.into(), inner }
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+    pub fn into_inner(self) -> M {
+        self.inner
+    }
+}
+
+impl<M: Module> Module for Traced<M> {
+    fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        let Some(session) = current() else {
+            return self.inner.forward(xs);
+        };
+        let span = session.span_with(&self.name, SpanKind::Module, Step::Forward);
+        let start = session.now_ns();
+        let ys = self.inner.forward(xs)?;
+        let end = session.now_ns();
+        let id = span.id();
+        if id.0 != 0 {
+            // The op must lie inside the open span; metadata and stats (the
+            // costly part) are recorded once it closed, so they do not
+            // inflate the module's time.
+            let recorded = record_forward_op(&session, id, &self.name, xs, &ys, start, end);
+            drop(span);
+            if let Err(e) = recorded.and_then(|(i, o)| record_forward_output(&session, id, &self.name, &i, &o, &ys)) {
+                session.defer(e);
+            }
+        }
+        Ok(ys)
+    }
+}
+
+fn record_forward_op(session: &SessionRef, span: SpanId, name: &str, xs: &Tensor, ys: &Tensor, start: u64, end: u64) -> Result<(String, String)> {
+    let (in_id, out_id) = (tensor_id(xs), tensor_id(ys));
+    let device = device_name(ys.device());
+    session.op(
+        span,
+        &Op {
+            name,
+            dtype: ys.dtype().as_str(),
+            device: &device,
+            inputs: &[&in_id],
+            output: Some(&out_id),
+            shape: ys.dims(),
+            duration_ns: end.saturating_sub(start).max(1),
+            timestamp_ns: start.max(1),
+            output_dense_bytes: None,
+            input_dense_bytes: (xs.elem_count() * xs.dtype().size_in_bytes()) as u64,
+        },
+    )?;
+    Ok((in_id, out_id))
+}
+
+fn record_forward_output(session: &SessionRef, span: SpanId, name: &str, in_id: &str, out_id: &str, ys: &Tensor) -> Result<()> {
+    session.record_tensor_as(span, ys, Some(name), Category::Activation)?;
+    session.data_edge(in_id, out_id)?;
+    session.record_tensor_stats(span, &format!("{name}/output"), ys)?;
+    Ok(())
+}
+
+/// Span names of [`backward_step_named`].
+#[derive(Debug, Clone, Copy)]
+pub struct UpdateSpans<'a> {
+    pub backward: &'a str,
+    pub optimizer: &'a str,
+}
+
+impl Default for UpdateSpans<'_> {
+    fn default() -> Self {
+        UpdateSpans { backward: "train/backward", optimizer: "train/optimizer" }
+    }
+}
+
+/// `Optimizer::backward_step` split for capture, to be called inside the
+/// measured region: `loss.backward()` in a `train/backward` span (tagged
+/// backward), one gradient fact per `varmap` variable under `root`, then
+/// `optimizer.step(&grads)` in a `train/optimizer` span (tagged optimizer).
+/// Returns the gradients and the facts.
+pub fn backward_step<O: Optimizer>(
+    session: &SessionRef,
+    optimizer: &mut O,
+    loss: &Tensor,
+    root: &str,
+    varmap: &VarMap,
+) -> Result<(GradStore, Vec<(String, Gradient)>)> {
+    backward_step_named(session, optimizer, loss, root, varmap, UpdateSpans::default())
+}
+
+/// [`backward_step`] with span names of your choice.
+pub fn backward_step_named<O: Optimizer>(
+    session: &SessionRef,
+    optimizer: &mut O,
+    loss: &Tensor,
+    root: &str,
+    varmap: &VarMap,
+    names: UpdateSpans<'_>,
+) -> Result<(GradStore, Vec<(String, Gradient)>)> {
+    let grads = {
+        let _bwd = session.try_span(names.backward, SpanKind::Function, Step::Backward)?;
+        loss.backward()?
+    };
+    let facts = session.record_gradients(root, &grads, varmap)?;
+    {
+        let _opt = session.try_span(names.optimizer, SpanKind::Function, Step::Optimizer)?;
+        optimizer.step(&grads)?;
+    }
+    Ok((grads, facts))
+}

@@ -1,0 +1,48 @@
+//! Rust binding of candle-trace: capture one representative training (or
+//! inference) step of a program as a `candle-graph/trace/10` JSONL trace.
+//!
+//! ```no_run
+//! use candle_trace::{Run, Session, Step};
+//!
+//! # fn main() -> candle_trace::Result<()> {
+//! let session = Session::open("traces/step.jsonl", Run::training("mlp::train", 3, "cpu"))?;
+//! {
+//!     let update = session.measure("train/update")?;      // the one measured region
+//!     {
+//!         let fwd = session.step_span("train/forward", Step::Forward);
+//!         session.scalar(&fwd, "loss", 0.25)?;
+//!     }                                                     // span ends here
+//!     let _bwd = session.step_span("train/backward", Step::Backward);
+//! #   drop(_bwd); drop(update);
+//! }
+//! let path = session.finish()?;
+//! # let _ = path; Ok(()) }
+//! ```
+//!
+//! The library is `libcandle_trace.so` (its C ABI is `include/candle_trace.h`;
+//! [`ffi`] mirrors it). Features: `candle` (capture helpers for candle-core
+//! and candle-nn: [`candle`]), `tracing` (a `tracing_subscriber::Layer`:
+//! [`layer`]).
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod ffi;
+
+mod error;
+mod run;
+mod session;
+
+#[cfg(feature = "candle")]
+pub mod candle;
+
+#[cfg(feature = "tracing")]
+pub mod layer;
+
+pub use error::{Error, Result, Status};
+pub use run::{
+    family_of, CaptureContract, ComparisonIdentity, Expectation, ExpectedGradient, GradientContract, GradientFamily, Level,
+    MeasurementScope, Phase, Run, TimingMode,
+};
+pub use session::{
+    check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
+    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats,
+};

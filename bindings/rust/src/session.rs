@@ -1,0 +1,968 @@
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ops::Deref;
+use std::os::raw::c_char;
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::{Arc, Mutex, Once};
+
+use crate::error::{check, Error, Result, Status};
+use crate::ffi;
+use crate::run::Run;
+
+// ---- wire enums --------------------------------------------------------------
+
+/// Kind of work a span covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SpanKind {
+    #[default]
+    Function,
+    Op,
+    Module,
+}
+
+impl SpanKind {
+    fn raw(self) -> ffi::ct_span_kind {
+        match self {
+            SpanKind::Function => ffi::CT_SPAN_FUNCTION,
+            SpanKind::Op => ffi::CT_SPAN_OP,
+            SpanKind::Module => ffi::CT_SPAN_MODULE,
+        }
+    }
+}
+
+/// Training phase of a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Step {
+    /// Not a training step phase.
+    #[default]
+    None,
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Step {
+    fn raw(self) -> ffi::ct_step {
+        match self {
+            Step::None => ffi::CT_STEP_NONE,
+            Step::Forward => ffi::CT_STEP_FORWARD,
+            Step::Backward => ffi::CT_STEP_BACKWARD,
+            Step::Optimizer => ffi::CT_STEP_OPTIMIZER,
+        }
+    }
+}
+
+/// Logical allocation or free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryAction {
+    Alloc,
+    Free,
+}
+
+/// Memory category of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Category {
+    #[default]
+    Other,
+    Parameter,
+    Activation,
+    Gradient,
+    Optimizer,
+}
+
+impl Category {
+    fn raw(self) -> ffi::ct_category {
+        match self {
+            Category::Other => ffi::CT_CATEGORY_OTHER,
+            Category::Parameter => ffi::CT_CATEGORY_PARAMETER,
+            Category::Activation => ffi::CT_CATEGORY_ACTIVATION,
+            Category::Gradient => ffi::CT_CATEGORY_GRADIENT,
+            Category::Optimizer => ffi::CT_CATEGORY_OPTIMIZER,
+        }
+    }
+}
+
+/// One gradient fact: the state and, where the state has one, the L2 norm.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Gradient {
+    /// A finite norm > 0.
+    Present(f64),
+    /// Norm exactly 0.
+    Zero,
+    /// No gradient reached the parameter.
+    Missing,
+    /// The gradient holds NaN or infinity.
+    NonFinite,
+}
+
+impl Gradient {
+    /// Classifies a computed L2 norm: > 0 present, 0 zero, NaN/inf non-finite.
+    pub fn from_norm(norm: f64) -> Gradient {
+        if !norm.is_finite() {
+            Gradient::NonFinite
+        } else if norm == 0.0 {
+            Gradient::Zero
+        } else {
+            Gradient::Present(norm.abs())
+        }
+    }
+
+    /// The trace spelling of the state.
+    pub fn state_name(&self) -> &'static str {
+        match self {
+            Gradient::Present(_) => "present",
+            Gradient::Zero => "zero",
+            Gradient::Missing => "missing",
+            Gradient::NonFinite => "non_finite",
+        }
+    }
+}
+
+/// A span of a session, as records refer to it. `SpanId::ROOT` is `s1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpanId(pub u64);
+
+impl SpanId {
+    /// The root span `s1` that `Session::open` starts.
+    pub const ROOT: SpanId = SpanId(1);
+}
+
+impl From<&SpanGuard<'_>> for SpanId {
+    fn from(g: &SpanGuard<'_>) -> SpanId {
+        SpanId(g.id)
+    }
+}
+
+impl From<&Measured<'_>> for SpanId {
+    fn from(g: &Measured<'_>) -> SpanId {
+        SpanId(g.span.id)
+    }
+}
+
+// ---- records ---------------------------------------------------------------------
+
+/// One executed operation (`ct_record_op`).
+#[derive(Debug, Clone, Default)]
+pub struct Op<'a> {
+    pub name: &'a str,
+    pub dtype: &'a str,
+    pub device: &'a str,
+    /// Tensor ids read.
+    pub inputs: &'a [&'a str],
+    /// Tensor id produced.
+    pub output: Option<&'a str>,
+    /// Output shape.
+    pub shape: &'a [usize],
+    pub duration_ns: u64,
+    /// Start on the session clock; 0 means "ended now".
+    pub timestamp_ns: u64,
+    /// `None`: derived from shape and dtype.
+    pub output_dense_bytes: Option<u64>,
+    pub input_dense_bytes: u64,
+}
+
+/// Tensor metadata (`ct_record_tensor`).
+#[derive(Debug, Clone, Default)]
+pub struct TensorMeta<'a> {
+    pub tensor_id: &'a str,
+    pub dtype: &'a str,
+    pub device: &'a str,
+    pub label: Option<&'a str>,
+    pub shape: &'a [usize],
+    pub requires_grad: bool,
+    pub category: Category,
+    /// `None`: derived from shape and dtype.
+    pub dense_bytes: Option<u64>,
+}
+
+/// Statistics the caller already reduced (`ct_record_tensor_stats`);
+/// `elements` is the product of `shape`.
+#[derive(Debug, Clone, Default)]
+pub struct TensorStats<'a> {
+    pub label: &'a str,
+    pub dtype: &'a str,
+    pub shape: &'a [usize],
+    pub non_finite: u64,
+    pub rms: f64,
+    pub abs_max: f64,
+    pub mean: f64,
+}
+
+/// A logical allocation or free (`ct_record_memory`).
+#[derive(Debug, Clone, Default)]
+pub struct Memory<'a> {
+    /// 0 means now.
+    pub timestamp_ns: u64,
+    pub storage_id: &'a str,
+    pub tensor_id: &'a str,
+    pub device: &'a str,
+    pub dtype: &'a str,
+    pub op_name: Option<&'a str>,
+    pub bytes: u64,
+    pub shape: &'a [usize],
+    pub category: Category,
+}
+
+/// A device-memory sample (`ct_record_device_memory`); at least one value.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceMemory<'a> {
+    /// 0 means now.
+    pub timestamp_ns: u64,
+    pub device: &'a str,
+    pub used_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub reserved_bytes: Option<u64>,
+    pub capacity_bytes: Option<u64>,
+}
+
+/// One interval of device work (`ct_record_device_interval`).
+#[derive(Debug, Clone, Default)]
+pub struct DeviceInterval<'a> {
+    pub device: &'a str,
+    pub stream_id: &'a str,
+    /// `None`: the session clock (`host-monotonic`).
+    pub clock_id: Option<&'a str>,
+    pub backend: &'a str,
+    pub name: Option<&'a str>,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub correlation_id: Option<u64>,
+}
+
+// ---- strings ---------------------------------------------------------------------
+
+fn cstring(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte: {s:?}")))
+}
+
+fn opt_cstring(what: &str, s: Option<&str>) -> Result<Option<CString>> {
+    s.map(|s| cstring(what, s)).transpose()
+}
+
+fn opt_ptr(s: &Option<CString>) -> *const c_char {
+    s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
+}
+
+fn shape_i64(shape: &[usize]) -> Result<Vec<i64>> {
+    shape
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| Error::invalid(format!("shape dimension {d} does not fit in i64"))))
+        .collect()
+}
+
+fn elements(shape: &[usize]) -> Result<u64> {
+    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64)).ok_or_else(|| Error::invalid(format!("shape {shape:?} has more than 2^64 elements")))
+}
+
+const STACK_NAME: usize = 128;
+
+/// Calls `f` with `s` as a NUL-terminated string, copied on the stack when
+/// short (the span hot path allocates nothing).
+#[inline]
+fn with_cstr<R>(s: &str, f: impl FnOnce(*const c_char) -> R) -> Result<R> {
+    let b = s.as_bytes();
+    if b.len() < STACK_NAME {
+        if b.contains(&0) {
+            return Err(Error::invalid(format!("name contains a NUL byte: {s:?}")));
+        }
+        let mut buf = MaybeUninit::<[u8; STACK_NAME]>::uninit();
+        let p = buf.as_mut_ptr() as *mut u8;
+        // SAFETY: b.len() + 1 <= STACK_NAME bytes are written, then read as a C string.
+        unsafe {
+            ptr::copy_nonoverlapping(b.as_ptr(), p, b.len());
+            *p.add(b.len()) = 0;
+        }
+        Ok(f(p as *const c_char))
+    } else {
+        let c = cstring("name", s)?;
+        Ok(f(c.as_ptr()))
+    }
+}
+
+// ---- panic notes -------------------------------------------------------------------
+
+thread_local! {
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+static PANIC_HOOK: Once = Once::new();
+
+/// Chains a panic hook that remembers the calling thread's panic message, so
+/// a session dropped while unwinding can say why in its `failed` terminal.
+fn install_panic_hook() {
+    PANIC_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".into());
+            let note = match info.location() {
+                Some(l) => format!("{msg} (at {}:{})", l.file(), l.line()),
+                None => msg,
+            };
+            let _ = LAST_PANIC.try_with(|p| {
+                if let Ok(mut p) = p.try_borrow_mut() {
+                    *p = Some(note);
+                }
+            });
+            previous(info);
+        }));
+    });
+}
+
+fn panic_note() -> String {
+    LAST_PANIC.try_with(|p| p.try_borrow().ok().and_then(|p| p.clone())).ok().flatten().unwrap_or_else(|| "panic".into())
+}
+
+// ---- sessions ----------------------------------------------------------------------
+
+const MAX_DEFERRED: usize = 16;
+
+pub(crate) struct Inner {
+    handle: ffi::ct_session,
+    path: PathBuf,
+    device_synchronized: bool,
+    deferred: Mutex<(usize, Vec<Error>)>,
+}
+
+/// A shared, non-owning reference to an open session: every record method
+/// lives here. It is `Send + Sync` (the library is thread-safe); what it
+/// cannot do is finish the session, which only the owning [`Session`] does.
+/// Calls through a reference whose session has finished fail with
+/// [`Status::InvalidHandle`].
+#[derive(Clone)]
+pub struct SessionRef(pub(crate) Arc<Inner>);
+
+/// An open capture: one trace file. Dereferences to [`SessionRef`] for the
+/// record methods.
+///
+/// End it with [`Session::finish`] (terminal `complete`) or
+/// [`Session::finish_failed`]. A session dropped without either ends with a
+/// `failed` terminal: "session dropped without finish", or, while the thread
+/// panics, "session dropped while panicking: <message>".
+pub struct Session {
+    r: SessionRef,
+    ended: bool,
+}
+
+impl Deref for Session {
+    type Target = SessionRef;
+    fn deref(&self) -> &SessionRef {
+        &self.r
+    }
+}
+
+impl std::fmt::Debug for SessionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRef").field("handle", &self.0.handle).field("path", &self.0.path).finish()
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("handle", &self.r.0.handle).field("path", &self.r.0.path).field("ended", &self.ended).finish()
+    }
+}
+
+/// Checks that the loaded library speaks this binding's ABI version.
+pub fn check_abi() -> Result<()> {
+    // SAFETY: no arguments, no preconditions.
+    let library = unsafe { ffi::ct_abi_version() };
+    if library != ffi::CT_ABI_VERSION {
+        return Err(Error::AbiMismatch { library, binding: ffi::CT_ABI_VERSION });
+    }
+    Ok(())
+}
+
+/// The library version, e.g. `0.1.0`.
+pub fn library_version() -> String {
+    // SAFETY: ct_version returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(ffi::ct_version()) }.to_string_lossy().into_owned()
+}
+
+impl Session {
+    /// Opens a trace at `path` (parent folders are created, an existing file
+    /// is replaced) for `run`. Checks the library's ABI version first.
+    pub fn open(path: impl AsRef<Path>, run: Run) -> Result<Session> {
+        Self::open_json(path, &run.to_json(), run.is_device_synchronized())
+    }
+
+    /// Opens with a run JSON written by the caller (see the header).
+    pub fn open_json(path: impl AsRef<Path>, run_json: &str, device_synchronized: bool) -> Result<Session> {
+        check_abi()?;
+        install_panic_hook();
+        let path = path.as_ref();
+        let cpath = cstring(
+            "path",
+            path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?,
+        )?;
+        let cjson = cstring("run JSON", run_json)?;
+        let mut handle: ffi::ct_session = 0;
+        // SAFETY: both strings are NUL-terminated and live across the call.
+        check(unsafe { ffi::ct_open(cpath.as_ptr(), cjson.as_ptr(), &mut handle) })?;
+        Ok(Session {
+            r: SessionRef(Arc::new(Inner {
+                handle,
+                path: path.to_path_buf(),
+                device_synchronized,
+                deferred: Mutex::new((0, Vec::new())),
+            })),
+            ended: false,
+        })
+    }
+
+    /// A shared reference (for other threads, wrappers, layers).
+    pub fn handle(&self) -> SessionRef {
+        self.r.clone()
+    }
+
+    /// Closes the root, writes the `complete` terminal and returns the trace's
+    /// path.
+    ///
+    /// When the library refuses (spans still open, no measured region, a
+    /// required label not seen once, an unreported contract gradient) or an
+    /// earlier deferred call failed ([`Error::Deferred`]), the capture cannot
+    /// be complete: the trace is ended with a `failed` terminal naming the
+    /// reason, and the error is returned.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        self.ended = true;
+        if let Some(err) = self.r.take_deferred() {
+            let _ = self.r.raw_finish_failed(&format!("candle-trace (rust): {err}"));
+            return Err(err);
+        }
+        // SAFETY: plain handle.
+        match check(unsafe { ffi::ct_finish(self.r.0.handle) }) {
+            Ok(()) => Ok(self.r.0.path.clone()),
+            Err(err) => {
+                if err.status() != Some(Status::InvalidHandle) {
+                    let _ = self.r.raw_finish_failed(&format!("ct_finish refused: {}", err.message()));
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Ends the capture with a `failed` terminal carrying `reason`.
+    pub fn finish_failed(mut self, reason: &str) -> Result<()> {
+        self.ended = true;
+        let reason = if reason.trim().is_empty() { "finish_failed without a reason" } else { reason };
+        self.r.raw_finish_failed(reason)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let reason = if std::thread::panicking() {
+            format!("session dropped while panicking: {}", panic_note())
+        } else {
+            "session dropped without finish".to_string()
+        };
+        let _ = self.r.raw_finish_failed(&reason);
+    }
+}
+
+impl SessionRef {
+    /// The raw `ct_session` handle, for calls into [`crate::ffi`].
+    pub fn raw(&self) -> ffi::ct_session {
+        self.0.handle
+    }
+
+    /// The path the trace is written to.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+
+    /// Whether the run declared a device-synchronized measured region.
+    pub fn is_device_synchronized(&self) -> bool {
+        self.0.device_synchronized
+    }
+
+    fn raw_finish_failed(&self, reason: &str) -> Result<()> {
+        let reason = reason.replace('\0', " ");
+        let c = CString::new(reason).expect("NULs replaced");
+        // SAFETY: NUL-terminated string alive across the call.
+        check(unsafe { ffi::ct_finish_failed(self.0.handle, c.as_ptr()) })
+    }
+
+    /// Keeps an error of a call that could not return it; `finish` reports it.
+    pub(crate) fn defer(&self, err: Error) {
+        if let Ok(mut d) = self.0.deferred.lock() {
+            d.0 += 1;
+            if d.1.len() < MAX_DEFERRED {
+                d.1.push(err);
+            }
+        }
+    }
+
+    /// Errors deferred so far (at most 16 are kept), without clearing them.
+    pub fn deferred_errors(&self) -> Vec<String> {
+        self.0.deferred.lock().map(|d| d.1.iter().map(|e| e.to_string()).collect()).unwrap_or_default()
+    }
+
+    fn take_deferred(&self) -> Option<Error> {
+        let mut d = self.0.deferred.lock().ok()?;
+        if d.0 == 0 {
+            return None;
+        }
+        let count = d.0;
+        let first = d.1.drain(..).next().expect("count > 0 keeps one");
+        d.0 = 0;
+        Some(Error::Deferred { count, first: Box::new(first) })
+    }
+
+    // ---- spans ----
+
+    /// Opens a function span nested in this thread's innermost open span. It
+    /// ends when the guard drops, also while unwinding. A failure to open it
+    /// (a NUL in the name, a poisoned session) gives an inert guard and is
+    /// reported by `finish`; use [`SessionRef::try_span`] to see it at once.
+    #[inline]
+    pub fn span(&self, name: &str) -> SpanGuard<'_> {
+        self.span_with(name, SpanKind::Function, Step::None)
+    }
+
+    /// [`SessionRef::span`] of another kind.
+    #[inline]
+    pub fn span_kind(&self, name: &str, kind: SpanKind) -> SpanGuard<'_> {
+        self.span_with(name, kind, Step::None)
+    }
+
+    /// [`SessionRef::span`] tagged with a training phase (a function span).
+    #[inline]
+    pub fn step_span(&self, name: &str, step: Step) -> SpanGuard<'_> {
+        self.span_with(name, SpanKind::Function, step)
+    }
+
+    /// [`SessionRef::span`] with kind and phase.
+    #[inline]
+    pub fn span_with(&self, name: &str, kind: SpanKind, step: Step) -> SpanGuard<'_> {
+        match self.try_span(name, kind, step) {
+            Ok(g) => g,
+            Err(e) => {
+                self.defer(e);
+                SpanGuard { session: self, id: 0, _not_send: PhantomData }
+            }
+        }
+    }
+
+    /// Opens a span and returns the library's refusal as an error.
+    #[inline]
+    pub fn try_span(&self, name: &str, kind: SpanKind, step: Step) -> Result<SpanGuard<'_>> {
+        let mut id: ffi::ct_span = 0;
+        // SAFETY: the name is NUL-terminated for the duration of the call.
+        let st = with_cstr(name, |p| unsafe { ffi::ct_span_begin(self.0.handle, p, kind.raw(), step.raw(), &mut id) })?;
+        check(st)?;
+        Ok(SpanGuard { session: self, id, _not_send: PhantomData })
+    }
+
+    /// Opens the session's single measured region. While the returned guard
+    /// lives, this session is the calling thread's current session (see
+    /// [`current`]): the candle wrappers and the `tracing` layer record into
+    /// it.
+    pub fn measure(&self, name: &str) -> Result<Measured<'_>> {
+        let mut id: ffi::ct_span = 0;
+        // SAFETY: the name is NUL-terminated for the duration of the call.
+        check(with_cstr(name, |p| unsafe { ffi::ct_measurement_begin(self.0.handle, p, &mut id) })?)?;
+        let active = self.activate();
+        Ok(Measured { span: SpanGuard { session: self, id, _not_send: PhantomData }, before_end: None, _active: active })
+    }
+
+    /// Makes this session the calling thread's current session until the
+    /// guard drops (then the previous one is restored).
+    pub fn activate(&self) -> Active {
+        let previous = CURRENT.with(|c| c.replace(Some(self.clone())));
+        Active { previous, _not_send: PhantomData }
+    }
+
+    /// Records host work measured elsewhere as a closed span under the root.
+    pub fn completed_span(&self, name: &str, kind: SpanKind, start_ns: u64, duration_ns: u64) -> Result<SpanId> {
+        let mut id: ffi::ct_span = 0;
+        // SAFETY: the name is NUL-terminated for the duration of the call.
+        check(with_cstr(name, |p| unsafe { ffi::ct_record_completed_span(self.0.handle, p, kind.raw(), start_ns, duration_ns, &mut id) })?)?;
+        Ok(SpanId(id))
+    }
+
+    /// The session clock: nanoseconds since open (0 once finished).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        // SAFETY: plain handle.
+        unsafe { ffi::ct_now_ns(self.0.handle) }
+    }
+
+    // ---- records ----
+
+    /// One operation (`ct_record_op`).
+    pub fn op(&self, span: impl Into<SpanId>, op: &Op<'_>) -> Result<()> {
+        let name = cstring("op name", op.name)?;
+        let dtype = cstring("dtype", op.dtype)?;
+        let device = cstring("device", op.device)?;
+        let inputs = op.inputs.iter().map(|s| cstring("input tensor id", s)).collect::<Result<Vec<_>>>()?;
+        let input_ptrs: Vec<*const c_char> = inputs.iter().map(|c| c.as_ptr()).collect();
+        let output = opt_cstring("output tensor id", op.output)?;
+        let shape = shape_i64(op.shape)?;
+        let raw = ffi::ct_op {
+            size: std::mem::size_of::<ffi::ct_op>() as u32,
+            flags: if op.output_dense_bytes.is_some() { ffi::CT_HAS_OUTPUT_DENSE_BYTES } else { 0 },
+            op_name: name.as_ptr(),
+            dtype: dtype.as_ptr(),
+            device: device.as_ptr(),
+            inputs: if input_ptrs.is_empty() { ptr::null() } else { input_ptrs.as_ptr() },
+            n_inputs: input_ptrs.len(),
+            output: opt_ptr(&output),
+            shape: shape.as_ptr(),
+            rank: shape.len(),
+            duration_ns: op.duration_ns,
+            timestamp_ns: op.timestamp_ns,
+            output_dense_bytes: op.output_dense_bytes.unwrap_or(0),
+            input_dense_bytes: op.input_dense_bytes,
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_op(self.0.handle, span.into().0, &raw) })
+    }
+
+    /// Tensor metadata (`ct_record_tensor`).
+    pub fn tensor(&self, span: impl Into<SpanId>, t: &TensorMeta<'_>) -> Result<()> {
+        let id = cstring("tensor id", t.tensor_id)?;
+        let dtype = cstring("dtype", t.dtype)?;
+        let device = cstring("device", t.device)?;
+        let label = opt_cstring("label", t.label)?;
+        let shape = shape_i64(t.shape)?;
+        let raw = ffi::ct_tensor {
+            size: std::mem::size_of::<ffi::ct_tensor>() as u32,
+            flags: if t.dense_bytes.is_some() { ffi::CT_HAS_DENSE_BYTES } else { 0 },
+            tensor_id: id.as_ptr(),
+            dtype: dtype.as_ptr(),
+            device: device.as_ptr(),
+            label: opt_ptr(&label),
+            shape: shape.as_ptr(),
+            rank: shape.len(),
+            requires_grad: t.requires_grad as i32,
+            category: t.category.raw(),
+            dense_bytes: t.dense_bytes.unwrap_or(0),
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_tensor(self.0.handle, span.into().0, &raw) })
+    }
+
+    /// Statistics reduced by the caller (`ct_record_tensor_stats`).
+    pub fn tensor_stats(&self, span: impl Into<SpanId>, s: &TensorStats<'_>) -> Result<()> {
+        let label = cstring("label", s.label)?;
+        let dtype = cstring("dtype", s.dtype)?;
+        let shape = shape_i64(s.shape)?;
+        let raw = ffi::ct_tensor_stats {
+            size: std::mem::size_of::<ffi::ct_tensor_stats>() as u32,
+            reserved: 0,
+            label: label.as_ptr(),
+            dtype: dtype.as_ptr(),
+            shape: shape.as_ptr(),
+            rank: shape.len(),
+            elements: elements(s.shape)?,
+            non_finite: s.non_finite,
+            rms: s.rms,
+            abs_max: s.abs_max,
+            mean: s.mean,
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_tensor_stats(self.0.handle, span.into().0, &raw) })
+    }
+
+    /// Lets the library reduce a host f32 buffer of `shape`
+    /// (`ct_record_tensor_stats_f32`). `data.len()` must equal the product of
+    /// `shape` (checked here: the library cannot).
+    pub fn tensor_stats_f32(&self, span: impl Into<SpanId>, label: &str, data: &[f32], shape: &[usize]) -> Result<()> {
+        let n = elements(shape)?;
+        if n != data.len() as u64 {
+            return Err(Error::invalid(format!("tensor_stats_f32 {label:?}: {} values for shape {shape:?} ({n} elements)", data.len())));
+        }
+        let label = cstring("label", label)?;
+        let shape = shape_i64(shape)?;
+        let data_ptr = if data.is_empty() { ptr::null() } else { data.as_ptr() };
+        // SAFETY: data holds product(shape) floats; strings and shape live across the call.
+        check(unsafe { ffi::ct_record_tensor_stats_f32(self.0.handle, span.into().0, label.as_ptr(), data_ptr, shape.as_ptr(), shape.len()) })
+    }
+
+    /// A scalar observation, e.g. a loss (`ct_record_scalar`).
+    pub fn scalar(&self, span: impl Into<SpanId>, label: &str, value: f64) -> Result<()> {
+        let span = span.into().0;
+        // SAFETY: the label is NUL-terminated for the duration of the call.
+        check(with_cstr(label, |p| unsafe { ffi::ct_record_scalar(self.0.handle, span, p, value) })?)
+    }
+
+    /// A logical allocation or free (`ct_record_memory`).
+    pub fn memory(&self, span: impl Into<SpanId>, action: MemoryAction, m: &Memory<'_>) -> Result<()> {
+        let storage = cstring("storage id", m.storage_id)?;
+        let tensor = cstring("tensor id", m.tensor_id)?;
+        let device = cstring("device", m.device)?;
+        let dtype = cstring("dtype", m.dtype)?;
+        let op_name = opt_cstring("op name", m.op_name)?;
+        let shape = shape_i64(m.shape)?;
+        let raw = ffi::ct_memory {
+            size: std::mem::size_of::<ffi::ct_memory>() as u32,
+            reserved: 0,
+            timestamp_ns: m.timestamp_ns,
+            storage_id: storage.as_ptr(),
+            tensor_id: tensor.as_ptr(),
+            device: device.as_ptr(),
+            dtype: dtype.as_ptr(),
+            op_name: opt_ptr(&op_name),
+            bytes: m.bytes,
+            shape: if shape.is_empty() { ptr::null() } else { shape.as_ptr() },
+            rank: shape.len(),
+            category: m.category.raw(),
+        };
+        let action = match action {
+            MemoryAction::Alloc => ffi::CT_MEMORY_ALLOC,
+            MemoryAction::Free => ffi::CT_MEMORY_FREE,
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_memory(self.0.handle, span.into().0, action, &raw) })
+    }
+
+    /// A physical device-memory sample (`ct_record_device_memory`).
+    pub fn device_memory(&self, m: &DeviceMemory<'_>) -> Result<()> {
+        let device = cstring("device", m.device)?;
+        let mut flags = 0;
+        for (v, f) in [
+            (m.used_bytes, ffi::CT_HAS_USED_BYTES),
+            (m.free_bytes, ffi::CT_HAS_FREE_BYTES),
+            (m.reserved_bytes, ffi::CT_HAS_RESERVED_BYTES),
+            (m.capacity_bytes, ffi::CT_HAS_CAPACITY_BYTES),
+        ] {
+            if v.is_some() {
+                flags |= f;
+            }
+        }
+        let raw = ffi::ct_device_memory {
+            size: std::mem::size_of::<ffi::ct_device_memory>() as u32,
+            flags,
+            timestamp_ns: m.timestamp_ns,
+            device: device.as_ptr(),
+            used_bytes: m.used_bytes.unwrap_or(0),
+            free_bytes: m.free_bytes.unwrap_or(0),
+            reserved_bytes: m.reserved_bytes.unwrap_or(0),
+            capacity_bytes: m.capacity_bytes.unwrap_or(0),
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_device_memory(self.0.handle, &raw) })
+    }
+
+    /// A device interval launched by `span` (`ct_record_device_interval`).
+    pub fn device_interval(&self, span: impl Into<SpanId>, d: &DeviceInterval<'_>) -> Result<()> {
+        let device = cstring("device", d.device)?;
+        let stream = cstring("stream id", d.stream_id)?;
+        let clock = opt_cstring("clock id", d.clock_id)?;
+        let backend = cstring("backend", d.backend)?;
+        let name = opt_cstring("name", d.name)?;
+        let raw = ffi::ct_device_interval {
+            size: std::mem::size_of::<ffi::ct_device_interval>() as u32,
+            flags: if d.correlation_id.is_some() { ffi::CT_HAS_CORRELATION_ID } else { 0 },
+            device: device.as_ptr(),
+            stream_id: stream.as_ptr(),
+            clock_id: opt_ptr(&clock),
+            backend: backend.as_ptr(),
+            name: opt_ptr(&name),
+            start_ns: d.start_ns,
+            duration_ns: d.duration_ns,
+            correlation_id: d.correlation_id.unwrap_or(0),
+        };
+        // SAFETY: every pointer of `raw` points into locals alive across the call.
+        check(unsafe { ffi::ct_record_device_interval(self.0.handle, span.into().0, &raw) })
+    }
+
+    /// A call edge from `from` to its child `to`. `host_duration_ns` `None`
+    /// takes `to`'s duration (written when `to` closes).
+    pub fn call_edge(&self, from: impl Into<SpanId>, to: impl Into<SpanId>, host_duration_ns: Option<u64>) -> Result<()> {
+        // SAFETY: plain values.
+        check(unsafe { ffi::ct_record_call_edge(self.0.handle, from.into().0, to.into().0, host_duration_ns.unwrap_or(0)) })
+    }
+
+    /// A data edge between two tensor ids already known to the session.
+    pub fn data_edge(&self, from_tensor: &str, to_tensor: &str) -> Result<()> {
+        let from = cstring("from tensor", from_tensor)?;
+        let to = cstring("to tensor", to_tensor)?;
+        // SAFETY: NUL-terminated strings alive across the call.
+        check(unsafe { ffi::ct_record_data_edge(self.0.handle, from.as_ptr(), to.as_ptr()) })
+    }
+
+    /// One gradient fact for parameter `key` under `root`.
+    pub fn gradient(&self, root: &str, key: &str, g: Gradient) -> Result<()> {
+        let root = cstring("gradient root", root)?;
+        let key = cstring("gradient key", key)?;
+        let (state, norm) = match g {
+            Gradient::Present(n) => (ffi::CT_GRADIENT_PRESENT, Some(n)),
+            Gradient::Zero => (ffi::CT_GRADIENT_ZERO, Some(0.0f64)),
+            Gradient::Missing => (ffi::CT_GRADIENT_MISSING, None),
+            Gradient::NonFinite => (ffi::CT_GRADIENT_NON_FINITE, None),
+        };
+        let norm_ptr = norm.as_ref().map_or(ptr::null(), |n| n as *const f64);
+        // SAFETY: strings and norm live across the call.
+        check(unsafe { ffi::ct_record_gradient(self.0.handle, root.as_ptr(), key.as_ptr(), state, norm_ptr) })
+    }
+
+    /// Starts device collectors (`options_json` as in the header, or `None`).
+    pub fn device_start(&self, options_json: Option<&str>) -> Result<()> {
+        let opts = opt_cstring("options JSON", options_json)?;
+        // SAFETY: NULL or a NUL-terminated string alive across the call.
+        check(unsafe { ffi::ct_device_start(self.0.handle, opt_ptr(&opts)) })
+    }
+
+    /// Stops device collectors and writes what they hold.
+    pub fn device_stop(&self) -> Result<()> {
+        // SAFETY: plain handle.
+        check(unsafe { ffi::ct_device_stop(self.0.handle) })
+    }
+
+    /// Writes everything recorded so far to the file.
+    pub fn flush(&self) -> Result<()> {
+        // SAFETY: plain handle.
+        check(unsafe { ffi::ct_flush(self.0.handle) })
+    }
+}
+
+// ---- guards --------------------------------------------------------------------------
+
+/// An open span; it ends when dropped, also while unwinding.
+///
+/// Spans nest per OS thread, so the guard is neither `Send` nor `Sync`:
+///
+/// ```compile_fail
+/// fn is_send<T: Send>(_: T) {}
+/// # fn f(s: &candle_trace::Session) {
+/// is_send(s.span("x"));
+/// # }
+/// ```
+///
+/// Dropping guards out of order (`drop(outer)` before `inner`) is refused by
+/// the library (`CT_ERR_SPAN_MISMATCH`); the error is deferred to `finish`.
+#[must_use = "the span ends when the guard is dropped: bind it with `let _g = ...`"]
+pub struct SpanGuard<'a> {
+    session: &'a SessionRef,
+    id: ffi::ct_span,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<'a> SpanGuard<'a> {
+    /// The span's id for records (`SpanId(0)` for an inert guard).
+    #[inline]
+    pub fn id(&self) -> SpanId {
+        SpanId(self.id)
+    }
+
+    /// The session the span belongs to.
+    pub fn session(&self) -> &'a SessionRef {
+        self.session
+    }
+
+    /// Ends the span now and returns the library's verdict.
+    pub fn end(mut self) -> Result<()> {
+        let id = std::mem::replace(&mut self.id, 0);
+        if id == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain values.
+        check(unsafe { ffi::ct_span_end(self.session.0.handle, id) })
+    }
+}
+
+impl Drop for SpanGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.id != 0 {
+            // SAFETY: plain values.
+            let st = unsafe { ffi::ct_span_end(self.session.0.handle, self.id) };
+            if st != ffi::CT_OK {
+                self.session.defer(Error::last(st));
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for SpanGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanGuard").field("id", &self.id).finish()
+    }
+}
+
+/// The measured region (from [`SessionRef::measure`]); ends when dropped.
+/// While it lives its session is the thread's [`current`] session.
+#[must_use = "the measured region ends when the guard is dropped: bind it with `let _m = ...`"]
+pub struct Measured<'a> {
+    // Field order is drop order: the hook, then the span, then the activation.
+    pub(crate) before_end: Option<Box<dyn FnOnce() + 'a>>,
+    span: SpanGuard<'a>,
+    _active: Active,
+}
+
+impl<'a> Measured<'a> {
+    #[inline]
+    pub fn id(&self) -> SpanId {
+        self.span.id()
+    }
+
+    /// Runs `f` right before the region ends (e.g. a device synchronize).
+    pub fn before_end(mut self, f: impl FnOnce() + 'a) -> Self {
+        self.before_end = Some(Box::new(f));
+        self
+    }
+
+    /// Ends the region now and returns the library's verdict.
+    pub fn end(mut self) -> Result<()> {
+        if let Some(f) = self.before_end.take() {
+            f();
+        }
+        let span = std::mem::replace(&mut self.span.id, 0);
+        // SAFETY: plain values.
+        check(unsafe { ffi::ct_span_end(self.span.session.0.handle, span) })
+    }
+}
+
+impl Drop for Measured<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.before_end.take() {
+            f();
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<SessionRef>> = const { RefCell::new(None) };
+}
+
+/// Restores the previous current session when dropped.
+#[must_use = "the session stops being current when the guard is dropped"]
+pub struct Active {
+    previous: Option<SessionRef>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = CURRENT.try_with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// The calling thread's current session: set while a measured region (or an
+/// [`SessionRef::activate`] guard) is alive. Capture wrappers record into it
+/// and do nothing without one.
+pub fn current() -> Option<SessionRef> {
+    CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+}
+
+/// Runs `f` with the current session without cloning it.
+#[inline]
+pub fn with_current<R>(f: impl FnOnce(Option<&SessionRef>) -> R) -> R {
+    let mut f = Some(f);
+    match CURRENT.try_with(|c| (f.take().unwrap())(c.borrow().as_ref())) {
+        Ok(r) => r,
+        Err(_) => (f.take().unwrap())(None),
+    }
+}

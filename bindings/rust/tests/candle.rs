@@ -1,0 +1,160 @@
+//! The candle capture helpers and the train_mlp example, against the real
+//! library, judged by candle-graph.
+#![cfg(feature = "candle")]
+mod common;
+
+#[path = "../examples/common/mlp.rs"]
+mod mlp;
+
+use std::collections::BTreeSet;
+
+use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_nn::{Optimizer, VarMap, SGD};
+use candle_trace::candle::{backward_step, gradient_contract, tensor_stats, Traced};
+use candle_trace::*;
+use common::*;
+
+#[test]
+fn example_trace_is_valid_and_complete() {
+    let dir = fresh_dir("example");
+    let out = dir.path().join("train_mlp.jsonl");
+    let (path, losses) = mlp::train(&out, 4).unwrap();
+    assert_eq!(losses.len(), 4);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let summary = assert_valid_complete(&path);
+    let l = lines(&path);
+    let meta = &l[0];
+    assert_eq!(meta["capture_step"], 3);
+    assert_eq!(meta["warmup_steps"], 2);
+    assert_eq!(meta["comparison_identity"]["workload_id"], "mlp-synthetic");
+    assert_eq!(meta["comparison_identity"]["implementation_id"], "candle");
+    assert_eq!(meta["comparison_identity"]["physical_batch"], 32);
+    for label in mlp::LABELS {
+        span_named(&l, label);
+    }
+    assert_eq!(span_named(&l, "fc1")["step"], "forward");
+    assert!(of_kind(&l, "op").len() >= 2);
+    assert!(of_kind(&l, "tensor_stats").iter().any(|s| s["label"] == "fc2/output"));
+    let issues = summary["health"]["issues"].as_array().unwrap();
+    assert!(issues.iter().all(|i| i["severity"] != "error"), "{issues:?}");
+}
+
+#[test]
+fn gradients_match_the_varmap_one_to_one() {
+    let dir = fresh_dir("grads");
+    let (path, _) = mlp::train(&dir.path().join("t.jsonl"), 3).unwrap();
+    let l = lines(&path);
+    let s = mlp::setup().unwrap();
+    let vars: BTreeSet<String> = s.varmap.data().lock().unwrap().keys().cloned().collect();
+    assert_eq!(vars.len(), 4);
+    let grads = of_kind(&l, "gradient");
+    let keys: Vec<String> = grads.iter().map(|g| g["key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(keys.len(), vars.len(), "one event per variable: {keys:?}");
+    assert_eq!(keys.iter().cloned().collect::<BTreeSet<_>>(), vars);
+    assert!(grads.iter().all(|g| g["root"] == mlp::ROOT && g["state"] == "present" && g["norm"].as_f64().unwrap() > 0.0));
+    let expected: Vec<String> = l[0]["capture_contract"]["gradient_contract"]["expected"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(expected, vars.iter().cloned().collect::<Vec<_>>(), "the contract is the VarMap, sorted");
+}
+
+#[test]
+fn gradient_states_missing_zero_present() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let used = varmap.get((2, 2), "used.weight", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
+    let zeroed = varmap.get(2, "zeroed.bias", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
+    let _unused = varmap.get(3, "unused.weight", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
+    let x = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &dev).unwrap();
+    // zeroed.bias gets an all-zero gradient: d(z - z)/dz = 1 - 1. (candle
+    // prunes `z * 0.0` from the graph, which would make it missing.)
+    let loss = (x.matmul(&used).unwrap().sum_all().unwrap() + (&zeroed - &zeroed).unwrap().sum_all().unwrap()).unwrap();
+
+    let dir = fresh_dir("states");
+    let path = dir.path().join("t.jsonl");
+    let run = Run::training("rust::grads", 1, "cpu").capture_contract(CaptureContract::new().gradient_contract(
+        gradient_contract("vb", &varmap).family("unused", Expectation::Inactive, 0).family("zeroed", Expectation::DataConditional, 1),
+    ));
+    let session = Session::open(&path, run).unwrap();
+    let mut opt = SGD::new(varmap.all_vars(), 0.1).unwrap();
+    {
+        let _m = session.measure("update").unwrap();
+        let (_, facts) = backward_step(&session, &mut opt, &loss, "vb", &varmap).unwrap();
+        let by: std::collections::HashMap<_, _> = facts.into_iter().collect();
+        assert!(matches!(by["used.weight"], Gradient::Present(n) if n > 0.0));
+        assert_eq!(by["zeroed.bias"], Gradient::Zero);
+        assert_eq!(by["unused.weight"], Gradient::Missing);
+    }
+    session.finish().unwrap();
+    let (_, summary, _) = common::summary(&path, false);
+    assert_eq!(summary["health"]["structurally_valid"], true, "{}", summary["health"]);
+    let l = lines(&path);
+    let zero = of_kind(&l, "gradient").into_iter().find(|g| g["key"] == "zeroed.bias").unwrap();
+    assert_eq!(zero["state"], "zero");
+    assert_eq!(zero["norm"].as_f64(), Some(0.0));
+}
+
+#[test]
+fn stats_count_non_finite_and_reduce_the_finite_rest() {
+    let dev = Device::Cpu;
+    let t = Tensor::new(&[1f32, -2.0, f32::NAN, f32::INFINITY, 3.0, f32::NEG_INFINITY], &dev).unwrap().reshape((2, 3)).unwrap();
+    let s = tensor_stats(&t).unwrap();
+    assert_eq!((s.elements, s.non_finite), (6, 3));
+    assert!((s.mean - 2.0 / 3.0).abs() < 1e-12);
+    assert!((s.rms - (14.0f64 / 3.0).sqrt()).abs() < 1e-12);
+    assert_eq!(s.abs_max, 3.0);
+
+    let all_bad = Tensor::new(&[f32::NAN, f32::NAN], &dev).unwrap();
+    let s = tensor_stats(&all_bad).unwrap();
+    assert_eq!((s.non_finite, s.rms, s.abs_max, s.mean), (2, 0.0, 0.0, 0.0));
+
+    let empty = Tensor::zeros((0, 4), DType::F32, &dev).unwrap();
+    assert_eq!(tensor_stats(&empty).unwrap().elements, 0);
+
+    let half = Tensor::new(&[1f32, -3.0], &dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let s = tensor_stats(&half).unwrap();
+    assert_eq!((s.abs_max, s.mean), (3.0, -1.0));
+
+    let ints = Tensor::new(&[1u32, 5, 3], &dev).unwrap();
+    let s = tensor_stats(&ints).unwrap();
+    assert_eq!((s.non_finite, s.abs_max, s.mean), (0, 5.0, 3.0));
+
+    // Recorded through the library, which checks the invariants again.
+    let dir = fresh_dir("stats");
+    let path = dir.path().join("t.jsonl");
+    let session = Session::open(&path, Run::inference("rust::stats", 1, "cpu").measured_root()).unwrap();
+    session.record_tensor_stats(SpanId::ROOT, "mixed", &t).unwrap();
+    session.record_tensor_stats(SpanId::ROOT, "bf16", &half).unwrap();
+    session.record_tensor(SpanId::ROOT, &t).unwrap();
+    session.finish().unwrap();
+    assert_valid_complete(&path);
+    let l = lines(&path);
+    let mixed = of_kind(&l, "tensor_stats").into_iter().find(|s| s["label"] == "mixed").unwrap();
+    assert_eq!(mixed["non_finite"], 3);
+    assert_eq!(mixed["shape"], serde_json::json!([2, 3]));
+    assert_eq!(of_kind(&l, "tensor")[0]["dtype"], "f32");
+}
+
+#[test]
+fn traced_module_is_plain_without_a_session() {
+    let dev = Device::Cpu;
+    let lin = candle_nn::Linear::new(Tensor::ones((3, 2), DType::F32, &dev).unwrap(), None);
+    let traced = Traced::new("lin", lin.clone());
+    let x = Tensor::ones((1, 2), DType::F32, &dev).unwrap();
+    assert!(current().is_none());
+    let a = traced.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+    let b = lin.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn variables_are_parameters() {
+    let dev = Device::Cpu;
+    let v = Var::ones(3, DType::F32, &dev).unwrap();
+    let dir = fresh_dir("params");
+    let path = dir.path().join("t.jsonl");
+    let session = Session::open(&path, Run::inference("rust::params", 1, "cpu").measured_root()).unwrap();
+    session.record_tensor(SpanId::ROOT, v.as_tensor()).unwrap();
+    session.finish().unwrap();
+    let l = lines(&path);
+    let t = of_kind(&l, "tensor")[0];
+    assert_eq!((t["category"].as_str(), t["requires_grad"].as_bool()), (Some("parameter"), Some(true)));
+}
