@@ -43,6 +43,12 @@ $(BUILD)/bench_spans: tests/bench/bench_spans.c $(LIB)
 
 tools: $(CANDLE_GRAPH)
 
+# A tiny program that writes traces with candle-graph's own TraceSession, so
+# the reader is checked against what candle-graph writes, not only reads.
+WRITER := $(BUILD)/cargo/release/candle_graph_writer
+$(WRITER): tests/candle_graph_writer/src/main.rs tests/candle_graph_writer/Cargo.toml tests/candle_graph_writer/Cargo.lock
+	cargo build --release --locked --manifest-path tests/candle_graph_writer/Cargo.toml --target-dir $(BUILD)/cargo
+
 $(CANDLE_GRAPH):
 	cargo install candle-graph --version $(CANDLE_GRAPH_VERSION) --locked --root $(TOOLS)
 
@@ -58,9 +64,9 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 
 test: test-go test-c test-load test-python test-rust
 
-test-go: $(LIB) tools
+test-go: $(LIB) tools $(WRITER)
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) $(GO) test -race -count=1 ./...
 
 test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)

@@ -1,6 +1,7 @@
 // Command candle-trace reads candle-graph/trace/10 traces: validate them
-// against candle-graph's rules and report where a captured step spent its
-// time. See internal/report/cli for the commands.
+// against candle-graph's rules, report where a captured step spent its
+// time, compare two runs, and export or merge them into a Chrome trace for
+// Perfetto. See internal/report/cli for the commands and docs/cli.md.
 package main
 
 import (

@@ -28,6 +28,11 @@ func TestBinary(t *testing.T) {
 		{[]string{"validate", filepath.Join(testdata, "valid-infer.jsonl")}, 0},
 		{[]string{"validate", filepath.Join(testdata, "bad-unknown_kind.jsonl")}, 1},
 		{[]string{"report", filepath.Join(testdata, "valid-train.jsonl")}, 0},
+		{[]string{"compare", filepath.Join(testdata, "valid-train.jsonl"), filepath.Join(testdata, "warn-retained_allocations.jsonl")}, 0},
+		{[]string{"compare", filepath.Join(testdata, "valid-train.jsonl"), filepath.Join(testdata, "valid-infer.jsonl")}, 1},
+		{[]string{"export", filepath.Join(testdata, "valid-train.jsonl"), "-o", filepath.Join(t.TempDir(), "out.json")}, 0},
+		{[]string{"merge", filepath.Join(testdata, "valid-train.jsonl"), filepath.Join(testdata, "valid-infer.jsonl"), "-o", filepath.Join(t.TempDir(), "job.json")}, 0},
+		{[]string{"export", "--format", "svg", filepath.Join(testdata, "valid-train.jsonl")}, 2},
 		{[]string{}, 2},
 	}
 	for _, tc := range tests {

@@ -80,9 +80,11 @@ func candleGraphBinary(t *testing.T) string {
 
 type candleVerdict struct {
 	ok     bool
-	parsed bool     // it printed a summary (no parse failure)
-	codes  []string // "severity:code", distinct, sorted
-	stderr string
+	parsed bool // it printed a summary (no parse failure)
+	// From the summary's health, when parsed.
+	structurallyValid, captureComplete bool
+	codes                              []string // "severity:code", distinct, sorted
+	stderr                             string
 }
 
 // runCandleGraph runs the real binary on a copy of trace alone in a fresh
@@ -106,11 +108,14 @@ func runCandleGraph(t *testing.T, bin, trace string) candleVerdict {
 	v := candleVerdict{ok: err == nil, stderr: stderr.String()}
 	var summary struct {
 		Health struct {
-			Issues []struct{ Severity, Code string }
+			StructurallyValid bool `json:"structurally_valid"`
+			CaptureComplete   bool `json:"capture_complete"`
+			Issues            []struct{ Severity, Code string }
 		}
 	}
 	if stdout.Len() > 0 && json.Unmarshal(stdout.Bytes(), &summary) == nil {
 		v.parsed = true
+		v.structurallyValid, v.captureComplete = summary.Health.StructurallyValid, summary.Health.CaptureComplete
 		for _, i := range summary.Health.Issues {
 			v.codes = append(v.codes, i.Severity+":"+i.Code)
 		}

@@ -195,7 +195,12 @@ func (a *analyzer) onSpanStart(e *spanStartEvent, line int) {
 		spanKind: int8(e.spanKind), step: int8(e.step), hasParent: e.hasParent, measured: e.measured,
 	}
 	if e.hasParent {
-		s.parent = string(e.parent)
+		// Parents usually started earlier: share their id instead of a copy.
+		if p, ok := a.spans[string(e.parent)]; ok {
+			s.parent = p.id
+		} else {
+			s.parent = string(e.parent)
+		}
 	}
 	if r, ok := a.pending[s.id]; ok {
 		s.refs.merge(r)
@@ -350,6 +355,13 @@ func (a *analyzer) onEdge(e *edgeEvent, line int) {
 		a.coverage.DataEdges++
 		if len(e.from) == 0 || len(e.to) == 0 {
 			a.errorAt(line, CodeEmptyDataEdgeEndpoint, "data-edge tensor ids cannot be empty")
+			return
+		}
+		// Known tensors only ever grow, so an edge whose tensors are known
+		// now is settled; only the others are kept (and copied).
+		_, f := a.tensors[a.tensorHash(e.from)]
+		_, t := a.tensors[a.tensorHash(e.to)]
+		if f && t {
 			return
 		}
 		a.dataEdges = append(a.dataEdges, pendingDataEdge{from: string(e.from), to: string(e.to), line: line})

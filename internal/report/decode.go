@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // decodeError is a record that candle-graph's serde decoding would refuse.
@@ -12,6 +13,13 @@ type decodeError struct {
 }
 
 func (e *decodeError) Error() string { return e.msg }
+
+// owned copies a field name into an error message. The decoders pass keys
+// converted from the line (string(m.key)); if an error path could keep one,
+// escape analysis would put every such conversion on the heap, one
+// allocation per field of every record. Copying on the error path keeps the
+// conversions on the stack.
+func owned(key string) string { return strings.Clone(key) }
 
 func errf(code, format string, args ...any) *decodeError {
 	return &decodeError{code: code, msg: fmt.Sprintf(format, args...)}
@@ -27,7 +35,7 @@ type fields struct {
 
 func (f *fields) first(bit uint, key string) error {
 	if f.seen&(1<<bit) != 0 {
-		return errf(CodeDuplicateKey, "%s: duplicate field `%s`", f.obj, key)
+		return errf(CodeDuplicateKey, "%s: duplicate field `%s`", f.obj, owned(key))
 	}
 	f.seen |= 1 << bit
 	return nil
@@ -47,9 +55,9 @@ func (f *fields) require(names ...string) error {
 
 func typeErr(obj, key string, v jsonValue, want string) error {
 	if v.kind == jNull {
-		return errf(CodeNullField, "%s: field `%s` is null, expected %s", obj, key, want)
+		return errf(CodeNullField, "%s: field `%s` is null, expected %s", obj, owned(key), want)
 	}
-	return errf(CodeWrongType, "%s: field `%s` is a %s, expected %s", obj, key, v.kind, want)
+	return errf(CodeWrongType, "%s: field `%s` is a %s, expected %s", obj, owned(key), v.kind, want)
 }
 
 func getStr(obj, key string, v jsonValue) ([]byte, error) {
@@ -95,7 +103,7 @@ func getU64(obj, key string, v jsonValue) (uint64, error) {
 	}
 	n, ok := parseU64(v.raw)
 	if !ok {
-		return 0, errf(CodeWrongType, "%s: field `%s` is %s, expected a JSON integer in 0..2^64-1", obj, key, v.raw)
+		return 0, errf(CodeWrongType, "%s: field `%s` is %s, expected a JSON integer in 0..2^64-1", obj, owned(key), v.raw)
 	}
 	return n, nil
 }
@@ -116,7 +124,7 @@ func getF64(obj, key string, v jsonValue) (float64, error) {
 	}
 	f, err := strconv.ParseFloat(string(v.raw), 64)
 	if err != nil && f != 0 {
-		return 0, errf(CodeWrongType, "%s: field `%s` is out of range: %s", obj, key, v.raw)
+		return 0, errf(CodeWrongType, "%s: field `%s` is out of range: %s", obj, owned(key), v.raw)
 	}
 	return f, nil
 }
@@ -146,11 +154,11 @@ func (s *jsonScanner) getEnum(obj, key string, v jsonValue, names []string) (int
 	case jObject:
 		ms := s.members(v)
 		if len(ms) != 1 {
-			return 0, errf(CodeWrongType, "%s: field `%s` must be a string or a map with a single key", obj, key)
+			return 0, errf(CodeWrongType, "%s: field `%s` must be a string or a map with a single key", obj, owned(key))
 		}
 		inner := ms[0].val
 		if inner.kind != jNull && !(inner.kind == jObject && len(s.members(inner)) == 0) {
-			return 0, errf(CodeWrongType, "%s: field `%s`: unit variant carries a value", obj, key)
+			return 0, errf(CodeWrongType, "%s: field `%s`: unit variant carries a value", obj, owned(key))
 		}
 		name = ms[0].key
 	default:
@@ -161,7 +169,7 @@ func (s *jsonScanner) getEnum(obj, key string, v jsonValue, names []string) (int
 			return i, nil
 		}
 	}
-	return 0, errf(CodeUnknownVariant, "%s: field `%s` has unknown variant %q, expected one of %v", obj, key, name, names)
+	return 0, errf(CodeUnknownVariant, "%s: field `%s` has unknown variant %q, expected one of %v", obj, owned(key), name, names)
 }
 
 // getStrList decodes a Vec<String>, appending to dst.
@@ -169,9 +177,10 @@ func (s *jsonScanner) getStrList(obj, key string, v jsonValue, dst [][]byte) ([]
 	if v.kind != jArray {
 		return dst, typeErr(obj, key, v, "an array of strings")
 	}
-	for i, e := range s.elements(v) {
+	s.elems = s.appendElements(v, s.elems[:0])
+	for i, e := range s.elems {
 		if e.kind != jString {
-			return dst, typeErr(obj, fmt.Sprintf("%s[%d]", key, i), e, "a string")
+			return dst, typeErr(obj, fmt.Sprintf("%s[%d]", owned(key), i), e, "a string")
 		}
 		dst = append(dst, e.raw)
 	}
@@ -183,10 +192,11 @@ func (s *jsonScanner) getU64List(obj, key string, v jsonValue, dst []uint64) ([]
 	if v.kind != jArray {
 		return dst, typeErr(obj, key, v, "an array of unsigned integers")
 	}
-	for i, e := range s.elements(v) {
+	s.elems = s.appendElements(v, s.elems[:0])
+	for i, e := range s.elems {
 		n, ok := parseU64(e.raw)
 		if e.kind != jNumber || !ok {
-			_, err := getU64(obj, fmt.Sprintf("%s[%d]", key, i), e)
+			_, err := getU64(obj, fmt.Sprintf("%s[%d]", owned(key), i), e)
 			return dst, err
 		}
 		dst = append(dst, n)

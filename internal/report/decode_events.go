@@ -135,6 +135,11 @@ func (d *lineDecoder) decodeSpanStart() error {
 			if err = f.first(6, k); err == nil && m.val.kind != jNull {
 				e.step, err = d.sc.getEnum(f.obj, k, m.val, stepNames)
 			}
+		case "tid":
+			// Ours and unknown to candle-graph: never an error.
+			if n, ok := parseU64(m.val.raw); m.val.kind == jNumber && ok {
+				e.tid, e.hasTID = n, true
+			}
 		}
 		if err != nil {
 			return err

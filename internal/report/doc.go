@@ -5,6 +5,13 @@
 // severities, each issue with the line that shows it. On request it also
 // gathers what `candle-trace report` prints.
 //
+// The same streaming decoder (stream.go) feeds the other commands: Compare
+// sets two reports side by side under their comparison identities;
+// ExportChrome writes Chrome Trace Event JSON as it reads (one record per
+// span, the live storages and each tensor's producing op are all it keeps);
+// Merge exports several ranks into one timeline, aligned by their wall
+// clocks at open.
+//
 // Memory is bounded by the number of spans, distinct tensor ids (as 64-bit
 // hashes), live storages, parameters and the report's summaries, never by
 // the number of events: evidence that names a span is folded into that

@@ -71,6 +71,8 @@ type spanStartEvent struct {
 	spanKind         int
 	measured         bool
 	step             int // stepNone when absent
+	tid              uint64
+	hasTID           bool // ours, best effort: candle-graph ignores it
 }
 
 type spanEndEvent struct {

@@ -2,6 +2,11 @@ package report
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // genTrace writes a valid, complete inference trace with a demo-like event
@@ -46,4 +51,21 @@ func genTrace(minBytes int) []byte {
 	b = fmt.Appendf(b, `{"kind":"span_end","id":"s1","duration_ns":%d}`+"\n", ts+5)
 	b = fmt.Appendf(b, `{"kind":"terminal","outcome":"complete","timestamp_ns":%d}`+"\n", ts+5)
 	return b
+}
+
+// TestWriteBenchTrace writes a generated trace of $CANDLE_TRACE_BENCH_BYTES
+// (default 1 GiB) to $CANDLE_TRACE_BENCH_OUT, for measuring the built
+// command on a real file (docs/report-benchmarks.md). Skipped otherwise.
+func TestWriteBenchTrace(t *testing.T) {
+	out := os.Getenv("CANDLE_TRACE_BENCH_OUT")
+	if out == "" {
+		t.Skip("set CANDLE_TRACE_BENCH_OUT to write a benchmark trace")
+	}
+	size := 1 << 30
+	if s := os.Getenv("CANDLE_TRACE_BENCH_BYTES"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		size = n
+	}
+	require.NoError(t, os.WriteFile(out, genTrace(size), 0o644))
 }

@@ -78,7 +78,8 @@ func (e *jsonSyntaxError) Error() string {
 type jsonScanner struct {
 	data  []byte
 	pos   int
-	arena []byte // decoded strings that contained escapes
+	arena []byte      // decoded strings that contained escapes
+	elems []jsonValue // reused by the list decoders, which do not nest
 }
 
 func (s *jsonScanner) fail(msg string) error { return &jsonSyntaxError{off: s.pos, msg: msg} }
@@ -445,12 +446,15 @@ func (s *jsonScanner) members(v jsonValue) []jsonMember {
 }
 
 // elements re-scans an already validated array value into its elements.
-func (s *jsonScanner) elements(v jsonValue) []jsonValue {
+func (s *jsonScanner) elements(v jsonValue) []jsonValue { return s.appendElements(v, nil) }
+
+// appendElements is elements appending to dst, so that the per-record list
+// decoders can reuse one buffer.
+func (s *jsonScanner) appendElements(v jsonValue, out []jsonValue) []jsonValue {
 	sub := jsonScanner{data: v.raw, pos: 1, arena: s.arena}
-	var out []jsonValue
 	sub.skipWS()
 	if sub.pos < len(sub.data) && sub.data[sub.pos] == ']' {
-		return nil
+		return out
 	}
 	for sub.pos < len(sub.data) {
 		val, err := sub.value(1)

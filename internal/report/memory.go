@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"hash/maphash"
 	"sort"
 )
 
@@ -12,12 +13,41 @@ import (
 // are gathered again (by re-reading the file, or from a buffer when the
 // input cannot be re-read) and replayed sorted.
 
-type memRecord struct {
+// memText is the text of a memory record: views of the current line on the
+// streaming path (no copies), owned strings when records are kept for a
+// sorted replay.
+type memText interface{ ~string | ~[]byte }
+
+type memFields[T memText] struct {
 	ts, bytes        uint64
+	tensorHash       uint64 // of tensor: lifetimes compare ids, never print them
 	line             int32
 	action, category int8
-	device, storage  string
-	tensor, span     string
+	device, storage  T
+	tensor, span     T
+}
+
+// memRecord is a memory event kept beyond its line.
+type memRecord = memFields[string]
+
+// memSeed hashes tensor ids of memory records, kept or streamed alike.
+var memSeed = maphash.MakeSeed()
+
+func recordOf(e *memoryEvent, line int) memRecord {
+	return memRecord{
+		ts: e.timestamp, bytes: e.bytes, tensorHash: maphash.Bytes(memSeed, e.tensorID), line: int32(line),
+		action: int8(e.action), category: int8(e.category),
+		device: string(e.device), storage: string(e.storageID), tensor: string(e.tensorID), span: string(e.spanID),
+	}
+}
+
+// viewOf is recordOf without copies: valid until the next line is decoded.
+func viewOf(e *memoryEvent, line int) memFields[[]byte] {
+	return memFields[[]byte]{
+		ts: e.timestamp, bytes: e.bytes, tensorHash: maphash.Bytes(memSeed, e.tensorID), line: int32(line),
+		action: int8(e.action), category: int8(e.category),
+		device: e.device, storage: e.storageID, tensor: e.tensorID, span: e.spanID,
+	}
 }
 
 type memoryTracker struct {
@@ -31,13 +61,6 @@ type memoryTracker struct {
 
 func newMemoryTracker() *memoryTracker { return &memoryTracker{lt: newLifetimes()} }
 
-func recordOf(e *memoryEvent, line int) memRecord {
-	return memRecord{
-		ts: e.timestamp, bytes: e.bytes, line: int32(line), action: int8(e.action), category: int8(e.category),
-		device: string(e.device), storage: string(e.storageID), tensor: string(e.tensorID), span: string(e.spanID),
-	}
-}
-
 func (m *memoryTracker) add(e *memoryEvent, line int) {
 	if m.buffer {
 		m.records = append(m.records, recordOf(e, line))
@@ -50,8 +73,8 @@ func (m *memoryTracker) add(e *memoryEvent, line int) {
 		return
 	}
 	m.lastTS, m.seen = e.timestamp, true
-	r := recordOf(e, line)
-	m.lt.apply(&r)
+	v := viewOf(e, line)
+	applyMem(m.lt, &v)
 }
 
 // needsReplay tells whether the caller must gather the records again.
@@ -76,22 +99,39 @@ func (m *memoryTracker) finish(records []memRecord) *lifetimes {
 	return lt
 }
 
+// liveStorage is one live (device, storage_id). It is stored by value and
+// keeps its own map key, so that a free deletes without converting the key
+// again. Aliases are tensor-id hashes, as for the analyzer's known tensors.
 type liveStorage struct {
+	key      string
 	bytes    uint64
-	tensors  []string
+	tensor   uint64
+	aliases  []uint64
 	category int8
+}
+
+func (s *liveStorage) has(tensor uint64) bool {
+	if s.tensor == tensor {
+		return true
+	}
+	for _, t := range s.aliases {
+		if t == tensor {
+			return true
+		}
+	}
+	return false
 }
 
 // lifetimes follows storage lifetimes keyed by (device, storage_id), with
 // candle-graph's health rules and its logical-memory peak.
 type lifetimes struct {
-	live   map[string]*liveStorage
+	live   map[string]liveStorage
 	keyBuf []byte
 	issues []Issue
 
 	allocs, frees, totalAllocated uint64
 	liveBytes                     uint64
-	byDevice                      map[string]uint64
+	byDevice                      map[string]*uint64
 	byCategory                    [5]uint64
 
 	inGroup   bool
@@ -101,14 +141,29 @@ type lifetimes struct {
 }
 
 func newLifetimes() *lifetimes {
-	return &lifetimes{live: map[string]*liveStorage{}, byDevice: map[string]uint64{}}
+	return &lifetimes{live: map[string]liveStorage{}, byDevice: map[string]*uint64{}}
 }
 
 func (l *lifetimes) issue(line int32, code, msg string) {
 	l.issues = append(l.issues, Issue{Severity: SeverityError, Code: code, Message: msg, Line: int(line)})
 }
 
-func (l *lifetimes) apply(r *memRecord) {
+func (l *lifetimes) apply(r *memRecord) { applyMem(l, r) }
+
+// deviceBytes returns the live-bytes counter of a device, creating it on
+// first use (the only time the name is copied).
+func deviceBytes[T memText](l *lifetimes, device T) *uint64 {
+	if p, ok := l.byDevice[string(device)]; ok {
+		return p
+	}
+	p := new(uint64)
+	l.byDevice[string(device)] = p
+	return p
+}
+
+// applyMem applies one record. It copies text only for what it keeps: the
+// key of a new live storage, a new device, a change of span.
+func applyMem[T memText](l *lifetimes, r *memFields[T]) {
 	if l.inGroup && r.ts != l.groupTS {
 		l.closeGroup()
 	}
@@ -119,29 +174,35 @@ func (l *lifetimes) apply(r *memRecord) {
 	case actionAlloc:
 		switch {
 		case !live:
-			l.live[string(l.keyBuf)] = &liveStorage{bytes: r.bytes, tensors: []string{r.tensor}, category: r.category}
+			key := string(l.keyBuf)
+			l.live[key] = liveStorage{key: key, bytes: r.bytes, tensor: r.tensorHash, category: r.category}
 			l.allocs++
 			l.totalAllocated = satAdd(l.totalAllocated, r.bytes)
 			l.liveBytes = satAdd(l.liveBytes, r.bytes)
-			l.byDevice[r.device] = satAdd(l.byDevice[r.device], r.bytes)
+			d := deviceBytes(l, r.device)
+			*d = satAdd(*d, r.bytes)
 			l.byCategory[r.category] = satAdd(l.byCategory[r.category], r.bytes)
-			l.groupSpan = r.span
+			if l.groupSpan != string(r.span) {
+				l.groupSpan = string(r.span)
+			}
 		case st.bytes != r.bytes:
 			l.issue(r.line, CodeAllocationSizeMismatch, fmt.Sprintf("storage `%s` on `%s` has conflicting allocation sizes (%d live, %d allocated)", r.storage, r.device, st.bytes, r.bytes))
-		case contains(st.tensors, r.tensor):
+		case st.has(r.tensorHash):
 			l.issue(r.line, CodeDuplicateAllocation, fmt.Sprintf("tensor `%s` repeated an allocation for storage `%s` on `%s`", r.tensor, r.storage, r.device))
 		default:
-			st.tensors = append(st.tensors, r.tensor)
+			st.aliases = append(st.aliases, r.tensorHash)
+			l.live[st.key] = st
 		}
 	case actionFree:
 		if !live {
 			l.issue(r.line, CodeUnpairedFree, fmt.Sprintf("storage `%s` on `%s` was freed while not live", r.storage, r.device))
 			return
 		}
-		delete(l.live, string(l.keyBuf))
+		delete(l.live, st.key)
 		l.frees++
 		l.liveBytes -= min(l.liveBytes, st.bytes)
-		l.byDevice[r.device] -= min(l.byDevice[r.device], st.bytes)
+		d := deviceBytes(l, r.device)
+		*d -= min(*d, st.bytes)
 		l.byCategory[st.category] -= min(l.byCategory[st.category], st.bytes)
 		if st.bytes != r.bytes {
 			l.issue(r.line, CodeAllocationSizeMismatch, fmt.Sprintf("storage `%s` allocated %d bytes but freed %d", r.storage, st.bytes, r.bytes))
@@ -162,8 +223,8 @@ func (l *lifetimes) closeGroup() {
 	p := &MemoryPeak{TimestampNS: l.groupTS, LiveBytes: l.liveBytes, SpanID: l.groupSpan,
 		ByDevice: map[string]uint64{}, ByCategory: map[string]uint64{}}
 	for d, b := range l.byDevice {
-		if b > 0 {
-			p.ByDevice[d] = b
+		if *b > 0 {
+			p.ByDevice[d] = *b
 		}
 	}
 	for c, b := range l.byCategory {
@@ -172,13 +233,4 @@ func (l *lifetimes) closeGroup() {
 		}
 	}
 	l.peak = p
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"unicode/utf8"
 )
 
 // Options tune a read. The zero value validates with the defaults.
@@ -84,50 +83,27 @@ func Analyze(r io.Reader, opts Options) (*Result, error) {
 // file unreadable for candle-graph, and tolerates a cut last line when no
 // terminal record has been read.
 func (a *analyzer) readAll(r io.Reader) (lines int, total int64, err error) {
-	lr := newLineReader(r, a.opts.MaxLineBytes)
-	var d lineDecoder
+	st := newEventStream(r, a.opts.MaxLineBytes)
 	nextProgress := int64(ProgressEvery)
 	for !a.fatal {
-		raw, terminated, err := lr.next()
-		if errors.Is(err, io.EOF) {
+		k, ok := st.next()
+		if a.opts.Progress != nil && st.lr.read >= nextProgress {
+			a.opts.Progress(st.lr.read)
+			nextProgress = st.lr.read + ProgressEvery
+		}
+		if !ok {
 			break
 		}
-		if errors.Is(err, errLineTooLong) {
-			a.stop(lr.n, CodeLineTooLong, fmt.Sprintf("line is longer than %d bytes", lr.max))
-			break
-		}
-		if err != nil {
-			return lr.n, lr.read, err
-		}
-		if a.opts.Progress != nil && lr.read >= nextProgress {
-			a.opts.Progress(lr.read)
-			nextProgress = lr.read + ProgressEvery
-		}
-		cuttable := !terminated && a.terminal == nil
-		if !utf8.Valid(raw) {
-			if cuttable && cutUTF8(raw) {
-				a.cutLine = lr.n
-				break
-			}
-			a.stop(lr.n, CodeInvalidUTF8, "line is not valid UTF-8")
-			break
-		}
-		line := trimSpace(raw)
-		if len(line) == 0 {
-			continue
-		}
-		k, err := d.decode(line)
-		if err != nil {
-			if cuttable && errors.Is(err, errJSONEnd) {
-				a.cutLine = lr.n
-				break
-			}
-			a.stop(lr.n, codeOf(err), err.Error())
-			break
-		}
-		a.event(&d, k, lr.n)
+		a.event(&st.d, k, st.line)
 	}
-	return lr.n, lr.read, nil
+	if st.err != nil {
+		return st.lr.n, st.lr.read, st.err
+	}
+	if st.stop != nil {
+		a.stop(st.stop.Line, st.stop.Code, st.stop.Message)
+	}
+	a.cutLine = st.cutLine
+	return st.lr.n, st.lr.read, nil
 }
 
 func codeOf(err error) string {

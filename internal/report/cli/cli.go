@@ -35,8 +35,23 @@ commands:
         where the captured step spent its time, device idle time, memory
         peak, gradients, tensor statistics and an overhead analysis; exit 0
         whenever the trace could be read (its health is part of the report)
+  compare [--json] [--force] [--threshold PCT] A B
+        B against A: per span and op name count, totals, delta and ratio;
+        measured region; memory peaks; gradient norm relative error and
+        state changes; names only in one. Refuses (exit 1) traces whose
+        comparison_identity differ in anything but implementation_id and
+        pair_id, or that lack one, unless --force. ! marks changes beyond
+        PCT percent (default 5).
+  export [--format chrome] [-o OUT] TRACE
+        Chrome Trace Event JSON for ui.perfetto.dev or chrome://tracing:
+        spans and ops per thread, device intervals per stream, memory
+        counters, edges as flows; a partial trace exports too
+  merge [-o OUT] RANK_TRACE...
+        one Chrome trace for a multi-process job: a process per rank
+        (meta.process.rank, else file order), aligned by each trace's
+        meta.clock.wall_unix_ns_at_open
 
-TRACE "-" reads standard input.
+TRACE "-" reads standard input; OUT "-" or absent writes standard output.
 `
 
 // DefaultMemoryLimit is the soft heap limit the commands run under unless
@@ -60,6 +75,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return validate(args[1:], stdout, stderr)
 	case "report":
 		return reportCmd(args[1:], stdout, stderr)
+	case "compare":
+		return compareCmd(args[1:], stdout, stderr)
+	case "export":
+		return exportCmd(args[1:], stdout, stderr)
+	case "merge":
+		return mergeCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK

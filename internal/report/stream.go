@@ -1,0 +1,77 @@
+package report
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"unicode/utf8"
+)
+
+// eventStream yields the decoded events of a trace one line at a time, with
+// the reader's rules for the end of a file: it stops at the first line
+// candle-graph could not parse (stop says why) and treats a cut last line
+// before any terminal record as the end of a partial trace (cutLine). The
+// decoded event lives in d until the next call.
+type eventStream struct {
+	lr   *lineReader
+	d    lineDecoder
+	line int // line of the event last returned
+
+	sawTerminal bool
+	cutLine     int
+	stop        *Issue // a parse problem that ended the stream
+	err         error  // an I/O error that ended it
+}
+
+func newEventStream(r io.Reader, maxLine int) *eventStream {
+	return &eventStream{lr: newLineReader(r, maxLine)}
+}
+
+// next decodes the next event. It returns false at the end of the stream:
+// end of file, a cut last line, a parse problem or an I/O error.
+func (s *eventStream) next() (eventKind, bool) {
+	for {
+		raw, terminated, err := s.lr.next()
+		switch {
+		case errors.Is(err, io.EOF):
+			return 0, false
+		case errors.Is(err, errLineTooLong):
+			s.fail(CodeLineTooLong, fmt.Sprintf("line is longer than %d bytes", s.lr.max))
+			return 0, false
+		case err != nil:
+			s.err = err
+			return 0, false
+		}
+		cuttable := !terminated && !s.sawTerminal
+		if !utf8.Valid(raw) {
+			if cuttable && cutUTF8(raw) {
+				s.cutLine = s.lr.n
+				return 0, false
+			}
+			s.fail(CodeInvalidUTF8, "line is not valid UTF-8")
+			return 0, false
+		}
+		line := trimSpace(raw)
+		if len(line) == 0 {
+			continue
+		}
+		k, err := s.d.decode(line)
+		if err != nil {
+			if cuttable && errors.Is(err, errJSONEnd) {
+				s.cutLine = s.lr.n
+				return 0, false
+			}
+			s.fail(codeOf(err), err.Error())
+			return 0, false
+		}
+		if k == kindTerminal {
+			s.sawTerminal = true
+		}
+		s.line = s.lr.n
+		return k, true
+	}
+}
+
+func (s *eventStream) fail(code, msg string) {
+	s.stop = &Issue{Severity: SeverityError, Code: code, Message: msg, Line: s.lr.n, Parse: true}
+}
