@@ -55,7 +55,7 @@ func genTrace(minBytes int) []byte {
 
 // TestWriteBenchTrace writes a generated trace of $CANDLE_TRACE_BENCH_BYTES
 // (default 1 GiB) to $CANDLE_TRACE_BENCH_OUT, for measuring the built
-// command on a real file (docs/report-benchmarks.md). Skipped otherwise.
+// command on a real file (BENCHMARKS.md, "Report tool"). Skipped otherwise.
 func TestWriteBenchTrace(t *testing.T) {
 	out := os.Getenv("CANDLE_TRACE_BENCH_OUT")
 	if out == "" {
