@@ -39,7 +39,9 @@ func (s *Session) unknownSpan(fn string, span uint64) error {
 		return errorf(InvalidHandle, "%s: span 0 is never valid", fn)
 	}
 	if span <= lastSpanID(s.slot) {
-		return errorf(InvalidHandle, "%s: span s%d closed too long ago: records can attach to the newest %d closed spans", fn, span, MaxClosedSpans)
+		// Ids come in per-thread blocks, so an id below the counter is either
+		// a span that closed too long ago or one never handed out.
+		return errorf(InvalidHandle, "%s: span s%d is not open and not among the newest %d closed spans (closed too long ago, or never opened)", fn, span, MaxClosedSpans)
 	}
 	return errorf(InvalidHandle, "%s: span s%d does not exist in session %d", fn, span, s.handle)
 }
