@@ -4,9 +4,13 @@
 
 1. span enter+exit: ``with session.span(...)`` vs ``torch.profiler.record_function``
    inside an active ``torch.profiler.profile``, same loop, same run (median of batches);
-2. one update of the 64-64-10 MLP (examples/python/train_mlp.py): untraced, captured by
-   candle_trace.torch.profile (full op capture), and under torch.profiler with
-   record_shapes=True, profile_memory=True; per-op cost = (traced - untraced) / events.
+2. one update of the 64-64-10 MLP (examples/python/train_mlp.py): untraced; captured by
+   candle_trace.torch.profile with the C++ op observer and with the Python dispatch
+   mode (CANDLE_TRACE_TORCH_OPS), and with ops=False (the same capture without op
+   capture: the baseline that isolates the per-op cost); under torch.profiler with
+   record_shapes=True, profile_memory=True. Per-op cost = (step - step with ops=False) /
+   ops for ours, (step - untraced) / events for torch.profiler;
+3. a run of 2000 small ops in one forward, where op capture dominates: ns added per op.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "python"))
 
 import candle_trace as ct  # noqa: E402
+
+
+SETTLE_STEPS = 10  # untraced steps between two timed captures
 
 
 def batch_median(fn, batches: int, n: int) -> float:
@@ -73,12 +80,74 @@ def bench_spans(tmp: str) -> dict:
     return res
 
 
-def bench_step(tmp: str, reps: int = 30) -> dict:
-    import torch
-    from torch import nn
+def _median_step(step, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        step()
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times)
+
+
+def _ours(ctt, model, opt, step, tmp: str, reps: int, mechanism: str, **kw) -> dict:
+    """Median in-step and in-step+writing times of a capture_step=1 profile of step()."""
+    os.environ["CANDLE_TRACE_TORCH_OPS"] = mechanism
+    ins, totals, ops, mech = [], [], 0, None
+    try:
+        for i in range(reps):
+            path = os.path.join(tmp, f"cap-{mechanism}-{i}.jsonl")
+            with ctt.profile(model, opt, path, capture_step=1, **kw) as p:
+                t = time.perf_counter_ns()
+                step()
+                t1 = time.perf_counter_ns()
+                p.step()  # closes the update and writes its buffered records
+                t2 = time.perf_counter_ns()
+            ins.append(t1 - t)
+            totals.append(t2 - t)
+            ops, mech = p.op_count, p.op_mechanism
+            # A real run captures one update among untraced ones: run some between two
+            # timed captures (warm caches; the library's background flush and the Go
+            # collector of the last capture get their time, as in a training loop).
+            for _ in range(SETTLE_STEPS):
+                step()
+    finally:
+        os.environ.pop("CANDLE_TRACE_TORCH_OPS", None)
+    med = statistics.median
+    kinds = _trace_events(path)
+    return {"in": med(ins), "total": med(totals), "ops": kinds.get("op", 0),
+            "memory": kinds.get("memory", 0), "mechanism": mech}
+
+
+def _torch_profiler(step, reps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
+    ins, totals, events = [], [], 0
+    for _ in range(reps):
+        t = time.perf_counter_ns()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     profile_memory=True) as tp:
+            t0 = time.perf_counter_ns()
+            step()
+            t1 = time.perf_counter_ns()
+        t2 = time.perf_counter_ns()
+        ins.append(t1 - t0)
+        totals.append(t2 - t)
+        events = len(tp.events())
+        for _ in range(SETTLE_STEPS):  # as between our captures
+            step()
+    med = statistics.median
+    return {"in": med(ins), "total": med(totals), "ops": events}
+
+
+def bench_step(tmp: str, reps: int = 40) -> dict:
+    """One update of the MLP: untraced; candle_trace with the C++ observer, with the
+    Python dispatch mode, and with ops off (spans, stats, gradients only: the baseline
+    that isolates the per-op cost); torch.profiler with shapes and memory."""
+    import torch
+    from torch import nn
+
     import candle_trace.torch as ctt
+    from candle_trace.torch import _observer
     from train_mlp import MLP
 
     torch.manual_seed(0)
@@ -95,50 +164,119 @@ def bench_step(tmp: str, reps: int = 30) -> dict:
         loss.backward()
         opt.step()
 
+    t = time.perf_counter()
+    have_observer = _observer.get() is not None  # the first build happens here, once
+    build_s = time.perf_counter() - t
     for _ in range(50):
         step()
-    untraced = []
-    for _ in range(300):
-        t = time.perf_counter_ns()
-        step()
-        untraced.append(time.perf_counter_ns() - t)
+    res = {"untraced": {"in": _median_step(step, 300)}, "build_s": build_s}
+    if have_observer:
+        res["observer"] = _ours(ctt, model, opt, step, tmp, reps, "observer")
+    res["dispatch"] = _ours(ctt, model, opt, step, tmp, reps, "dispatch")
+    res["no_ops"] = _ours(ctt, model, opt, step, tmp, reps, "dispatch", ops=False)
+    res["bare"] = _ours(ctt, model, opt, step, tmp, reps, "dispatch", ops=False, stats=False)
+    res["torch.profiler"] = _torch_profiler(step, reps)
+    res["untraced2"] = {"in": _median_step(step, 300)}
+    return res
 
-    ours_in, ours_total, ops = [], [], 0
-    for i in range(reps):
-        with ctt.profile(model, opt, os.path.join(tmp, f"mlp{i}.jsonl"), capture_step=1) as p:
-            t = time.perf_counter_ns()
-            step()
-            t1 = time.perf_counter_ns()
-            p.step()  # closes the update and writes its buffered records
-            t2 = time.perf_counter_ns()
-        ours_in.append(t1 - t)
-        ours_total.append(t2 - t)
-        ops = p.op_count
 
-    tp_in, tp_total, events = [], [], 0
-    for _ in range(reps):
-        t = time.perf_counter_ns()
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                     profile_memory=True) as tp:
-            t0 = time.perf_counter_ns()
-            step()
-            t1 = time.perf_counter_ns()
-        t2 = time.perf_counter_ns()
-        tp_in.append(t1 - t0)
-        tp_total.append(t2 - t)
-        events = len(tp.events())
+def bench_ops(tmp: str, n_ops: int = 2000, reps: int = 15) -> dict:
+    """Per-op cost on a long run of small ops (one module whose forward adds 1 to a 4x4
+    tensor n_ops times; no backward): ops dominate, so the figures are per op."""
+    import torch
+    from torch import nn
 
-    med = statistics.median
-    base = med(untraced)
-    return {
-        "untraced_us": base / 1e3,
-        "ours_in_us": med(ours_in) / 1e3, "ours_total_us": med(ours_total) / 1e3, "ops": ops,
-        "tp_in_us": med(tp_in) / 1e3, "tp_total_us": med(tp_total) / 1e3, "events": events,
-        "ours_per_op_in_ns": (med(ours_in) - base) / max(ops, 1),
-        "ours_per_op_total_ns": (med(ours_total) - base) / max(ops, 1),
-        "tp_per_ev_in_ns": (med(tp_in) - base) / max(events, 1),
-        "tp_per_ev_total_ns": (med(tp_total) - base) / max(events, 1),
-    }
+    import candle_trace.torch as ctt
+    from candle_trace.torch import _observer
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 4))
+
+        def forward(self, x):
+            for _ in range(n_ops):
+                x = x + 1
+            return x
+
+    torch.set_num_threads(1)
+    model = Chain()
+    x = torch.zeros(4, 4)
+
+    def step():
+        with torch.no_grad():
+            model(x)
+
+    step()
+    res = {"untraced": {"in": _median_step(step, 30)}}
+    kw = {"stats": False}
+    if _observer.get() is not None:
+        res["observer"] = _ours(ctt, model, None, step, tmp, reps, "observer", **kw)
+    res["dispatch"] = _ours(ctt, model, None, step, tmp, max(reps // 3, 3), "dispatch", **kw)
+    res["no_ops"] = _ours(ctt, model, None, step, tmp, reps, "dispatch", ops=False, **kw)
+    res["torch.profiler"] = _torch_profiler(step, reps)
+    return res
+
+
+def _trace_events(path: str) -> dict:
+    import json
+
+    kinds: dict = {}
+    with open(path) as f:
+        for line in f:
+            k = json.loads(line)["kind"]
+            kinds[k] = kinds.get(k, 0) + 1
+    return kinds
+
+
+def print_step(st: dict) -> None:
+    base = min(st["untraced"]["in"], st["untraced2"]["in"])
+    ops = st.get("observer", st["dispatch"])["ops"]  # the aten ops of one update
+    print("\none update of the 64-64-10 MLP, batch 32, f32, 1 thread (median of 40)")
+    print(f"  {'':40s} {'step us':>8s} {'+write us':>10s} {'slowdown':>9s} {'events':>7s} "
+          f"{'op capture us':>14s} {'ns/event':>9s} {'ns/aten op':>11s}")
+    print(f"  {'untraced':40s} {base / 1e3:8.0f}")
+    rows = [("observer", "candle_trace, C++ observer (default)"),
+            ("dispatch", "candle_trace, dispatch mode (fallback)"),
+            ("no_ops", "candle_trace, ops=False"),
+            ("bare", "candle_trace, ops=False, stats=False"),
+            ("torch.profiler", "torch.profiler shapes+memory")]
+    for key, label in rows:
+        r = st.get(key)
+        if r is None:
+            continue
+        cols = ""
+        if key in ("observer", "dispatch", "torch.profiler"):
+            # ours: the op capture's own cost = step - the same capture with ops=False;
+            # events = op + memory records. torch.profiler: all it adds, per event.
+            ref = base if key == "torch.profiler" else st["no_ops"]["in"]
+            added = r["in"] - ref
+            events = r["ops"] if key == "torch.profiler" else r["ops"] + r.get("memory", 0)
+            cols = (f"{events:7d} {added / 1e3:14.0f} {added / max(events, 1):9.0f} "
+                    f"{added / max(ops, 1):11.0f}")
+        print(f"  {label:40s} {r['in'] / 1e3:8.0f} {r['total'] / 1e3:10.0f} "
+              f"{r['in'] / base:8.2f}x {cols}")
+    print(f"  (aten ops of the update: {ops}; events: op + memory records for candle_trace, "
+          "profiler events for torch.profiler;\n   op capture us: step minus the same "
+          "capture with ops=False for candle_trace, minus untraced for torch.profiler;\n"
+          "   +write: the step plus writing the trace / stopping the profiler)")
+
+
+def print_ops(r: dict, n_ops: int = 2000) -> None:
+    base = r["untraced"]["in"]
+    print(f"\n{n_ops} small ops (x + 1 on a 4x4 tensor) in one module forward, 1 thread")
+    print(f"  {'':40s} {'step us':>8s} {'+write us':>10s} {'ops':>6s} {'ns/op added':>12s}")
+    print(f"  {'untraced':40s} {base / 1e3:8.0f} {'':10s} {n_ops:6d} {base / n_ops:12.0f}"
+          f"  (the op itself)")
+    for key, label in (("observer", "candle_trace, C++ observer"),
+                       ("dispatch", "candle_trace, dispatch mode"),
+                       ("torch.profiler", "torch.profiler shapes+memory")):
+        x = r.get(key)
+        if x is None:
+            continue
+        ref = r["no_ops"]["in"] if key != "torch.profiler" else base
+        print(f"  {label:40s} {x['in'] / 1e3:8.0f} {x['total'] / 1e3:10.0f} {x['ops']:6d} "
+              f"{(x['in'] - ref) / max(x['ops'], 1):12.0f}")
 
 
 def main() -> int:
@@ -159,20 +297,10 @@ def main() -> int:
             print(f"  ratio record_function(in profile) / ours: "
                   f"{sp['record_function_on_ns'] / ours:.1f}x   (torch {torch.__version__})")
             st = bench_step(tmp)
-            print("\none update of the 64-64-10 MLP, batch 32, f32, 1 thread (median of 30)")
-            print(f"  {'':34s} {'step us':>9s} {'+finish us':>11s} {'events':>7s} "
-                  f"{'ns/event':>9s} {'ns/event incl. finish':>22s}")
-            print(f"  {'untraced':34s} {st['untraced_us']:9.0f}")
-            print(f"  {'candle_trace.torch (full capture)':34s} {st['ours_in_us']:9.0f} "
-                  f"{st['ours_total_us']:11.0f} {st['ops']:7d} {st['ours_per_op_in_ns']:9.0f} "
-                  f"{st['ours_per_op_total_ns']:22.0f}")
-            print(f"  {'torch.profiler shapes+memory':34s} {st['tp_in_us']:9.0f} "
-                  f"{st['tp_total_us']:11.0f} {st['events']:7d} {st['tp_per_ev_in_ns']:9.0f} "
-                  f"{st['tp_per_ev_total_ns']:22.0f}")
-            print(f"  slowdown of the captured step: ours {st['ours_in_us'] / st['untraced_us']:.2f}x"
-                  f" ({st['ours_total_us'] / st['untraced_us']:.2f}x with writing), torch.profiler "
-                  f"{st['tp_in_us'] / st['untraced_us']:.2f}x "
-                  f"({st['tp_total_us'] / st['untraced_us']:.2f}x with start/stop)")
+            if st["build_s"] > 1:
+                print(f"\n(the C++ observer was built first: {st['build_s']:.1f} s)")
+            print_step(st)
+            print_ops(bench_ops(tmp))
     return 0
 
 

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             prof.step()
     print(f"wrote {args.trace} (update {args.capture_step} of {args.steps}, "
-          f"{prof.op_count} ops, final loss {loss.item():.4f})")
+          f"{prof.op_count} ops via {prof.op_mechanism}, final loss {loss.item():.4f})")
     return 0
 
 

@@ -222,6 +222,7 @@ class Session:
             "phase": phase,
             "capture_step": capture_step,
             "device": device,
+            "binding": "python",  # meta.producer.binding
         }
         if tags is not None:
             run_json["tags"] = dict(tags)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -13,6 +14,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bindings" / "python"))
+
+
+@functools.lru_cache(maxsize=None)
+def observer_expected() -> bool:
+    """Whether this machine can build the C++ op observer (a C++ compiler, ninja and
+    torch's headers): then the observer must be what captures ops. CI sets
+    CANDLE_TRACE_REQUIRE_OBSERVER=1 to make its absence a failure, not a fallback."""
+    if os.environ.get("CANDLE_TRACE_REQUIRE_OBSERVER") == "1":
+        return True
+    if not (shutil.which("ninja") and (shutil.which("c++") or shutil.which("g++"))):
+        return False
+    try:
+        from torch.utils.cpp_extension import include_paths
+    except ImportError:
+        return False
+    return any((Path(p) / "ATen" / "record_function.h").exists() for p in include_paths())
 
 CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build/tools/bin/candle-graph"))
 VALIDATOR = REPO / "build" / "candle-trace"

@@ -99,3 +99,20 @@ def test_every_function_declared():
     assert names == set(_lib.PROTOTYPES)
     lib = _lib.load()
     assert lib.c.ct_abi_version() == _lib.CT_ABI_VERSION
+
+
+def test_observer_cpp_structs_match_the_header():
+    """candle_trace/torch/_observer.cpp declares the records it writes (ct_op, ct_memory)
+    itself, to build without the header: same fields, same order. (Enums declared as
+    ct_* in the header are plain int there, which has the same size.)"""
+    src = (REPO / "bindings" / "python" / "candle_trace" / "torch" / "_observer.cpp").read_text()
+    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    src = re.sub(r"//[^\n]*", "", src)
+    header = header_structs()
+    seen = 0
+    for m in re.finditer(r"typedef struct (\w+) \{(.*?)\} (\w+);", src, re.S):
+        names = [" ".join(d.split()).rsplit(" ", 1)[1].lstrip("*")
+                 for d in m.group(2).split(";") if d.strip()]
+        assert names == [n for n, _ in header[m.group(3)]], m.group(3)
+        seen += 1
+    assert seen == 2

@@ -224,3 +224,12 @@ def test_span_cost_is_small(tmp_path):
 def test_version_and_abi():
     assert ct.abi_version() == ct.CT_ABI_VERSION
     assert ct.version().count(".") == 2
+
+
+def test_trace_names_the_python_binding(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with ct.Session(path, entrypoint="py::binding", phase="infer", measured_root=True):
+        pass
+    meta = read_trace(path)[0]
+    assert meta["producer"]["binding"] == "python"
+    assert meta["producer"]["name"] == "candle-trace"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, candle_graph, read_trace, validate
+from conftest import REPO, observer_expected, candle_graph, read_trace, validate
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -20,15 +21,32 @@ def by_kind(lines, kind):
     return [line for line in lines if line["kind"] == kind]
 
 
-@pytest.fixture(scope="module")
-def example_trace(tmp_path_factory):
-    d = tmp_path_factory.mktemp("example")
+def example_env(**extra):
+    env = {"PYTHONPATH": str(REPO / "bindings" / "python"), "PATH": "/usr/bin:/bin"}
+    for k in ("HOME", "CANDLE_TRACE_CACHE", "CANDLE_TRACE_LIB", "XDG_CACHE_HOME"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    env.update(extra)
+    return env
+
+
+# Both op capture mechanisms: the C++ observer (the default; the dispatch mode stands in
+# where no compiler is available, which test_torch_observer.py checks) and the Python
+# dispatch mode (forced).
+@pytest.fixture(scope="module", params=["auto", "dispatch"])
+def example_trace(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"example-{request.param}")
     path = d / "mlp.jsonl"
-    env_path = str(REPO / "bindings" / "python")
     r = subprocess.run([sys.executable, str(EXAMPLE), str(path)], capture_output=True,
-                       text=True, timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+                       text=True, timeout=600,
+                       env=example_env(CANDLE_TRACE_TORCH_OPS=request.param))
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout
+    if request.param == "dispatch":
+        assert "via dispatch" in r.stdout
+    elif observer_expected():
+        assert "via observer" in r.stdout, r.stdout + r.stderr
+        assert "Warning" not in r.stderr, r.stderr
     return path
 
 

@@ -18,7 +18,12 @@ ends, so the other updates run untouched. The captured update holds:
 - module spans (kind module) in forward (step forward) and backward (step backward), the
   ``backward`` call (step backward) and the optimizer step (step optimizer);
 - every aten op (name, output shape, dtype, device, duration, input/output tensor ids)
-  with data edges from each input to the output, through a ``TorchDispatchMode``;
+  with data edges from each input to the output. The mechanism is a C++
+  ``at::RecordFunction`` observer (``_observer.cpp``, compiled against the installed torch
+  on first use and cached; no Python runs per op), or, when it cannot be built (no C++
+  compiler, ninja or torch headers: one warning), a Python ``TorchDispatchMode``.
+  ``CANDLE_TRACE_TORCH_OPS=dispatch`` forces the dispatch mode, ``=observer`` makes an
+  unavailable observer an error; ``profile.op_mechanism`` says which one ran;
 - tensor statistics of the loss and of each module's output, reduced with torch on the
   tensor's own device;
 - one gradient event per named parameter that requires grad, under an exact gradient
@@ -41,6 +46,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ..session import CandleTraceError, Session, gradient_contract
+from . import _observer
 
 __all__ = ["profile", "tensor_stats", "DTYPES"]
 
@@ -220,6 +226,12 @@ class profile:
         self._handles: List[Any] = []
         self._undo: List[Callable[[], None]] = []
         self._mode: Any = None
+        #: "observer" (C++ RecordFunction observer), "dispatch" (TorchDispatchMode) or
+        #: "none"; decided when the profile is entered.
+        self.op_mechanism = "none"
+        self._obs: Optional[_observer.Observer] = None
+        self._obs_on = False  # the observer records this capture
+        self._set_span: Callable[[int], None] = lambda sid: None
         self._measured = 0
         self._grads_done = False
         self._ops: List[tuple] = []
@@ -241,8 +253,8 @@ class profile:
         cuda = self.device.startswith("cuda")
         c: Dict[str, Any] = {
             "measurement_scope": "profiled_work",
-            "operations": "complete" if self.want_ops and _DispatchBase is not None else "none",
-            "activations": "partial" if self.want_ops and _DispatchBase is not None else "none",
+            "operations": "complete" if self.op_mechanism != "none" else "none",
+            "activations": "partial" if self.op_mechanism != "none" else "none",
             "tensors": "partial",
             "logical_memory": "partial" if self.want_memory and self.want_ops else "none",
             "physical_memory": "partial" if cuda else "none",
@@ -255,7 +267,22 @@ class profile:
                 [(self.name, n, fam(n)) for n, _ in self._params], self.gradient_families)
         return c
 
+    def _choose_mechanism(self) -> None:
+        if not (self.enabled and self.want_ops):
+            return
+        obs = _observer.get()  # builds on first use; None (one warning) when unavailable
+        if obs is not None:
+            self._obs = obs
+            self.op_mechanism = "observer"
+            self._obs_named = obs.named(list(self.model.named_parameters()))
+        elif _DispatchBase is not None:
+            self.op_mechanism = "dispatch"
+        else:
+            _warn_once("dispatch", "this torch has no TorchDispatchMode and the C++ "
+                                   "observer is unavailable; aten ops are not captured")
+
     def __enter__(self) -> "profile":
+        self._choose_mechanism()
         self.session = Session(
             self.path, self.entrypoint, "train", self.capture_step, self.device,
             tags=self.tags, contract=self._contract(), identity=self.identity,
@@ -335,16 +362,25 @@ class profile:
 
         torch.autograd.backward = backward  # Tensor.backward calls it too
         self._undo.append(lambda: setattr(torch.autograd, "backward", orig_backward))
-        if self.want_ops:
-            if _DispatchBase is None:
-                _warn_once("dispatch", "this torch has no TorchDispatchMode; aten ops are "
-                                       "not captured")
-            else:
-                self._mode = _OpCapture(self)
-                self._mode.__enter__()
+        if self.op_mechanism == "dispatch":
+            self._enter_dispatch_mode()
+
+    def _enter_dispatch_mode(self) -> None:
+        self._mode = _OpCapture(self)
+        self._mode.__enter__()
+
+    def _stop_observer(self) -> None:
+        if self._obs_on:
+            self._set_span = lambda sid: None
+            self._obs.stop()  # type: ignore[union-attr]
 
     def _disarm(self) -> None:
         self._capturing = False
+        if self._obs_on:
+            self._stop_observer()
+            if self.state != "done":
+                self._obs.discard()  # type: ignore[union-attr]
+                self._obs_on = False
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -368,7 +404,29 @@ class profile:
                             shape=tuple(p.shape), label=n, requires_grad=p.requires_grad,
                             category="parameter")
         self._device_memory()
+        if self.op_mechanism == "observer":
+            self._begin_observer()
         self._capturing = True
+
+    def _begin_observer(self) -> None:
+        obs = self._obs
+        assert obs is not None and self.session is not None
+        try:
+            memory = obs.begin(self.session.handle, self._measured, self.want_memory,
+                               self._obs_named)
+        except _observer.ObserverUnavailable as e:  # e.g. another capture holds it
+            if _DispatchBase is None:
+                raise
+            _warn_once("observer-begin", f"{e}; this capture uses the dispatch mode")
+            self.op_mechanism = "dispatch"
+            self._enter_dispatch_mode()
+            return
+        self._obs_on = True
+        self._set_span = obs.set_span
+        obs.set_span(self._measured)
+        if self.want_memory and not memory:
+            _warn_once("observer-memory", "another profiler owns torch's memory reporting "
+                                          "on this thread; op output memory is not captured")
 
     def _end_capture(self) -> None:
         s = self.session
@@ -379,9 +437,10 @@ class profile:
             self._record_gradients()
         self._device_memory()
         self._capturing = False
+        self._stop_observer()  # before any span closes: every record stays inside one
         self._close_until(self._tl, self._measured)
-        self._disarm()
         self.state = "done"
+        self._disarm()
         self._emit()
         s.flush()
 
@@ -390,6 +449,7 @@ class profile:
     def _push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
         sid = self.session.begin_span(name, kind, step)  # type: ignore[union-attr]
         self._tl.stack.append((owner, sid))
+        self._set_span(sid)
         return sid
 
     def _close_until(self, tl: _Thread, sid: int) -> None:
@@ -399,6 +459,9 @@ class profile:
             return
         while stack:
             _, top = stack.pop()
+            # The observer learns the new innermost span before the old one closes, so
+            # an event between the two calls still lands in an open span.
+            self._set_span(stack[-1][1] if stack else 0)
             self.session.end_span(top)  # type: ignore[union-attr]
             if top == sid:
                 return
@@ -448,6 +511,7 @@ class profile:
             while stack and stack[-1][0].startswith("b:") and not self._contains(
                     stack[-1][0][2:], qual):
                 _, top = stack.pop()
+                self._set_span(stack[-1][1] if stack else 0)
                 self.session.end_span(top)  # type: ignore[union-attr]
             self._push(owner, name, "module", "backward")
 
@@ -524,12 +588,18 @@ class profile:
 
     # -- numbers -------------------------------------------------------------------
 
+    def _suspend(self, on: bool) -> None:
+        """Stats and gradient norms run torch ops that are not the model's."""
+        self._suspended = on
+        if self._obs_on:
+            self._obs.suspend(1 if on else 0)  # type: ignore[union-attr]
+
     def _stats(self, sid: int, label: str, t: torch.Tensor) -> None:
-        self._suspended = True
+        self._suspend(True)
         try:
             nf, rms, amax, mean = tensor_stats(t)
         finally:
-            self._suspended = False
+            self._suspend(False)
         self.session.record_tensor_stats(  # type: ignore[union-attr]
             sid, label, dtype=_dtype(t), shape=tuple(t.shape), non_finite=nf, rms=rms,
             abs_max=amax, mean=mean)
@@ -538,7 +608,7 @@ class profile:
         self._grads_done = True
         s = self.session
         assert s is not None
-        self._suspended = True
+        self._suspend(True)
         try:
             with torch.no_grad():
                 norms: List[Optional[float]] = []
@@ -554,7 +624,7 @@ class profile:
                                           for _, g in items]).tolist()
                         vals.update({n: v for (n, _), v in zip(items, ns)})
         finally:
-            self._suspended = False
+            self._suspend(False)
         for n, _ in self._params:
             v = vals.get(n)
             if v is None:
@@ -679,6 +749,16 @@ class profile:
         """Writes what the captured update buffered (after its measured region)."""
         s = self.session
         assert s is not None
+        if self._obs_on:
+            obs = self._obs
+            assert obs is not None
+            self._obs_on = False
+            self.op_count = obs.counts()[0]
+            refused, msg = obs.emit()
+            if refused:
+                _warn_once("observer-refused", f"the library refused {refused} op/memory "
+                                               f"records of the capture; the first: {msg}")
+            return
         for (span, name, dtype, device, shape, ins, out, t0, t1, in_bytes) in self._ops:
             s.record_op(span, name, dtype=dtype, device=device, shape=shape, inputs=ins,
                         output=out, duration_ns=max(t1 - t0, 0), timestamp_ns=t0,

@@ -1,0 +1,832 @@
+// candle_trace.torch's op observer: an at::RecordFunction callback that captures every
+// aten op of the captured update in C++, and a memory reporter that sees the allocator's
+// allocations and frees, with no Python per op.
+//
+// Built on first use by candle_trace/torch/_observer.py with
+// torch.utils.cpp_extension.load (is_python_module=False) against the installed torch,
+// and driven through the extern "C" functions at the bottom (ctypes). The library's C
+// ABI (include/candle_trace.h) is reached through function pointers handed over from
+// Python (ctypes addresses of the very libcandle_trace.so the binding loaded).
+//
+// What an op is: the outermost dispatcher op of a thread, looking through
+// CompositeImplicitAutograd ops (aten::linear is recorded as the aten::t and
+// aten::addmm it decomposes into) -- the ops a TorchDispatchMode sees, which keeps the
+// two capture mechanisms' traces alike. Ops nested inside a recorded op (a kernel that
+// calls other ops) are not recorded separately. Namespace profiler:: is skipped.
+//
+// During the step, nothing is written and nothing is shared: each thread appends its ops
+// and memory events to its own buffer (no hash map, no lock but the buffer's own,
+// uncontended); ct_obs_emit merges the buffers and writes them through the C ABI after
+// the measured region closed (the library accepts records of closed spans as long as
+// they lie inside them).
+//
+// Tensor ids: parameters are named by Python (their parameter names); every other
+// tensor gets "t<N>", numbered in time order at emission: an op's output is a new tensor
+// unless it is one of the op's inputs (in-place and out= ops), an input not seen before
+// is a new tensor. Every TensorImpl an op touches is pinned by a weak reference until
+// emission, so no address is reused by another tensor during the capture (the storage
+// is still freed as usual).
+//
+// Memory: a MemoryReportingInfoBase (the hook torch.profiler's profile_memory uses)
+// pushed as this thread's PROFILER_STATE debug info, which the autograd engine
+// propagates to its worker threads. An allocation becomes an `alloc` record when its
+// pointer is the storage of the output of the recorded op it happened in; a later free
+// of that pointer during the capture becomes a `free` record (matched at emission).
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Logging.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <torch/version.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+// ---- the C ABI, as far as this file uses it (include/candle_trace.h) -----------------
+// Records start with `size`, so a struct of this ABI version stays valid for later ones.
+extern "C" {
+typedef uint64_t ct_session;
+typedef uint64_t ct_span;
+typedef struct ct_op {
+    uint32_t size;
+    uint32_t flags;
+    const char *op_name;
+    const char *dtype;
+    const char *device;
+    const char *const *inputs;
+    size_t n_inputs;
+    const char *output;
+    const int64_t *shape;
+    size_t rank;
+    uint64_t duration_ns;
+    uint64_t timestamp_ns;
+    uint64_t output_dense_bytes;
+    uint64_t input_dense_bytes;
+} ct_op;
+typedef struct ct_memory {
+    uint32_t size;
+    uint32_t reserved;
+    uint64_t timestamp_ns;
+    const char *storage_id;
+    const char *tensor_id;
+    const char *device;
+    const char *dtype;
+    const char *op_name;
+    uint64_t bytes;
+    const int64_t *shape;
+    size_t rank;
+    int category;
+} ct_memory;
+}
+
+namespace {
+
+constexpr int kProtocol = 1;  // _observer.py checks ct_obs_protocol()
+constexpr int kCategoryActivation = 2;
+constexpr int kMemoryAlloc = 0;
+constexpr int kMemoryFree = 1;
+constexpr size_t kPendingMax = 256;  // allocations remembered inside one op
+
+using now_fn = uint64_t (*)(ct_session);
+using record_op_fn = int (*)(ct_session, ct_span, const ct_op *);
+using record_memory_fn = int (*)(ct_session, ct_span, int, const ct_memory *);
+using record_data_edge_fn = int (*)(ct_session, const char *, const char *);
+using last_error_fn = const char *(*)();
+
+now_fn p_now = nullptr;
+record_op_fn p_record_op = nullptr;
+record_memory_fn p_record_memory = nullptr;
+record_data_edge_fn p_record_data_edge = nullptr;
+last_error_fn p_last_error = nullptr;
+
+using Impl = c10::TensorImpl;
+
+// ---- per-thread buffers of one capture ----------------------------------------------
+
+struct OpRec {
+    uint64_t t0, t1, span, in_bytes;
+    const char *name;          // the schema's name: lives as long as the operator
+    const Impl *out;           // nullptr for none
+    uint32_t in_off, in_n;     // into Buf::inputs
+    uint32_t shape_off, rank;  // into Buf::shapes
+    c10::ScalarType dtype;
+    c10::Device device{c10::DeviceType::CPU};
+};
+
+struct AllocRec {  // the allocation of an op output's storage
+    uint64_t ts, span, bytes;
+    uintptr_t ptr;
+    uint32_t op;  // index into the same buffer's ops
+};
+
+struct FreeRec {  // any free seen during the capture; matched to allocations at emission
+    uint64_t ts, span;
+    uintptr_t ptr;
+};
+
+struct Pending {  // an allocation inside the op being recorded
+    uint64_t ts, span, bytes;
+    uintptr_t ptr;
+};
+
+struct Buf {
+    std::mutex mu;  // taken by its thread per record (uncontended) and by emission
+    uint64_t epoch = 0;
+    std::vector<OpRec> ops;
+    std::vector<const Impl *> inputs;
+    std::vector<int64_t> shapes;
+    std::vector<AllocRec> allocs;
+    std::vector<FreeRec> frees;
+    std::vector<Impl *> pinned;  // weak references, dropped at emission
+
+    void clear() {
+        for (Impl *i : pinned) c10::raw::weak_intrusive_ptr::decref(i);
+        pinned.clear();
+        ops.clear();
+        inputs.clear();
+        shapes.clear();
+        allocs.clear();
+        frees.clear();
+    }
+};
+
+std::mutex g_mu;  // g_bufs, g_named, the control calls
+std::vector<std::shared_ptr<Buf>> g_bufs;  // the buffers of the threads that recorded
+std::unordered_map<const Impl *, std::string> g_named;  // parameters
+std::atomic<bool> g_active{false};  // recording ops and memory
+std::atomic<uint64_t> g_epoch{0};   // one per capture: resets threads' state lazily
+std::atomic<bool> g_forked{false};
+ct_session g_session = 0;
+ct_span g_measured = 0;
+at::CallbackHandle g_handle = 0;
+bool g_memory = false;
+std::string g_error;  // the last failure of a control call
+uint64_t g_errors = 0;
+std::string g_first_error;
+
+enum Kind : uint8_t {
+    kLookThrough = 0,  // not recorded; the ops it calls are (CompositeImplicitAutograd)
+    kRecord = 1,       // recorded; the ops it calls are not
+    kOpaque = 2,       // not recorded, nor the ops it calls (profiler::)
+};
+
+struct Thread {
+    uint64_t epoch = 0;
+    uint64_t span = 0;   // innermost span of this thread, published by Python (0: none)
+    int depth = 0;       // RecordFunction nesting of FUNCTION scopes
+    int rec_depth = -1;  // depth of the op being recorded, -1 when none
+    bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
+    int suspended = 0;   // ct_obs_suspend nesting
+    bool rf_was_enabled = true;
+    uint64_t t0 = 0, op_span = 0, in_bytes = 0;
+    const char *name = nullptr;
+    std::vector<const Impl *> ins;
+    std::vector<Pending> pending;
+    std::shared_ptr<Buf> buf;
+    std::unordered_map<const char *, Kind> observed;  // op name -> kind
+};
+
+thread_local Thread tl;
+
+inline Thread &thread_state() {
+    uint64_t e = g_epoch.load(std::memory_order_acquire);
+    if (tl.epoch != e) {
+        tl.epoch = e;
+        tl.span = 0;
+        tl.depth = 0;
+        tl.rec_depth = -1;
+        tl.opaque = false;
+        tl.ins.clear();
+        tl.pending.clear();
+    }
+    return tl;
+}
+
+// This thread's buffer for the current capture, registered on first use.
+Buf &buffer(Thread &t) {
+    if (!t.buf || t.buf->epoch != t.epoch) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (!t.buf) t.buf = std::make_shared<Buf>();
+        if (t.buf->epoch != t.epoch) {
+            std::lock_guard<std::mutex> block(t.buf->mu);
+            t.buf->clear();
+            t.buf->epoch = t.epoch;
+            g_bufs.push_back(t.buf);
+        }
+    }
+    return *t.buf;
+}
+
+inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; }
+
+inline uint64_t now() { return p_now(g_session); }
+
+// The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
+// pointer lives as long as the operator, so it keys the caches) are recorded, except
+// CompositeImplicitAutograd ones (we look through those to the ops they decompose into,
+// as a dispatch mode does) and the profiler's own ops.
+std::mutex g_kind_mu;
+std::unordered_map<const char *, Kind> g_kind;  // shared by threads and captures
+
+bool composite(const c10::OperatorHandle &op) {
+    using K = c10::DispatchKey;
+    // The dispatcher's precedence for AutogradCPU: a direct AutogradCPU kernel, else the
+    // CompositeImplicitAutograd one unless the op has a backend kernel of its own.
+    return op.hasKernelForDispatchKey(K::CompositeImplicitAutograd) &&
+           !op.hasKernelForDispatchKey(K::AutogradCPU) && !op.hasKernelForDispatchKey(K::CPU) &&
+           !op.hasKernelForDispatchKey(K::CompositeExplicitAutograd);
+}
+
+Kind op_kind(const at::RecordFunction &fn, const char *name) {
+    auto it = tl.observed.find(name);
+    if (it != tl.observed.end()) return it->second;
+    Kind k;
+    {
+        std::lock_guard<std::mutex> lock(g_kind_mu);
+        auto git = g_kind.find(name);
+        if (git != g_kind.end()) {
+            k = git->second;
+        } else {
+            auto opname = fn.operator_name();
+            if (!opname) return kLookThrough;  // named by a string: not an op, not cached
+            if (std::strncmp(name, "profiler::", 10) == 0) {
+                k = kOpaque;
+            } else {
+                auto op = c10::Dispatcher::singleton().findOp(*opname);
+                k = op && composite(*op) ? kLookThrough : kRecord;
+            }
+            g_kind.emplace(name, k);
+        }
+    }
+    tl.observed.emplace(name, k);
+    return k;
+}
+
+inline void add_input(Thread &t, const at::Tensor &x) {
+    if (!x.defined()) return;
+    t.ins.push_back(x.unsafeGetTensorImpl());
+    t.in_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
+}
+
+void gather(Thread &t, const c10::IValue &v) {
+    if (v.isTensor()) {
+        add_input(t, v.toTensor());
+    } else if (v.isTensorList()) {
+        for (const at::Tensor &x : v.toTensorVector()) add_input(t, x);
+    } else if (v.isList()) {
+        for (const c10::IValue &e : v.toListRef())
+            if (e.isTensor()) add_input(t, e.toTensor());
+    }
+}
+
+const at::Tensor *first_tensor(const std::vector<c10::IValue> &outs, at::Tensor &holder) {
+    for (const c10::IValue &v : outs) {
+        if (v.isTensor()) {
+            if (v.toTensor().defined()) return &v.toTensor();
+        } else if (v.isTensorList()) {
+            for (auto &x : v.toTensorVector())
+                if (x.defined()) {
+                    holder = x;
+                    return &holder;
+                }
+        }
+    }
+    return nullptr;
+}
+
+inline void pin(Buf &b, const Impl *impl) {
+    Impl *i = const_cast<Impl *>(impl);
+    c10::raw::weak_intrusive_ptr::incref(i);
+    b.pinned.push_back(i);
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
+    Thread &t = thread_state();
+    int d = t.depth++;
+    if (t.rec_depth >= 0 || !g_active.load(std::memory_order_relaxed)) return nullptr;
+    try {
+        const char *name = fn.name();
+        if (!name) return nullptr;
+        Kind k = op_kind(fn, name);
+        if (k == kLookThrough) return nullptr;
+        if (k == kOpaque) {
+            t.rec_depth = d;
+            t.opaque = true;
+            return nullptr;
+        }
+        t.ins.clear();
+        t.in_bytes = 0;
+        for (const c10::IValue &v : fn.inputs()) gather(t, v);
+        t.name = name;
+        t.op_span = span_of(t);
+        t.pending.clear();
+        t.rec_depth = d;
+        t.opaque = false;
+    } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
+        return nullptr;
+    }
+    t.t0 = now();
+    return nullptr;
+}
+
+void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
+    at::Tensor holder;
+    const at::Tensor *out = first_tensor(fn.outputs(), holder);
+    Buf &b = buffer(t);
+    std::lock_guard<std::mutex> lock(b.mu);
+    OpRec r;
+    r.t0 = t.t0;
+    r.t1 = t1;
+    r.span = t.op_span;
+    r.name = t.name;
+    r.in_off = static_cast<uint32_t>(b.inputs.size());
+    r.in_n = static_cast<uint32_t>(t.ins.size());
+    for (const Impl *impl : t.ins) {
+        b.inputs.push_back(impl);
+        pin(b, impl);
+    }
+    r.in_bytes = t.in_bytes;
+    r.shape_off = static_cast<uint32_t>(b.shapes.size());
+    r.rank = 0;
+    r.out = nullptr;
+    r.dtype = c10::ScalarType::Undefined;
+    if (out) {
+        r.out = out->unsafeGetTensorImpl();
+        pin(b, r.out);
+        r.dtype = out->scalar_type();
+        r.device = out->device();
+        if (!out->is_sparse()) {
+            for (int64_t s : out->sizes()) b.shapes.push_back(s);
+            r.rank = static_cast<uint32_t>(out->dim());
+        }
+        if (g_memory && !t.pending.empty() && out->has_storage()) {
+            uintptr_t p = reinterpret_cast<uintptr_t>(out->storage().data());
+            for (size_t i = t.pending.size(); p && i-- > 0;) {
+                const Pending &a = t.pending[i];
+                if (a.ptr == p) {
+                    b.allocs.push_back(AllocRec{a.ts, a.span, a.bytes, p,
+                                                static_cast<uint32_t>(b.ops.size())});
+                    break;
+                }
+            }
+        }
+    }
+    t.pending.clear();
+    b.ops.push_back(r);
+}
+
+void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
+    Thread &t = tl;
+    if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
+    int d = --t.depth;
+    if (d != t.rec_depth) return;
+    t.rec_depth = -1;
+    if (t.opaque) {
+        t.opaque = false;
+        return;
+    }
+    uint64_t t1 = now();
+    if (!g_active.load(std::memory_order_relaxed)) return;
+    try {
+        record_op(fn, t, t1);
+    } catch (...) {  // out of memory, or a tensor without the expected metadata
+    }
+}
+
+// The allocator's view: every allocation and free on threads that carry our debug info.
+// ProfilerStateBase (not bare MemoryReportingInfoBase): torch casts whatever sits in the
+// PROFILER_STATE slot to it; its config says "profiler disabled", so torch.profiler's
+// own checks (profilerEnabled) still answer no.
+struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
+    MemoryReporter()
+        : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(
+              torch::profiler::impl::ProfilerState::Disabled)) {}
+
+#if TORCH_VERSION_MAJOR >= 2
+    using total_t = size_t;
+#else
+    using total_t = int64_t;
+#endif
+    void reportMemoryUsage(void *ptr, int64_t alloc_size, total_t, total_t,
+                           c10::Device) override {
+        if (!g_active.load(std::memory_order_relaxed) || !ptr || alloc_size == 0) return;
+        try {
+            Thread &t = thread_state();
+            uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+            if (alloc_size > 0) {
+                if (t.rec_depth < 0 || t.opaque) return;  // not inside a recorded op
+                if (t.pending.size() >= kPendingMax) t.pending.clear();
+                t.pending.push_back(
+                    Pending{now(), span_of(t), static_cast<uint64_t>(alloc_size), p});
+                return;
+            }
+            Buf &b = buffer(t);
+            std::lock_guard<std::mutex> lock(b.mu);
+            b.frees.push_back(FreeRec{now(), span_of(t), p});
+        } catch (...) {
+        }
+    }
+
+    // Off while the thread is suspended: Python's stats allocate many small temporaries
+    // that are not the model's, and torch's allocator pays for every reported block.
+    bool memoryProfilingEnabled() const override {
+        return g_active.load(std::memory_order_relaxed) && tl.suspended == 0;
+    }
+
+    torch::profiler::impl::ActiveProfilerType profilerType() override {
+        return torch::profiler::impl::ActiveProfilerType::NONE;
+    }
+};
+
+std::shared_ptr<MemoryReporter> g_reporter;
+bool g_reporter_pushed = false;
+
+// While the reporter is on, torch's CPU allocator logs (glog, once) that a block freed
+// during the capture was "allocated before the profiling started" -- true of every
+// tensor older than the capture, and not a problem: those frees are not ours to record.
+// Where torch logs through glog, its warnings are held back for the capture.
+#ifdef C10_USE_GLOG
+int g_saved_minloglevel = -1;
+void quiet_logs(bool on) {
+    if (on && g_saved_minloglevel < 0) {
+        g_saved_minloglevel = FLAGS_minloglevel;
+        if (FLAGS_minloglevel < 2) FLAGS_minloglevel = 2;  // ERROR and above
+    } else if (!on && g_saved_minloglevel >= 0) {
+        FLAGS_minloglevel = g_saved_minloglevel;
+        g_saved_minloglevel = -1;
+    }
+}
+#else
+void quiet_logs(bool) {}
+#endif
+
+void after_fork_child() {
+    g_forked.store(true);
+    g_active.store(false);
+}
+
+const char *dtype_name(c10::ScalarType s, std::string &buf) {
+    switch (s) {
+        case c10::ScalarType::Float: return "f32";
+        case c10::ScalarType::Double: return "f64";
+        case c10::ScalarType::Half: return "f16";
+        case c10::ScalarType::BFloat16: return "bf16";
+        case c10::ScalarType::Long: return "i64";
+        case c10::ScalarType::Int: return "i32";
+        case c10::ScalarType::Short: return "i16";
+        case c10::ScalarType::Char: return "i8";
+        case c10::ScalarType::Byte: return "u8";
+        case c10::ScalarType::Bool: return "bool";
+        case c10::ScalarType::ComplexFloat: return "c64";
+        case c10::ScalarType::ComplexDouble: return "c128";
+        case c10::ScalarType::Undefined: return "none";
+        default:
+            buf = c10::toString(s);
+            std::transform(buf.begin(), buf.end(), buf.begin(),
+                           [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+            return buf.c_str();
+    }
+}
+
+void note_error(int st) {
+    if (st == 0) return;
+    if (g_errors++ == 0) {
+        const char *m = p_last_error ? p_last_error() : nullptr;
+        g_first_error = m ? m : "unknown error";
+    }
+}
+
+std::string device_str(const c10::Device &d) { return d.is_cpu() ? std::string("cpu") : d.str(); }
+
+// Takes every thread's buffer of the capture (they are left empty).
+std::vector<std::shared_ptr<Buf>> take_buffers() {
+    std::lock_guard<std::mutex> lock(g_mu);
+    std::vector<std::shared_ptr<Buf>> out;
+    out.swap(g_bufs);
+    return out;
+}
+
+void drop(std::vector<std::shared_ptr<Buf>> &bufs) {
+    for (auto &b : bufs) {
+        std::lock_guard<std::mutex> lock(b->mu);
+        b->clear();
+        b->epoch = 0;
+    }
+    bufs.clear();
+}
+
+// Writes the capture; returns the number of refused records.
+uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
+    g_errors = 0;
+    g_first_error.clear();
+    struct Ref {
+        Buf *b;
+        uint32_t i;
+    };
+    std::vector<Ref> order;  // every op, in time order
+    for (auto &b : bufs) {
+        std::lock_guard<std::mutex> lock(b->mu);  // no writer is left; for the memory model
+        for (uint32_t i = 0; i < b->ops.size(); ++i) order.push_back(Ref{b.get(), i});
+    }
+    std::stable_sort(order.begin(), order.end(), [](const Ref &x, const Ref &y) {
+        return x.b->ops[x.i].t0 < y.b->ops[y.i].t0;
+    });
+
+    // Tensor ids, assigned in time order.
+    std::unordered_map<const Impl *, uint32_t> current;  // impl -> id index
+    std::vector<std::string> ids;
+    uint64_t next_num = 0;
+    auto fresh = [&](const Impl *impl) -> uint32_t {
+        auto n = g_named.find(impl);
+        ids.push_back(n != g_named.end() ? n->second : "t" + std::to_string(++next_num));
+        uint32_t idx = static_cast<uint32_t>(ids.size() - 1);
+        current[impl] = idx;
+        return idx;
+    };
+    std::unordered_map<const Buf *, std::vector<int64_t>> out_id;  // op -> output id index
+    for (auto &b : bufs) out_id[b.get()].assign(b->ops.size(), -1);
+    std::vector<uint32_t> in_ids;
+    std::vector<const char *> ins;
+    std::unordered_set<uint64_t> edges;
+    std::vector<std::pair<uint32_t, uint32_t>> edge_list;
+    std::string dbuf;
+    for (const Ref &ref : order) {
+        const OpRec &r = ref.b->ops[ref.i];
+        in_ids.clear();
+        for (uint32_t k = 0; k < r.in_n; ++k) {
+            const Impl *impl = ref.b->inputs[r.in_off + k];
+            auto it = current.find(impl);
+            in_ids.push_back(it != current.end() ? it->second : fresh(impl));
+        }
+        int64_t oid = -1;
+        if (r.out) {
+            for (uint32_t k = 0; k < r.in_n && oid < 0; ++k)
+                if (ref.b->inputs[r.in_off + k] == r.out) oid = in_ids[k];
+            if (oid < 0) oid = fresh(r.out);
+        }
+        out_id[ref.b][ref.i] = oid;
+        ins.clear();
+        for (uint32_t id : in_ids) ins.push_back(ids[id].c_str());
+        std::string dev = device_str(r.device);
+        ct_op op;
+        std::memset(&op, 0, sizeof op);
+        op.size = sizeof op;
+        op.op_name = r.name;
+        op.dtype = dtype_name(r.dtype, dbuf);
+        op.device = dev.c_str();
+        op.inputs = ins.empty() ? nullptr : ins.data();
+        op.n_inputs = ins.size();
+        op.output = oid >= 0 ? ids[oid].c_str() : nullptr;
+        op.shape = r.rank ? &ref.b->shapes[r.shape_off] : nullptr;
+        op.rank = r.rank;
+        op.duration_ns = r.t1 > r.t0 ? r.t1 - r.t0 : 0;
+        op.timestamp_ns = r.t0;
+        op.input_dense_bytes = r.in_bytes;
+        note_error(p_record_op(g_session, r.span, &op));
+        if (oid >= 0) {
+            for (uint32_t from : in_ids) {
+                if (from == static_cast<uint32_t>(oid)) continue;
+                uint64_t key = (static_cast<uint64_t>(from) << 32) | static_cast<uint32_t>(oid);
+                if (edges.insert(key).second) edge_list.emplace_back(from, static_cast<uint32_t>(oid));
+            }
+        }
+    }
+
+    // Memory: allocations of op outputs and the frees that end them, in time order.
+    struct Ev {
+        uint64_t ts, span;
+        uintptr_t ptr;
+        int action;
+        const AllocRec *alloc;  // allocations only
+        const Buf *b;
+    };
+    std::vector<Ev> evs;
+    for (auto &b : bufs) {
+        for (const AllocRec &a : b->allocs) evs.push_back(Ev{a.ts, a.span, a.ptr, kMemoryAlloc, &a, b.get()});
+        for (const FreeRec &f : b->frees) evs.push_back(Ev{f.ts, f.span, f.ptr, kMemoryFree, nullptr, b.get()});
+    }
+    std::stable_sort(evs.begin(), evs.end(), [](const Ev &x, const Ev &y) { return x.ts < y.ts; });
+    std::unordered_map<uintptr_t, const Ev *> live;
+    char sid[96];
+    for (const Ev &e : evs) {
+        const Ev *alloc = &e;
+        if (e.action == kMemoryAlloc) {
+            if (live.count(e.ptr)) continue;  // its free was not seen: keep the first
+            live[e.ptr] = &e;
+        } else {
+            auto it = live.find(e.ptr);
+            if (it == live.end()) continue;  // not an op output of the capture
+            alloc = it->second;
+            live.erase(it);
+        }
+        const OpRec &r = alloc->b->ops[alloc->alloc->op];
+        int64_t oid = out_id[alloc->b][alloc->alloc->op];
+        if (oid < 0) continue;
+        std::string dev = device_str(r.device);
+        std::snprintf(sid, sizeof sid, "%s-%llx", dev.c_str(),
+                      static_cast<unsigned long long>(e.ptr));
+        ct_memory mr;
+        std::memset(&mr, 0, sizeof mr);
+        mr.size = sizeof mr;
+        mr.timestamp_ns = e.ts;
+        mr.storage_id = sid;
+        mr.tensor_id = ids[oid].c_str();
+        mr.device = dev.c_str();
+        mr.dtype = dtype_name(r.dtype, dbuf);
+        mr.op_name = e.action == kMemoryAlloc ? r.name : nullptr;
+        mr.bytes = alloc->alloc->bytes;
+        mr.shape = r.rank ? &alloc->b->shapes[r.shape_off] : nullptr;
+        mr.rank = r.rank;
+        mr.category = kCategoryActivation;
+        note_error(p_record_memory(g_session, e.span, e.action, &mr));
+    }
+    for (auto &e : edge_list)
+        note_error(p_record_data_edge(g_session, ids[e.first].c_str(), ids[e.second].c_str()));
+    return g_errors;
+}
+
+}  // namespace
+
+// ---- the control interface (ctypes) ---------------------------------------------------
+// Every function catches what torch may throw: nothing crosses the C boundary.
+
+#define CT_OBS_EXPORT extern "C" __attribute__((visibility("default")))
+
+CT_OBS_EXPORT int ct_obs_protocol() { return kProtocol; }
+
+CT_OBS_EXPORT const char *ct_obs_error() { return g_error.c_str(); }
+
+CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *record_op, void *record_memory,
+                                  void *record_data_edge, void *last_error) {
+    p_now = reinterpret_cast<now_fn>(now);
+    p_record_op = reinterpret_cast<record_op_fn>(record_op);
+    p_record_memory = reinterpret_cast<record_memory_fn>(record_memory);
+    p_record_data_edge = reinterpret_cast<record_data_edge_fn>(record_data_edge);
+    p_last_error = reinterpret_cast<last_error_fn>(last_error);
+    static bool atfork = false;
+    if (!atfork) {
+        atfork = true;
+        pthread_atfork(nullptr, nullptr, after_fork_child);
+    }
+}
+
+// Starts recording. `impls` are the TensorImpl addresses (Tensor._cdata) of the named
+// tensors (parameters), `numels` their element counts (checked, as a guard against a
+// torch whose _cdata means something else). Returns 0 on success, 1 on failure
+// (ct_obs_error says why); *memory_on is 1 when the memory reporter is installed.
+CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
+                               const uint64_t *impls, const int64_t *numels,
+                               const char *const *names, size_t n, int *memory_on) {
+    try {
+        if (g_forked.load()) {
+            g_error = "candle_trace observer: this process is a fork() child";
+            return 1;
+        }
+        if (g_handle != 0 || g_active.load()) {
+            g_error = "candle_trace observer: a capture is already running";
+            return 1;
+        }
+        if (!p_now || !p_record_op) {
+            g_error = "candle_trace observer: ct_obs_set_abi was not called";
+            return 1;
+        }
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            g_named.clear();
+            for (size_t i = 0; i < n; ++i) {
+                auto *impl = reinterpret_cast<const Impl *>(impls[i]);
+                if (!impl || impl->numel() != numels[i]) {
+                    g_error = std::string("candle_trace observer: Tensor._cdata of ") +
+                              names[i] + " is not a TensorImpl of this torch";
+                    g_named.clear();
+                    return 1;
+                }
+                g_named[impl] = names[i];
+            }
+        }
+        auto stale = take_buffers();
+        drop(stale);
+        g_session = session;
+        g_measured = measured;
+        g_epoch.fetch_add(1, std::memory_order_acq_rel);
+        thread_state();
+        g_memory = false;
+        if (memory) {
+            // Not under an active torch.profiler (it owns the slot): ops only.
+            if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr) {
+                if (!g_reporter) g_reporter = std::make_shared<MemoryReporter>();
+                c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, g_reporter);
+                g_reporter_pushed = true;
+                g_memory = true;
+                quiet_logs(true);
+            }
+        }
+        *memory_on = g_memory ? 1 : 0;
+        g_active.store(true, std::memory_order_release);
+        g_handle = at::addGlobalCallback(
+            at::RecordFunctionCallback(on_start, on_end)
+                .needsInputs(true)
+                .needsOutputs(true)
+                .scopes({at::RecordScope::FUNCTION}));
+        return 0;
+    } catch (const std::exception &e) {
+        g_active.store(false);
+        g_error = std::string("candle_trace observer: ") + e.what();
+        return 1;
+    }
+}
+
+// Publishes the innermost span of the calling thread (0: none, ops go to the measured
+// region).
+CT_OBS_EXPORT void ct_obs_set_span(uint64_t span) { thread_state().span = span; }
+
+// Suspends recording on the calling thread (on=1) or resumes it (on=0): Python's own
+// torch work (stats, gradient norms) is not the model's. RecordFunction is switched off
+// for the thread, so those ops do not even pay for the callback.
+CT_OBS_EXPORT void ct_obs_suspend(int on) {
+    Thread &t = thread_state();
+    if (on) {
+        if (t.suspended++ == 0) {
+            t.rf_was_enabled = at::isRecordFunctionEnabled();
+            at::enableRecordFunction(false);
+        }
+    } else if (t.suspended > 0 && --t.suspended == 0) {
+        at::enableRecordFunction(t.rf_was_enabled);
+    }
+}
+
+// Stops recording (idempotent); call it on the thread that called ct_obs_begin.
+CT_OBS_EXPORT int ct_obs_stop() {
+    try {
+        g_active.store(false, std::memory_order_release);
+        if (g_handle != 0) {
+            at::removeCallback(g_handle);
+            g_handle = 0;
+        }
+        quiet_logs(false);
+        if (g_reporter_pushed) {
+            g_reporter_pushed = false;
+            auto top = c10::ThreadLocalDebugInfo::_peek(c10::DebugInfoKind::PROFILER_STATE);
+            if (top.get() == g_reporter.get())
+                c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+        }
+        return 0;
+    } catch (const std::exception &e) {
+        g_error = std::string("candle_trace observer: ") + e.what();
+        return 1;
+    }
+}
+
+// What the capture holds: out[0] ops, out[1] op-output allocations, out[2] frees seen.
+CT_OBS_EXPORT void ct_obs_counts(uint64_t *out) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    out[0] = out[1] = out[2] = 0;
+    for (auto &b : g_bufs) {
+        std::lock_guard<std::mutex> block(b->mu);
+        out[0] += b->ops.size();
+        out[1] += b->allocs.size();
+        out[2] += b->frees.size();
+    }
+}
+
+// Writes the buffered ops, memory events (in time order) and data edges through the C
+// ABI, then drops the buffers. Returns the number of refused records; ct_obs_error
+// holds the first refusal's message.
+CT_OBS_EXPORT uint64_t ct_obs_emit() {
+    auto bufs = take_buffers();
+    uint64_t errors;
+    try {
+        errors = emit(bufs);
+        g_error = g_first_error;
+    } catch (const std::exception &e) {
+        g_error = std::string("candle_trace observer: ") + e.what();
+        errors = 1;
+    }
+    drop(bufs);
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_named.clear();
+    return errors;
+}
+
+// Drops a capture without writing it (an exception ended the update).
+CT_OBS_EXPORT void ct_obs_discard() {
+    auto bufs = take_buffers();
+    drop(bufs);
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_named.clear();
+}

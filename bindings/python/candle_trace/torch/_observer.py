@@ -1,0 +1,213 @@
+"""The C++ op observer (_observer.cpp): built on first use against the installed torch,
+loaded with ctypes, and driven by candle_trace.torch.profile.
+
+The build goes through torch.utils.cpp_extension.load (ninja and a C++ compiler, torch's
+headers) into ``$CANDLE_TRACE_CACHE`` (default ``~/.cache/candle_trace``), one folder per
+torch version, Python version and source digest: it compiles once and later processes
+load the built library in milliseconds.
+
+``CANDLE_TRACE_TORCH_OPS`` chooses the op capture mechanism:
+``auto`` (default: the observer, else the Python dispatch mode with one warning),
+``observer`` (the observer or an error), ``dispatch`` (the Python dispatch mode).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+
+from .. import _lib
+
+SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
+PROTOCOL = 1  # kProtocol of _observer.cpp
+MODES = ("auto", "observer", "dispatch")
+
+_lock = threading.Lock()
+_observer: Any = None  # an Observer, or False once it failed (or was not wanted)
+_failure: Optional[str] = None
+
+
+class ObserverUnavailable(RuntimeError):
+    """The observer could not be built or loaded (the message says why)."""
+
+
+def mode() -> str:
+    m = os.environ.get("CANDLE_TRACE_TORCH_OPS", "auto").strip().lower() or "auto"
+    if m not in MODES:
+        raise ValueError(f"CANDLE_TRACE_TORCH_OPS={m!r}: one of {', '.join(MODES)}")
+    return m
+
+
+def cache_root() -> Path:
+    env = os.environ.get("CANDLE_TRACE_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "candle_trace"
+
+
+def build_dir() -> Tuple[str, Path]:
+    """(extension name, build folder) for this torch, Python and source."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    tv = torch.__version__.replace("+", "_").replace("/", "_")
+    cuda = getattr(torch.version, "cuda", None)
+    flavour = f"cu{cuda.replace('.', '')}" if cuda else "cpu"
+    tag = f"torch{tv}-{flavour}-py{sys.version_info[0]}{sys.version_info[1]}"
+    name = f"candle_trace_observer_{digest}"
+    return name, cache_root() / tag / name
+
+
+def build(verbose: bool = False) -> Path:
+    """Compiles _observer.cpp (when not built yet) and returns the shared library.
+
+    To build ahead of time (a CI image, a cluster's shared cache)::
+
+        python3 -c 'from candle_trace.torch import _observer; print(_observer.build(True))'
+    """
+    name, folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    so = folder / f"{name}.so"
+    if so.exists() and not (folder / "lock").exists():
+        # Built by an earlier process (the folder name carries the source digest): no
+        # ninja or compiler needed. "lock" is cpp_extension's baton of a build under way.
+        return so
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(
+        name=name, sources=[str(SOURCE)], build_directory=str(folder),
+        # NDEBUG as in torch's own (release) build: at::RecordFunction has debug-only
+        # members and assertions that must match the library's layout.
+        extra_cflags=["-O2", "-DNDEBUG", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
+        is_python_module=False, verbose=verbose)
+    if not so.exists():
+        raise ObserverUnavailable(f"the build left no {so}")
+    return so
+
+
+class Observer:
+    """The loaded observer library: one capture at a time per process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        dll = ctypes.PyDLL(str(path))  # short calls, keep the GIL
+        self._dll = dll
+        self._emit_dll = ctypes.CDLL(str(path))  # emit enters the library's Go side
+        proto = dll.ct_obs_protocol()
+        if proto != PROTOCOL:
+            raise ObserverUnavailable(f"{path} speaks protocol {proto}, expected {PROTOCOL}")
+        dll.ct_obs_error.restype = ctypes.c_char_p
+        dll.ct_obs_set_abi.argtypes = [ctypes.c_void_p] * 5
+        dll.ct_obs_set_abi.restype = None
+        dll.ct_obs_begin.argtypes = [
+            ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_int)]
+        dll.ct_obs_begin.restype = ctypes.c_int
+        dll.ct_obs_set_span.argtypes = [ctypes.c_uint64]
+        dll.ct_obs_set_span.restype = None
+        dll.ct_obs_suspend.argtypes = [ctypes.c_int]
+        dll.ct_obs_suspend.restype = None
+        dll.ct_obs_stop.restype = ctypes.c_int
+        dll.ct_obs_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        dll.ct_obs_counts.restype = None
+        self._emit_dll.ct_obs_emit.restype = ctypes.c_uint64
+        dll.ct_obs_discard.restype = None
+        lib = _lib.load()
+        addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        c = lib.c
+        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_record_op), addr(c.ct_record_memory),
+                           addr(c.ct_record_data_edge), addr(c.ct_last_error))
+        self.set_span = dll.ct_obs_set_span
+        self.suspend = dll.ct_obs_suspend
+        self.running = False
+
+    def error(self) -> str:
+        m = self._dll.ct_obs_error()
+        return m.decode("utf-8", "replace") if m else ""
+
+    @staticmethod
+    def named(tensors: Sequence[Tuple[str, torch.Tensor]]) -> tuple:
+        """The argument of begin() for these named tensors (prepare it ahead of the step)."""
+        n = len(tensors)
+        return (
+            (ctypes.c_uint64 * max(n, 1))(*[t._cdata for _, t in tensors]),
+            (ctypes.c_int64 * max(n, 1))(*[t.numel() for _, t in tensors]),
+            (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in tensors]),
+            n,
+        )
+
+    def begin(self, session: int, measured: int, memory: bool, named: tuple) -> bool:
+        """Starts recording (``named`` from :meth:`named`); returns whether op-output
+        memory is recorded."""
+        impls, numels, names, n = named
+        mem = ctypes.c_int(0)
+        if self._dll.ct_obs_begin(session, measured, 1 if memory else 0, impls, numels, names,
+                                  n, ctypes.byref(mem)):
+            raise ObserverUnavailable(self.error())
+        self.running = True
+        return bool(mem.value)
+
+    def stop(self) -> None:
+        if self.running:
+            self.running = False
+            if self._dll.ct_obs_stop():
+                raise ObserverUnavailable(self.error())
+
+    def counts(self) -> Tuple[int, int, int]:
+        out = (ctypes.c_uint64 * 3)()
+        self._dll.ct_obs_counts(out)
+        return out[0], out[1], out[2]
+
+    def emit(self) -> Tuple[int, str]:
+        """Writes the buffered records; (refused records, first refusal's message)."""
+        errors = self._emit_dll.ct_obs_emit()
+        return int(errors), (self.error() if errors else "")
+
+    def discard(self) -> None:
+        self._dll.ct_obs_discard()
+
+
+def get() -> Optional[Observer]:
+    """The observer, building it on first use; None when the dispatch mode is to be
+    used (forced, or the observer is unavailable: then one warning says why)."""
+    global _observer, _failure
+    m = mode()
+    if m == "dispatch":
+        return None
+    with _lock:
+        if _observer is None:
+            try:
+                _observer = Observer(build())
+            except Exception as e:  # noqa: BLE001 - no compiler, ninja, headers, ...
+                _observer = False
+                _failure = f"{type(e).__name__}: {e}".strip()
+        if _observer is False:
+            if m == "observer":
+                raise ObserverUnavailable(
+                    f"candle_trace.torch: the C++ op observer is unavailable: {_failure}")
+            if not getattr(get, "_warned", False):
+                get._warned = True  # type: ignore[attr-defined]
+                lines = (_failure or "unknown").splitlines()
+                short = next((ln for ln in lines if "error" in ln.lower() and ": " in ln),
+                             lines[0]).strip()
+                warnings.warn(
+                    "candle_trace.torch: the C++ op observer is unavailable (needs a C++ "
+                    "compiler, ninja and torch's headers; set CANDLE_TRACE_TORCH_OPS=dispatch "
+                    f"to silence this): {short[:500]}. Falling back to a Python "
+                    "TorchDispatchMode, which costs tens of microseconds per op.",
+                    RuntimeWarning, stacklevel=3)
+            return None
+        return _observer
+
+
+def failure() -> Optional[str]:
+    """Why the observer is unavailable (None when it loaded or was not tried)."""
+    return _failure
