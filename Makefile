@@ -18,7 +18,7 @@ export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h') include/candle_trace.h go.mod
 
-.PHONY: all lib cli demo test test-go test-c test-load test-python test-rust bench bench-python bench-rust tools clean
+.PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-python bench-rust tools clean
 
 all: lib cli
 
@@ -62,7 +62,7 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
 
-test: test-go test-c test-load test-python test-rust
+test: test-go test-c test-load test-python test-rust test-twins
 
 test-go: $(LIB) tools $(WRITER)
 	$(GO) vet ./...
@@ -86,6 +86,13 @@ bench-python: $(LIB)
 # candle feature builds candle-core/candle-nn 0.11 from crates.io.
 test-rust: $(LIB) tools
 	cd bindings/rust && CANDLE_TRACE_LIB_DIR=$(abspath $(BUILD)) cargo test --all-features
+
+# The same MLP in candle and PyTorch, compared (needs torch and cargo).
+compare-demo: $(LIB) $(CLI)
+	./tests/compare_demo.sh
+
+test-twins: $(LIB) $(CLI) test-rust
+	./tests/compare_demo.sh --check
 
 bench-rust: $(LIB)
 	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead

@@ -1,11 +1,14 @@
-"""A small MLP (64-64-10, batch 32, float32, seed 0) trained with SGD on synthetic data;
+"""A small MLP (64-64-10, batch 32, float32) trained with SGD on synthetic data;
 update 3 is captured into a candle-graph/trace/10 trace with candle_trace.torch.
 
     PYTHONPATH=bindings/python /usr/bin/python3 examples/python/train_mlp.py build/py/mlp.jsonl
-    cd build/py && candle-graph summary mlp.jsonl --require-valid
+    build/candle-trace report build/py/mlp.jsonl
 
-A Rust twin (candle) declares the same comparison identity with implementation_id
-"candle", so candle-graph can compare the two traces.
+Its twin is bindings/rust/examples/train_mlp.rs (candle): the same model, the
+same numbers — every weight, bias, input and label comes from one splitmix64
+stream seeded with 0, drawn in the same order — and the same comparison
+identity but for implementation_id, so `make compare-demo` can put the two
+traces side by side with `candle-trace compare`.
 """
 
 from __future__ import annotations
@@ -43,31 +46,62 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def batches(steps: int, batch: int = 32):
-    g = torch.Generator().manual_seed(0)
+MASK = (1 << 64) - 1
+
+
+class SplitMix64:
+    """The example's one random stream; the Rust twin draws the same numbers."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & MASK
+
+    def next_u64(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return z ^ (z >> 31)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        """n floats in [-1, 1): 24 random bits, exact in float32."""
+        return torch.tensor([(self.next_u64() >> 40) / float(1 << 24) * 2.0 - 1.0
+                             for _ in range(n)], dtype=torch.float32)
+
+
+def init_like_rust(model: MLP, rng: SplitMix64) -> None:
+    """Weights and biases ~ U(-1/sqrt(in), 1/sqrt(in)), in the Rust twin's order."""
+    with torch.no_grad():
+        for p, fan_in in ((model.fc1.weight, 64), (model.fc1.bias, 64),
+                          (model.fc2.weight, 64), (model.fc2.bias, 64)):
+            scale = torch.tensor(1.0 / fan_in ** 0.5, dtype=torch.float32)
+            p.copy_((rng.uniform(p.numel()) * scale).reshape(p.shape))
+
+
+def batches(rng: SplitMix64, steps: int, batch: int = 32):
     for _ in range(steps):
-        x = torch.randn(batch, 64, generator=g)
-        y = torch.randint(0, 10, (batch,), generator=g)
+        x = rng.uniform(batch * 64).reshape(batch, 64)
+        y = torch.tensor([rng.next_u64() % 10 for _ in range(batch)], dtype=torch.int64)
         yield x, y
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?", default="traces/mlp.jsonl")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5)  # the Rust twin trains 5 updates too
     ap.add_argument("--capture-step", type=int, default=3)
     args = ap.parse_args(argv)
 
-    torch.manual_seed(0)
     torch.set_num_threads(1)
+    rng = SplitMix64(0)
     model = MLP()
+    init_like_rust(model, rng)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.CrossEntropyLoss()
 
     with candle_trace.torch.profile(model, optimizer, args.trace,
                                     capture_step=args.capture_step, name="mlp",
-                                    identity=IDENTITY, tags={"example": "train_mlp"}) as prof:
-        for x, y in batches(args.steps):
+                                    identity=IDENTITY, tags={"example": "python"}) as prof:
+        for x, y in batches(rng, args.steps):
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
