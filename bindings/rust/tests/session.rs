@@ -75,6 +75,7 @@ fn every_record_kind_gives_a_valid_complete_trace() {
     let l = lines(&path);
     assert_eq!(l[0]["comparison_identity"]["implementation_id"], "candle");
     assert_eq!(l[0]["tags"]["test"], "session");
+    assert_eq!(l[0]["producer"]["binding"], "rust", "the trace names the binding that wrote it");
     assert_eq!(of_kind(&l, "gradient").len(), 2);
     assert_eq!(span_named(&l, "train/update")["measured"], true);
     assert_eq!(span_named(&l, "train/forward")["step"], "forward");
