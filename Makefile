@@ -16,7 +16,10 @@ TOOLS     := $(BUILD)/tools
 CANDLE_GRAPH ?= $(TOOLS)/bin/candle-graph
 export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
 
-GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h') include/candle_trace.h go.mod
+GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.S') include/candle_trace.h go.mod
+# go-nvml's cgo wrappers call NVML functions nvml.h marks deprecated; the
+# warnings are theirs, not ours.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-python bench-rust tools clean
 

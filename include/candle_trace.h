@@ -323,13 +323,46 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
 
 /* ---- device collectors -------------------------------------------------- */
 
-/* Starts device collectors. `options_json` (may be NULL) is an object:
- * {"collect":["nvml","cupti"], "interval_ms":10, "devices":[0]}.
- * Returns CT_ERR_UNAVAILABLE with a message naming what is missing when the
- * driver or library is absent; the session goes on either way. */
+/* Starts device collectors on `session`. `options_json` is NULL (all
+ * defaults) or a JSON object; every key is optional, unknown and duplicate
+ * keys are refused:
+ *
+ *   "collect":     array of distinct collector names, non-empty.
+ *                  "nvml":  device memory samples (device_memory events,
+ *                           device "cuda:<ordinal>": used/free/capacity, and
+ *                           reserved_bytes where the driver has the v2
+ *                           memory query; extra: gpu_utilization_pct,
+ *                           memory_utilization_pct, power_w where the GPU
+ *                           reports them, compute_processes and
+ *                           process_used_bytes at most once a second,
+ *                           nvml_query_ns = what the sample's NVML calls took).
+ *                  "cupti": kernel/memcpy/memset intervals. Not built into
+ *                           this version: asking for it is CT_ERR_UNAVAILABLE.
+ *                  Default: ["nvml"].
+ *   "interval_ms": integer 1..60000, the NVML sampling period. Default 10.
+ *                  Each sample costs a few NVML calls per device on a
+ *                  library goroutine (NVML serialises calls in the driver);
+ *                  the trace states the cost per sample (nvml_query_ns).
+ *   "devices":     array of distinct CUDA ordinals (cuda:N as PyTorch counts
+ *                  them, after CUDA_VISIBLE_DEVICES). Default: every visible
+ *                  device. An ordinal that is not visible is
+ *                  CT_ERR_INVALID_ARGUMENT.
+ *
+ * Example: {"collect":["nvml"], "interval_ms":10, "devices":[0]}.
+ *
+ * All or nothing: when a requested collector cannot start, none runs.
+ * NVML is loaded from $CANDLE_TRACE_NVML_LIB, else libnvidia-ml.so.1.
+ * Returns CT_OK once the collectors run (the first sample is taken at once);
+ * CT_ERR_INVALID_ARGUMENT for bad options; CT_ERR_STATE when collectors
+ * already run on this session; CT_ERR_UNAVAILABLE with a message naming what
+ * is missing (libnvidia-ml.so.1, the driver, a GPU, CUPTI) — the session
+ * goes on either way. Thread-safe. */
 ct_status ct_device_start(ct_session session, const char *options_json);
 
-/* Stops device collectors and writes what they hold (ct_finish does too). */
+/* Stops the session's device collectors, after writing a last sample.
+ * Without running collectors it does nothing and returns CT_OK. ct_finish
+ * and ct_finish_failed take a last sample before the terminal line and stop
+ * the collectors too (a refused ct_finish leaves them running). */
 ct_status ct_device_stop(ct_session session);
 
 /* ---- ending --------------------------------------------------------------- */
@@ -375,7 +408,11 @@ uint32_t ct_abi_version(void);
  * "infer"), _DEVICE ("cpu"), _CAPTURE_STEP (1) and _TAGS ("k=v,k=v"); in the
  * path, %p expands to the pid and %r to $RANK. Returns that session, or 0
  * when there is none; when CANDLE_TRACE_PATH is set the first call waits for
- * the library to finish starting. Bindings call it to join the session. */
+ * the library to finish starting. Bindings call it to join the session.
+ * CANDLE_TRACE_DEVICE_COLLECT ("nvml", comma-separated) starts device
+ * collectors on it as ct_device_start would, with
+ * CANDLE_TRACE_DEVICE_INTERVAL_MS as interval_ms; when they cannot start,
+ * stderr says why and the session goes on without them. */
 ct_session ct_ambient_session(void);
 
 #ifdef __cplusplus

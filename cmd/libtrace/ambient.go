@@ -37,8 +37,13 @@ func init() {
 		return
 	}
 	ambient = s
-	if collect := os.Getenv("CANDLE_TRACE_DEVICE_COLLECT"); collect != "" {
-		fmt.Fprintf(os.Stderr, "candle-trace: CANDLE_TRACE_DEVICE_COLLECT=%s ignored: device collectors are not built into this version\n", collect)
+	opts, err := ambientDeviceOptions()
+	if err == nil && opts != nil {
+		err = deviceStart(s, opts)
+	}
+	if err != nil {
+		// The session goes on without them, as after a failed ct_device_start.
+		fmt.Fprintf(os.Stderr, "candle-trace: device collectors not started: %v\n", err)
 	}
 }
 
@@ -114,7 +119,9 @@ func ctgo_ambient_exit() {
 		return
 	}
 	ambient = nil
-	if err := s.Finish(); err != nil && session.CodeOf(err) == session.State {
-		_ = s.FinishFailed("process exited before the capture completed: " + err.Error())
+	if err := finishing(s, s.Finish); err != nil && session.CodeOf(err) == session.State {
+		_ = finishing(s, func() error {
+			return s.FinishFailed("process exited before the capture completed: " + err.Error())
+		})
 	}
 }

@@ -302,19 +302,25 @@ func ctgo_record_gradient(h C.ct_session, root, key *C.char, state C.uint32_t, n
 //export ctgo_device_start
 func ctgo_device_start(h C.ct_session, options *C.char) (rc C.int) {
 	defer guard("ct_device_start", &rc)
-	if _, err := lookup(h); err != nil {
+	s, err := lookup(h)
+	if err != nil {
 		return status(err)
 	}
-	return status(&session.Error{Code: session.Unavailable, Msg: "ct_device_start: device collectors (NVML, CUPTI) are not built into this version of candle-trace"})
+	var opts []byte
+	if options != nil {
+		opts = []byte(C.GoString(options))
+	}
+	return status(deviceStart(s, opts))
 }
 
 //export ctgo_device_stop
 func ctgo_device_stop(h C.ct_session) (rc C.int) {
 	defer guard("ct_device_stop", &rc)
-	if _, err := lookup(h); err != nil {
+	s, err := lookup(h)
+	if err != nil {
 		return status(err)
 	}
-	return status(&session.Error{Code: session.Unavailable, Msg: "ct_device_stop: device collectors (NVML, CUPTI) are not built into this version of candle-trace"})
+	return status(deviceStop(s))
 }
 
 //export ctgo_flush
@@ -334,7 +340,7 @@ func ctgo_finish(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(s.Finish())
+	return status(finishing(s, s.Finish))
 }
 
 //export ctgo_finish_failed
@@ -349,5 +355,5 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(s.FinishFailed(r))
+	return status(finishing(s, func() error { return s.FinishFailed(r) }))
 }

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — the GPU check of the device collectors (issue 5). One
+# script, at most 8 minutes, on a machine with an NVIDIA GPU, its driver and
+# PyTorch with CUDA. Without them it stops within seconds, exit 2, saying
+# what is missing.
+#
+#   1. builds build/libcandle_trace.so;
+#   2. traces one CUDA training step through the Python binding with
+#      ct_device_start, timing the same step with torch.cuda.Event;
+#   3. traces an uninstrumented CUDA PyTorch script under the drop-in
+#      (LD_PRELOAD, CANDLE_TRACE_DEVICE_COLLECT);
+#   4. checks: device_memory samples for cuda:0 (used > 0, capacity > 0),
+#      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
+#      --require-valid on every trace; with CUPTI: kernels present with
+#      names, every device interval inside the session and attributed to an
+#      existing span, kernel time within ±10% of torch.cuda.Event's.
+#
+# Exit: 0 all checks passed; 1 a check failed; 2 no GPU / driver / torch;
+# 3 incomplete: the CUPTI collector is not built, so its checks did not run
+# (GPU_CHECK_ALLOW_NO_CUPTI=1 turns that into 0).
+# Environment: PYTHON (default python3), CANDLE_GRAPH (default
+# build/tools/bin/candle-graph; its checks are skipped, said so, when absent).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+CANDLE_GRAPH=${CANDLE_GRAPH:-$ROOT/build/tools/bin/candle-graph}
+START=$(date +%s)
+
+say() { echo "gpu-check: $*"; }
+die() { echo "gpu-check: $1" >&2; exit "${2:-1}"; }
+
+# ---- 1. preflight: seconds, not minutes ---------------------------------------
+if ! timeout 20 "$PYTHON" -c 'import ctypes; ctypes.CDLL("libnvidia-ml.so.1")' 2>/dev/null; then
+    die "no NVIDIA driver here: libnvidia-ml.so.1 cannot be loaded (this check needs a GPU machine)" 2
+fi
+if command -v nvidia-smi >/dev/null && ! timeout 20 nvidia-smi -L >/dev/null 2>&1; then
+    die "nvidia-smi -L fails: the driver sees no GPU" 2
+fi
+if ! timeout 60 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    die "$PYTHON has no PyTorch with CUDA (import torch; torch.cuda.is_available() is not True)" 2
+fi
+say "GPU: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo unknown)"
+
+# ---- 2. build -------------------------------------------------------------------
+say "building"
+(cd "$ROOT" && timeout 240 make lib >/dev/null) || die "make lib failed"
+LIB=$ROOT/build/libcandle_trace.so
+nvml_undefined=$(nm -D --undefined-only "$LIB" | grep -c nvml || true)
+[ "$nvml_undefined" = 0 ] || die "$LIB has $nvml_undefined undefined nvml symbols"
+
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/candle-trace-gpu.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+export CANDLE_TRACE_LIB=$LIB PYTHONPATH=$ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+
+# ---- 3. a traced training step through the binding --------------------------------
+say "traced step (Python binding, ct_device_start)"
+timeout 180 "$PYTHON" - "$OUT/step.jsonl" "$OUT/step.json" <<'PY'
+import json, sys, time
+import torch
+import candle_trace as ct
+
+trace, report = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+dev = torch.device("cuda:0")
+model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(512, 4096, device=dev)
+
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+
+for _ in range(5):  # warm up: cuBLAS handles, allocator
+    step()
+torch.cuda.synchronize()
+
+# The same step timed by CUDA events, untraced.
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+a.record(); step(); b.record(); torch.cuda.synchronize()
+event_ms = a.elapsed_time(b)
+
+s = ct.Session(trace, "gpu_check::step", phase="train", capture_step=6, device="cuda:0",
+               run={"warmup_steps": 5})
+cupti = True
+try:
+    s.device_start({"collect": ["nvml", "cupti"], "interval_ms": 10})
+except ct.CandleTraceError as e:
+    print("gpu-check: CUPTI not started:", e.message, flush=True)
+    cupti = False
+    s.device_start({"collect": ["nvml"], "interval_ms": 10})
+time.sleep(0.05)
+with s.measure("update"):
+    with s.span("forward", step="forward"):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+    with s.span("backward", step="backward"):
+        loss.backward()
+    with s.span("optimizer", step="optimizer"):
+        opt.step()
+    torch.cuda.synchronize()
+time.sleep(0.05)
+s.device_stop()
+s.finish()
+json.dump({"event_ms": event_ms, "cupti": cupti}, open(report, "w"))
+PY
+
+# ---- 4. an uninstrumented script under the drop-in -----------------------------------
+say "uninstrumented script under the drop-in"
+cat >"$OUT/plain.py" <<'PY'
+import torch
+x = torch.randn(2048, 2048, device="cuda")
+for _ in range(20):
+    x = torch.tanh(x @ x / 2048)
+torch.cuda.synchronize()
+print("plain done", float(x.sum()))
+PY
+COLLECT=nvml
+if "$PYTHON" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cupti"] else 1)' "$OUT/step.json"; then
+    COLLECT=nvml,cupti
+fi
+env LD_PRELOAD="$LIB" CANDLE_TRACE_PATH="$OUT/dropin-%p.jsonl" CANDLE_TRACE_DEVICE_COLLECT=$COLLECT \
+    CANDLE_TRACE_DEVICE_INTERVAL_MS=10 timeout 120 "$PYTHON" "$OUT/plain.py" 2>"$OUT/dropin.err" \
+    || { cat "$OUT/dropin.err" >&2; die "the drop-in run failed"; }
+if grep -q "device collectors not started" "$OUT/dropin.err"; then
+    cat "$OUT/dropin.err" >&2
+    die "the drop-in did not start its device collectors"
+fi
+
+# ---- 5. checks ------------------------------------------------------------------------
+say "checking"
+set +e
+"$PYTHON" - "$OUT" <<'PY'
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+failures = []
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failures.append(what)
+
+rep = json.load(open(os.path.join(out, "step.json")))
+for path in [os.path.join(out, "step.jsonl")] + sorted(glob.glob(os.path.join(out, "dropin-*.jsonl"))):
+    name = os.path.basename(path)
+    ev = [json.loads(l) for l in open(path)]
+    term = ev[-1]
+    check(term.get("kind") == "terminal" and term.get("outcome") == "complete", f"{name}: complete")
+    mem = [e for e in ev if e["kind"] == "device_memory" and e["device"] == "cuda:0"]
+    check(len(mem) >= 3, f"{name}: {len(mem)} device_memory samples of cuda:0 (>= 3)")
+    check(all(e.get("used_bytes", 0) > 0 and e.get("capacity_bytes", 0) > 0 for e in mem), f"{name}: used and capacity > 0")
+    q = sorted(e["extra"]["nvml_query_ns"] for e in mem if "nvml_query_ns" in e.get("extra", {}))
+    if q:
+        print(f"      NVML cost per sample (one device): median {statistics.median(q)/1000:.1f} us, "
+              f"max {q[-1]/1000:.1f} us over {len(q)} samples")
+    if not rep["cupti"]:
+        continue
+    spans = {e["id"] for e in ev if e["kind"] == "span_start"}
+    ivs = [e for e in ev if e["kind"] == "device_interval"]
+    kernels = [e for e in ivs if e.get("name")]
+    check(len(kernels) > 0, f"{name}: {len(kernels)} named device intervals")
+    check(all(0 <= e["start_ns"] and e["start_ns"] + e["duration_ns"] <= term["timestamp_ns"] for e in ivs),
+          f"{name}: every device interval inside the session")
+    check(all(e["span_id"] in spans for e in ivs), f"{name}: every device interval attributed to an existing span")
+    if name == "step.jsonl":
+        upd = next(e for e in ev if e["kind"] == "span_start" and e.get("name") == "update")
+        end = next(e for e in ev if e["kind"] == "span_end" and e["id"] == upd["id"])
+        lo, hi = upd["start_ns"], upd["start_ns"] + end["duration_ns"]
+        inside = [e for e in ivs if lo <= e["start_ns"] < hi]
+        first = min(e["start_ns"] for e in inside)
+        last = max(e["start_ns"] + e["duration_ns"] for e in inside)
+        dev_ms = (last - first) / 1e6
+        check(abs(dev_ms - rep["event_ms"]) <= 0.10 * rep["event_ms"],
+              f"step: device time {dev_ms:.3f} ms vs torch.cuda.Event {rep['event_ms']:.3f} ms (±10%)")
+sys.exit(1 if failures else 0)
+PY
+rc=$?
+set -e
+
+if [ -x "$CANDLE_GRAPH" ]; then
+    for t in "$OUT"/*.jsonl; do
+        d=$(mktemp -d "$OUT/cg.XXXXXX"); cp "$t" "$d/trace.jsonl"
+        if (cd "$d" && "$CANDLE_GRAPH" summary trace.jsonl --require-valid >/dev/null 2>"$d/err"); then
+            echo "ok    $(basename "$t"): candle-graph --require-valid"
+        else
+            echo "FAIL  $(basename "$t"): candle-graph --require-valid: $(head -c 400 "$d/err")"; rc=1
+        fi
+    done
+else
+    say "candle-graph not found at $CANDLE_GRAPH: validity not checked (make tools)"
+fi
+
+say "done in $(( $(date +%s) - START )) s"
+[ "$rc" -eq 0 ] || die "checks failed"
+if ! "$PYTHON" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cupti"] else 1)' "$OUT/step.json"; then
+    if [ "${GPU_CHECK_ALLOW_NO_CUPTI:-0}" = 1 ]; then
+        say "CUPTI collector not built: its checks did not run (allowed by GPU_CHECK_ALLOW_NO_CUPTI=1)"
+        exit 0
+    fi
+    die "INCOMPLETE: the CUPTI collector is not built, so kernel, attribution and timing checks did not run" 3
+fi
+say "all checks passed"
