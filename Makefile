@@ -68,6 +68,7 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 test: test-go test-c test-load test-python test-rust test-twins
 
 test-go: $(LIB) tools $(WRITER)
+	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) $(GO) test -race -count=1 ./...
 

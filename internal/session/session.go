@@ -48,7 +48,6 @@ type Session struct {
 
 type gradKey struct{ root, key string }
 
-
 // Open validates the run provenance (see events.ParseRun), creates the trace
 // file and writes its meta line and root span s1.
 func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
@@ -80,12 +79,12 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	}
 	s := &Session{
 		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink,
-		open:        map[uint64]openSpan{},
-		names:       map[string]string{},
-		memory:      newLifetimes(),
-		tensors:     map[string]struct{}{},
-		done:        make(chan struct{}),
-		stopped:     make(chan struct{}),
+		open:    map[uint64]openSpan{},
+		names:   map[string]string{},
+		memory:  newLifetimes(),
+		tensors: map[string]struct{}{},
+		done:    make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
 	if labels := run.RequiredLabels(); len(labels) > 0 {
 		s.required = make(map[string]int, len(labels))

@@ -51,6 +51,20 @@ commands:
         (meta.process.rank, else file order), aligned by each trace's
         meta.clock.wall_unix_ns_at_open
 
+aggregate summaries (candle-trace/aggregate/1, told from traces by content):
+  report [--json] [--category NAME=CAT]... [--categories FILE]
+         [--threshold PCT] SUMMARY
+        spans by total time (count, total, mean, p50/p95/p99, share) and
+        the overhead analysis: is "compute dominates" corroborated or
+        falsified? Names go into compute, data, transfer, other by default
+        words (forward, backward, optimizer; data, dataloader, collate; to,
+        copy, h2d, d2h, transfer) or the step tag; ignore leaves one out.
+        PCT: compute share above which compute dominates (default 50)
+  compare [--json] [--threshold PCT] [--fail-on-regression] A B
+        per span name deltas of count, total, p50 and p95; ! flags a p50
+        that rose by more than PCT percent (default 10); exit 1 on any with
+        --fail-on-regression
+
 TRACE "-" reads standard input; OUT "-" or absent writes standard output.
 `
 
@@ -73,9 +87,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "validate":
 		return validate(args[1:], stdout, stderr)
-	case "report":
-		return reportCmd(args[1:], stdout, stderr)
-	case "compare":
+	case "report", "compare":
+		// An aggregate summary is told from a trace by its content.
+		if code, ok := aggregateDispatch(args[0], args[1:], stdout, stderr); ok {
+			return code
+		}
+		if args[0] == "report" {
+			return reportCmd(args[1:], stdout, stderr)
+		}
 		return compareCmd(args[1:], stdout, stderr)
 	case "export":
 		return exportCmd(args[1:], stdout, stderr)
@@ -205,7 +224,7 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 // analyze reads a trace file, or standard input for "-".
 func analyze(path string, opts report.Options) (*report.Result, error) {
 	if path == "-" {
-		return report.Analyze(os.Stdin, opts)
+		return report.Analyze(stdinReader(), opts)
 	}
 	return report.AnalyzeFile(path, opts)
 }
