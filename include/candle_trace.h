@@ -365,6 +365,25 @@ ct_status ct_device_start(ct_session session, const char *options_json);
  * the collectors too (a refused ct_finish leaves them running). */
 ct_status ct_device_stop(ct_session session);
 
+/* ---- aggregate mode ------------------------------------------------------
+ * ct_open with "mode": "aggregate" in the run JSON opens an aggregate
+ * session: instead of a trace of one step, `path` receives a
+ * candle-trace/aggregate/1 JSON summary (docs/aggregate-format.md) of every
+ * span and scalar of the run — per span name and step: count, total, min, max
+ * and p50/p95/p99 from a fixed log-scale histogram; per scalar label: count,
+ * mean, min, max, last — rewritten atomically every "aggregate_interval_ms"
+ * (default 10 s) and at ct_finish / ct_flush, in memory that does not grow
+ * with the number of steps. "capture_step" is optional there. Spans use the
+ * same calls and cost the same as in a trace session; other records are
+ * checked as usual and then not kept. ct_finish needs no measured region.
+ * Statistics start enabled. */
+
+/* Switches an aggregate session's statistics on (1) or off (0), e.g. to
+ * cover a window of steps. Spans already recorded are counted under the
+ * setting in force when they ended. CT_ERR_STATE on a trace session;
+ * CT_ERR_INVALID_ARGUMENT for another value. Thread-safe. */
+ct_status ct_aggregate_enable(ct_session session, int enabled);
+
 /* ---- ending --------------------------------------------------------------- */
 
 /* Writes everything recorded so far to the file. Returns CT_OK when it is

@@ -357,3 +357,17 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	}
 	return status(finishing(s, func() error { return s.FinishFailed(r) }))
 }
+
+//export ctgo_aggregate_enable
+func ctgo_aggregate_enable(h C.ct_session, on C.int) (rc C.int) {
+	const fn = "ct_aggregate_enable"
+	defer guard(fn, &rc)
+	s, err := lookup(h)
+	if err != nil {
+		return status(err)
+	}
+	if on != 0 && on != 1 {
+		return status(argErr(fn, "enabled must be 0 or 1, got %d", int(on)))
+	}
+	return status(s.SetAggregateEnabled(on == 1))
+}

@@ -123,6 +123,11 @@ ct_status ct_device_stop(ct_session s) {
     return (ct_status)ctgo_device_stop(s);
 }
 
+ct_status ct_aggregate_enable(ct_session s, int enabled) {
+    FORK_GUARD("ct_aggregate_enable");
+    return (ct_status)ctgo_aggregate_enable(s, enabled);
+}
+
 ct_status ct_flush(ct_session s) {
     FORK_GUARD("ct_flush");
     return (ct_status)ctgo_flush(s);

@@ -19,6 +19,13 @@ type Run struct {
 	Identity      *ComparisonIdentity
 	Tags          map[string]string // never nil after ParseRun
 	CandleVersion string            // "" = absent
+	// Mode is "trace" (the default: a candle-graph/trace/10 capture of one
+	// step) or "aggregate" (statistics over the whole run in a
+	// candle-trace/aggregate/1 summary; capture_step is then optional).
+	Mode string
+	// AggregateIntervalMs is how often an aggregate summary is rewritten
+	// (0 = the aggregate package's default).
+	AggregateIntervalMs uint64
 	// Binding names the binding that wrote the trace (meta.producer.binding),
 	// e.g. "python" or "rust"; "" leaves the session's default. Not a meta
 	// field of candle-graph's.
@@ -31,6 +38,7 @@ var runKeys = []string{
 	"entrypoint", "phase", "capture_step", "device", "warmup_steps", "correlation_id",
 	"timing_mode", "measured_region_device_synchronized", "capture_contract",
 	"comparison_identity", "tags", "candle_version", "measured_root", "binding",
+	"mode", "aggregate_interval_ms",
 }
 
 // ParseRun parses and validates the run JSON given to ct_open.
@@ -80,8 +88,25 @@ func parseRun(data []byte) (*Run, error) {
 	if r.Phase, err = f.enum("phase", true, "", "train", "infer"); err != nil {
 		return nil, err
 	}
-	if r.CaptureStep, _, err = f.uint("capture_step", true); err != nil {
+	if r.Mode, err = f.enum("mode", false, "trace", "trace", "aggregate"); err != nil {
 		return nil, err
+	}
+	var hasStep bool
+	if r.CaptureStep, hasStep, err = f.uint("capture_step", r.Mode != "aggregate"); err != nil {
+		return nil, err
+	}
+	if !hasStep {
+		r.CaptureStep = 1 // an aggregate run covers every step
+	}
+	var hasInterval bool
+	if r.AggregateIntervalMs, hasInterval, err = f.uint("aggregate_interval_ms", false); err != nil {
+		return nil, err
+	}
+	if hasInterval && r.Mode != "aggregate" {
+		return nil, fmt.Errorf("%q is only for \"mode\": \"aggregate\"", "aggregate_interval_ms")
+	}
+	if hasInterval && r.AggregateIntervalMs == 0 {
+		return nil, fmt.Errorf("%q must be >= 1, got 0", "aggregate_interval_ms")
 	}
 	if r.CaptureStep == 0 {
 		return nil, fmt.Errorf("%q must be >= 1, got 0", "capture_step")

@@ -242,3 +242,25 @@ func TestParseRunRefusesUnpairedSurrogates(t *testing.T) {
 		})
 	}
 }
+
+func TestParseRunModes(t *testing.T) {
+	r, err := ParseRun([]byte(`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","aggregate_interval_ms":250}`))
+	require.NoError(t, err)
+	require.Equal(t, "aggregate", r.Mode)
+	require.Equal(t, uint64(1), r.CaptureStep, "an aggregate run needs no capture step")
+	require.Equal(t, uint64(250), r.AggregateIntervalMs)
+
+	r, err = ParseRun([]byte(`{"entrypoint":"e","phase":"train","capture_step":2,"device":"cpu"}`))
+	require.NoError(t, err)
+	require.Equal(t, "trace", r.Mode)
+
+	for _, tc := range []struct{ run, msg string }{
+		{`{"entrypoint":"e","phase":"train","device":"cpu"}`, `"capture_step"`},
+		{`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu","mode":"sampled"}`, `"mode" must be one of trace|aggregate`},
+		{`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu","aggregate_interval_ms":5}`, `only for "mode": "aggregate"`},
+		{`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","aggregate_interval_ms":0}`, `"aggregate_interval_ms" must be >= 1`},
+	} {
+		_, err := ParseRun([]byte(tc.run))
+		require.ErrorContains(t, err, tc.msg, tc.run)
+	}
+}

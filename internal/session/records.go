@@ -137,7 +137,7 @@ func (s *Session) RecordTensor(span uint64, t *events.Tensor) error {
 
 // RecordTensorStats records already-reduced statistics on span.
 func (s *Session) RecordTensorStats(span uint64, st *events.TensorStats) error {
-	return s.recordStats("ct_record_tensor_stats", span, st)
+	return s.recordStats("ct_record_tensor_stats", span, st, nil)
 }
 
 // RecordTensorStatsF32 reduces a host float32 buffer and records it.
@@ -146,16 +146,18 @@ func (s *Session) RecordTensorStatsF32(span uint64, label string, data []float32
 	if err != nil {
 		return invalid("ct_record_tensor_stats_f32", err)
 	}
-	return s.recordStats("ct_record_tensor_stats_f32", span, &st)
+	return s.recordStats("ct_record_tensor_stats_f32", span, &st, nil)
 }
 
-// RecordScalar records one scalar observation as single-element stats.
+// RecordScalar records one scalar observation as single-element stats (in
+// an aggregate session: into the label's running statistics).
 func (s *Session) RecordScalar(span uint64, label string, v float64) error {
 	st := events.ScalarStats(label, v)
-	return s.recordStats("ct_record_scalar", span, &st)
+	return s.recordStats("ct_record_scalar", span, &st, &v)
 }
 
-func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats) error {
+// recordStats writes st; scalar is the raw value when st came from a scalar.
+func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats, scalar *float64) error {
 	if err := st.Validate(); err != nil {
 		return invalid(fn, err)
 	}
@@ -166,6 +168,14 @@ func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats) er
 	defer mu.Unlock()
 	if err := s.spanExists(fn, span); err != nil {
 		return err
+	}
+	if s.aggr != nil {
+		if scalar != nil {
+			if err := s.aggr.agg.ScalarByLabel(st.Label, *scalar); err != nil {
+				return invalid(fn, err)
+			}
+		}
+		return nil
 	}
 	st.SpanID = span
 	s.buf = events.AppendTensorStats(s.buf, st)

@@ -29,6 +29,8 @@ type Session struct {
 	opts   options
 	sink   Sink
 
+	aggr *aggState // aggregate sessions only
+
 	// Everything below is guarded by mu.
 	buf          []byte
 	poison       error
@@ -67,8 +69,18 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
 		}
 	}
-	sink, err := o.opener(path)
-	if err != nil {
+	var sink Sink
+	var aggr *aggState
+	if run.Mode == "aggregate" {
+		p := o.producer
+		if run.Binding != "" {
+			p.Binding = run.Binding
+		}
+		if aggr, err = openAggregate(path, run, p); err != nil {
+			return nil, errorf(IO, "ct_open: aggregate summary %s: %v", path, err)
+		}
+		sink = discardSink{}
+	} else if sink, err = o.opener(path); err != nil {
 		return nil, errorf(IO, "ct_open: create %s: %v", path, err)
 	}
 	h := slotAlloc()
@@ -78,7 +90,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 		return nil, errorf(State, "ct_open: too many sessions open at once")
 	}
 	s := &Session{
-		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink,
+		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink, aggr: aggr,
 		open:    map[uint64]openSpan{},
 		names:   map[string]string{},
 		memory:  newLifetimes(),
@@ -101,7 +113,9 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if run.MeasuredRoot {
 		setSlotMeasured(s.slot)
 	}
-	s.buf = run.AppendMeta(s.buf, s.metaExtras())
+	if aggr == nil {
+		s.buf = run.AppendMeta(s.buf, s.metaExtras())
+	}
 	s.buf = events.AppendSpanStart(s.buf, 1, 0, run.Entrypoint, 0, events.SpanFunction, run.MeasuredRoot, events.StepNone, threadID())
 	s.open[1] = openSpan{start: 0, tid: threadID(), name: run.Entrypoint}
 	s.countLabel(run.Entrypoint)
@@ -118,6 +132,13 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	go s.flushLoop()
 	return s, nil
 }
+
+// discardSink stands in for the trace file of an aggregate session, whose
+// output is the summary the aggregate writer rewrites.
+type discardSink struct{}
+
+func (discardSink) Write(b []byte) (int, error) { return len(b), nil }
+func (discardSink) Close() error                { return nil }
 
 // removeIfRegular deletes a trace that could not be started, so nothing
 // claims to be a trace; a device or fifo the user pointed at is left alone.
@@ -217,8 +238,18 @@ func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
 
 // onSpanStart and onSpanEnd apply a drained ring record; mu is held.
 func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
+	o := openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
+	if s.aggr != nil {
+		n := o.name
+		if n == "" {
+			n = string(name)
+		}
+		o.key = s.spanKey(n, step)
+		s.open[id] = o
+		return
+	}
 	s.buf = events.AppendSpanStart(s.buf, id, parent, string(name), start, events.SpanKind(kind), measured, events.Step(step), tid)
-	s.open[id] = openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
+	s.open[id] = o
 	if s.required != nil {
 		if _, ok := s.required[string(name)]; ok {
 			s.required[string(name)]++
@@ -234,6 +265,10 @@ func (s *Session) onSpanEnd(id, dur uint64) {
 	}
 	delete(s.open, id)
 	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur})
+	if s.aggr != nil {
+		s.aggr.agg.Observe(o.key, dur)
+		return
+	}
 	s.buf = events.AppendSpanEnd(s.buf, id, dur)
 	if froms, ok := s.pendingEdges[id]; ok {
 		for _, from := range froms {
@@ -318,6 +353,12 @@ func (s *Session) Flush() error {
 		return err
 	}
 	drainLocked()
+	if s.aggr != nil {
+		if err := s.aggr.writer.WriteNow(); err != nil {
+			return errorf(IO, "ct_flush: write %s: %v", s.path, err)
+		}
+		return nil
+	}
 	if err := s.writeLocked(); err != nil {
 		return errorf(IO, "ct_flush: write %s: %v", s.path, err)
 	}
@@ -341,6 +382,14 @@ func (s *Session) Finish() error {
 			setSlotState(s.slot, slotOpen)
 		}
 		return err
+	}
+	if s.aggr != nil {
+		err := s.aggr.writer.Finish()
+		s.releaseLocked()
+		if err != nil {
+			return errorf(IO, "ct_finish: write %s: %v", s.path, err)
+		}
+		return nil
 	}
 	now := s.Now()
 	s.buf = events.AppendSpanEnd(s.buf, 1, now)
@@ -372,6 +421,9 @@ func (s *Session) finishCheckLocked() error {
 			list = list[:5]
 		}
 		return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", len(s.open)-1, strings.Join(list, ", "), more)
+	}
+	if s.aggr != nil {
+		return nil // a summary of a whole run has no measured region or contract
 	}
 	if !slotMeasured(s.slot) {
 		return errorf(State, "ct_finish: the capture has no measured region; wrap the step in ct_measurement_begin/ct_span_end or open with \"measured_root\": true")
@@ -424,6 +476,16 @@ func (s *Session) FinishFailed(reason string) error {
 	}
 	setSlotState(s.slot, slotFinishing)
 	var err error
+	if s.aggr != nil {
+		// The summary has no outcome: what was folded so far is written.
+		drainLocked()
+		err = s.aggr.writer.Finish()
+		s.releaseLocked()
+		if err != nil {
+			return errorf(IO, "ct_finish_failed: write %s: %v", s.path, err)
+		}
+		return nil
+	}
 	if s.poison == nil {
 		drainLocked()
 		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason)

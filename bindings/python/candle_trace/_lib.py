@@ -253,6 +253,7 @@ PROTOTYPES = {
     "ct_device_start": (_st, [c_session, _p_char]),
     "ct_device_stop": (_st, [c_session]),
     "ct_flush": (_st, [c_session]),
+    "ct_aggregate_enable": (_st, [c_session, ctypes.c_int]),
     "ct_finish": (_st, [c_session]),
     "ct_finish_failed": (_st, [c_session, _p_char]),
     "ct_last_error": (_p_char, []),

@@ -296,6 +296,12 @@ class Session:
         if self.enabled:
             self._call(self._c.ct_flush(self.handle))
 
+    def aggregate_enable(self, on: bool) -> None:
+        """Switches an aggregate session's statistics on or off
+        (``ct_aggregate_enable``; open it with ``run={"mode": "aggregate"}``)."""
+        if self.enabled:
+            self._call(self._c.ct_aggregate_enable(self.handle, 1 if on else 0))
+
     @property
     def finished(self) -> bool:
         return self._finished

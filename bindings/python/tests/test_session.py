@@ -233,3 +233,31 @@ def test_trace_names_the_python_binding(tmp_path):
     meta = read_trace(path)[0]
     assert meta["producer"]["binding"] == "python"
     assert meta["producer"]["name"] == "candle-trace"
+
+
+def test_aggregate_session_counts_spans_and_scalars(tmp_path):
+    import json
+
+    path = tmp_path / "summary.json"
+    with ct.Session(path, "py::agg", phase="train", run={"mode": "aggregate"}) as s:
+        for i in range(300):
+            if i == 100:
+                s.aggregate_enable(False)
+            if i == 200:
+                s.aggregate_enable(True)
+            with s.span("train/step") as sp:
+                s.record_scalar(sp, "loss", float(i))
+    summary = json.loads(path.read_text())
+    assert summary["schema"] == "candle-trace/aggregate/1"
+    (step,) = [x for x in summary["spans"] if x["name"] == "train/step"]
+    assert step["count"] == 200  # steps 100..199 ran with statistics off
+    (loss,) = summary["scalars"]
+    assert loss["label"] == "loss" and loss["last"] == 299.0
+
+
+def test_aggregate_enable_on_a_trace_session_is_refused(tmp_path):
+    with ct.Session(tmp_path / "t.jsonl", "py::t", phase="infer", measured_root=True) as s:
+        with pytest.raises(CandleTraceError) as e:
+            s.aggregate_enable(True)
+    assert e.value.status == Status.CT_ERR_STATE
+    assert "is a trace session" in str(e.value)

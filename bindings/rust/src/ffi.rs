@@ -272,6 +272,7 @@ ct_fns! {
     pub fn ct_device_start(session: ct_session, options_json: *const c_char) -> ct_status;
     pub fn ct_device_stop(session: ct_session) -> ct_status;
     pub fn ct_flush(session: ct_session) -> ct_status;
+    pub fn ct_aggregate_enable(session: ct_session, enabled: c_int) -> ct_status;
     pub fn ct_finish(session: ct_session) -> ct_status;
     pub fn ct_finish_failed(session: ct_session, reason: *const c_char) -> ct_status;
     pub fn ct_last_error() -> *const c_char;

@@ -259,6 +259,10 @@ pub struct Run {
     measured_root: bool,
     /// Names this binding in the trace's `meta.producer.binding`.
     binding: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_interval_ms: Option<u64>,
 }
 
 impl Run {
@@ -278,6 +282,8 @@ impl Run {
             candle_version: None,
             measured_root: false,
             binding: "rust",
+            mode: None,
+            aggregate_interval_ms: None,
         }
     }
 
@@ -289,6 +295,15 @@ impl Run {
     /// An inference run capturing call `capture_step` (one-based) on `device`.
     pub fn inference(entrypoint: impl Into<String>, capture_step: u64, device: impl Into<String>) -> Self {
         Self::new(Phase::Infer, entrypoint, capture_step, device)
+    }
+
+    /// Statistics over the whole run instead of a trace of one step: the
+    /// session's path receives a `candle-trace/aggregate/1` summary, rewritten
+    /// every `interval_ms` (None: the library's default) and at finish.
+    pub fn aggregate(mut self, interval_ms: Option<u64>) -> Self {
+        self.mode = Some("aggregate");
+        self.aggregate_interval_ms = interval_ms;
+        self
     }
 
     /// Calls completed before the captured one (default `capture_step - 1`).

@@ -3,7 +3,7 @@ use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Arc, Mutex, Once};
@@ -824,6 +824,13 @@ impl SessionRef {
     pub fn flush(&self) -> Result<()> {
         // SAFETY: plain handle.
         check(unsafe { ffi::ct_flush(self.0.handle) })
+    }
+
+    /// Switches an aggregate session's statistics on or off (a session opened
+    /// with [`Run::aggregate`](crate::Run::aggregate)).
+    pub fn aggregate_enable(&self, on: bool) -> Result<()> {
+        // SAFETY: plain handle.
+        check(unsafe { ffi::ct_aggregate_enable(self.0.handle, c_int::from(on)) })
     }
 }
 

@@ -277,3 +277,25 @@ fn measured_root_and_current_session() {
     let _ = summary;
     assert_eq!(lines(&path)[1]["measured"], true);
 }
+
+#[test]
+fn aggregate_sessions_count_spans_over_a_window() {
+    let dir = fresh_dir("aggregate");
+    let path = dir.path().join("summary.json");
+    let session = Session::open(&path, Run::training("mlp::train", 1, "cpu").aggregate(Some(60_000))).unwrap();
+    for i in 0..300u32 {
+        if i == 100 {
+            session.aggregate_enable(false).unwrap();
+        }
+        if i == 200 {
+            session.aggregate_enable(true).unwrap();
+        }
+        let _step = session.span("train/step");
+    }
+    session.finish().unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(summary["schema"], "candle-trace/aggregate/1");
+    let spans = summary["spans"].as_array().unwrap();
+    let step = spans.iter().find(|s| s["name"] == "train/step").unwrap();
+    assert_eq!(step["count"], 200, "steps 100..199 ran with statistics off");
+}
