@@ -336,8 +336,22 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                           reports them, compute_processes and
  *                           process_used_bytes at most once a second,
  *                           nvml_query_ns = what the sample's NVML calls took).
- *                  "cupti": kernel/memcpy/memset intervals. Not built into
- *                           this version: asking for it is CT_ERR_UNAVAILABLE.
+ *                  "cupti": every kernel, memcpy and memset the GPUs run
+ *                           (device_interval events: device "cuda:<id>",
+ *                           stream_id, name, correlation_id, backend "cuda",
+ *                           start_ns on the session clock), each attributed
+ *                           to the span innermost on the launching thread at
+ *                           launch (s1 when none). libcupti is dlopened from
+ *                           $CANDLE_TRACE_CUPTI_LIB, "cupti_lib", one already
+ *                           in the process, libcupti.so.12/.13/.so, the
+ *                           nvidia-cuda-cupti Python package, the CUDA
+ *                           toolkit. Records CUPTI dropped are stated as the
+ *                           scalar "cupti/dropped_records" on s1. Synchronize
+ *                           the device before ct_device_stop / ct_finish:
+ *                           work still running then is not traced. One
+ *                           CUPTI user per process: with torch.profiler,
+ *                           Nsight or another session collecting CUPTI it is
+ *                           CT_ERR_UNAVAILABLE.
  *                  Default: ["nvml"].
  *   "interval_ms": integer 1..60000, the NVML sampling period. Default 10.
  *                  Each sample costs a few NVML calls per device on a
@@ -347,6 +361,8 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                  them, after CUDA_VISIBLE_DEVICES). Default: every visible
  *                  device. An ordinal that is not visible is
  *                  CT_ERR_INVALID_ARGUMENT.
+ *   "cupti_lib":   a libcupti file, or the folder holding one, to try
+ *                  right after $CANDLE_TRACE_CUPTI_LIB.
  *
  * Example: {"collect":["nvml"], "interval_ms":10, "devices":[0]}.
  *

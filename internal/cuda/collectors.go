@@ -1,24 +1,28 @@
 // Package cuda holds candle-trace's device collectors, started by
-// ct_device_start: an NVML sampler of device memory (sampler.go) and, when
-// built, the CUPTI activity reader.
+// ct_device_start: an NVML sampler of device memory (sampler.go) and the
+// CUPTI activity reader (package cupti: kernel, memcpy and memset intervals).
 //
 // Every dependency on the machine sits behind a seam: NVML behind Library
-// and Device (go-nvml's real interface, or its mock package in tests), the
-// session behind Clock and MemorySink. Nothing here needs a GPU to build or
-// test; the real NVML is reached through nvmlbind's forwarding stubs so the
-// shared library keeps no undefined symbol.
+// and Device (go-nvml's real interface, or its mock package in tests),
+// libcupti behind dlopen (a fake one in tests), the session behind Target.
+// Nothing here needs a GPU or CUDA to build or test; the real NVML is reached
+// through nvmlbind's forwarding stubs so the shared library keeps no
+// undefined symbol.
 package cuda
 
 import (
 	"fmt"
 	"strings"
 	"sync"
+
+	"github.com/candle-trace/candle-trace/internal/cuda/cupti"
 )
 
 // Target is what collectors write into: the session.
 type Target interface {
 	Clock
 	MemorySink
+	cupti.Sink
 }
 
 // Option configures Start.
@@ -27,6 +31,13 @@ type Option func(*startConfig)
 type startConfig struct {
 	openNVML func() (Library, error)
 	sampler  []SamplerOption
+	cupti    cupti.Options
+}
+
+// WithCUPTIOptions sets the CUPTI collector's options ("cupti_lib" of the
+// StartOptions still goes into Library when set).
+func WithCUPTIOptions(o cupti.Options) Option {
+	return func(c *startConfig) { c.cupti = o }
 }
 
 // WithNVMLOpener replaces how NVML is loaded (default DefaultOpenNVML).
@@ -46,9 +57,10 @@ func WithSamplerOptions(opts ...SamplerOption) Option {
 
 // Collectors are the running collectors of one session.
 type Collectors struct {
-	nvml *Sampler
-	mu   sync.Mutex
-	done bool
+	nvml  *Sampler
+	cupti *cupti.Collector
+	mu    sync.Mutex
+	done  bool
 }
 
 // Start starts what o asks for, all or nothing: when one requested collector
@@ -58,9 +70,6 @@ func Start(t Target, o StartOptions, opts ...Option) (*Collectors, error) {
 	cfg := startConfig{openNVML: DefaultOpenNVML}
 	for _, f := range opts {
 		f(&cfg)
-	}
-	if o.Wants(CollectCUPTI) {
-		return nil, unavailable("ct_device_start: the CUPTI collector is not built into this version of candle-trace; start with {\"collect\":[\"nvml\"]} for device memory only")
 	}
 	c := &Collectors{}
 	if o.Wants(CollectNVML) {
@@ -77,7 +86,23 @@ func Start(t Target, o StartOptions, opts ...Option) (*Collectors, error) {
 			return nil, prefixed(err)
 		}
 		c.nvml = s
-		s.Start()
+	}
+	if o.Wants(CollectCUPTI) {
+		co := cfg.cupti
+		if o.CUPTILib != "" {
+			co.Library = o.CUPTILib
+		}
+		cc, err := cupti.Start(t, co)
+		if err != nil {
+			if c.nvml != nil {
+				c.nvml.lib.Shutdown() // never started: nothing was sampled
+			}
+			return nil, prefixed(err)
+		}
+		c.cupti = cc
+	}
+	if c.nvml != nil {
+		c.nvml.Start()
 	}
 	return c, nil
 }
@@ -97,15 +122,28 @@ func prefixed(err error) error {
 // Sampler is the NVML sampler, nil when not collecting NVML.
 func (c *Collectors) Sampler() *Sampler { return c.nvml }
 
-// Flush writes what the collectors hold now (a fresh NVML sample), leaving
-// them running.
+// CUPTI is the CUPTI collector, nil when not collecting CUPTI.
+func (c *Collectors) CUPTI() *cupti.Collector { return c.cupti }
+
+// Flush writes what the collectors hold now (a fresh NVML sample; every
+// device interval CUPTI has, and the dropped-record count so far), leaving
+// them running: what a finish needs before its terminal line.
 func (c *Collectors) Flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done || c.nvml == nil {
+	if c.done {
 		return nil
 	}
-	return c.nvml.SampleOnce()
+	var err error
+	if c.cupti != nil {
+		err = c.cupti.Flush()
+	}
+	if c.nvml != nil {
+		if nerr := c.nvml.SampleOnce(); err == nil {
+			err = nerr
+		}
+	}
+	return err
 }
 
 // Stop stops every collector and writes what it still holds. Safe to call
@@ -117,8 +155,14 @@ func (c *Collectors) Stop() error {
 		return nil
 	}
 	c.done = true
-	if c.nvml != nil {
-		return c.nvml.Stop()
+	var err error
+	if c.cupti != nil {
+		err = c.cupti.Stop()
 	}
-	return nil
+	if c.nvml != nil {
+		if nerr := c.nvml.Stop(); err == nil {
+			err = nerr
+		}
+	}
+	return err
 }

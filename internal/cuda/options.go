@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -16,8 +17,9 @@ const (
 	CollectCUPTI = "cupti"
 )
 
-// DefaultCollect is what ct_device_start starts when "collect" is absent:
-// the collectors this build has.
+// DefaultCollect is what ct_device_start starts when "collect" is absent.
+// CUPTI is asked for explicitly: it costs more and holds the process's one
+// CUPTI subscriber.
 var DefaultCollect = []string{CollectNVML}
 
 // StartOptions is the parsed options_json of ct_device_start.
@@ -25,6 +27,7 @@ type StartOptions struct {
 	Collect  []string      // CollectNVML, CollectCUPTI; never empty
 	Interval time.Duration // NVML sampling period
 	Devices  []int         // CUDA ordinals; nil = every visible device
+	CUPTILib string        // "cupti_lib": a libcupti file or folder to try first
 }
 
 // Wants reports whether collector name was requested.
@@ -39,7 +42,8 @@ func (o StartOptions) Wants(name string) bool {
 
 // ParseStartOptions reads ct_device_start's options_json strictly:
 //
-//	{"collect":["nvml","cupti"], "interval_ms":10, "devices":[0]}
+//	{"collect":["nvml","cupti"], "interval_ms":10, "devices":[0],
+//	 "cupti_lib":"/path/to/libcupti.so.12"}
 //
 // Every key is optional; nil or empty data means all defaults. Unknown and
 // duplicate keys, unknown or repeated collectors, an empty "collect", an
@@ -102,8 +106,14 @@ func ParseStartOptions(data []byte) (StartOptions, error) {
 				seen[d] = true
 				o.Devices = append(o.Devices, int(d))
 			}
+		case "cupti_lib":
+			var p string
+			if err := json.Unmarshal(f.val, &p); err != nil || strings.TrimSpace(p) == "" {
+				return o, optErr(`"cupti_lib" must be a non-empty string: a libcupti file or the folder holding it`)
+			}
+			o.CUPTILib = p
 		default:
-			return o, optErr(`unknown key %q (known: "collect", "interval_ms", "devices")`, f.key)
+			return o, optErr(`unknown key %q (known: "collect", "interval_ms", "devices", "cupti_lib")`, f.key)
 		}
 	}
 	return o, nil

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/candle-trace/candle-trace/internal/cuda/cupti"
+	"github.com/candle-trace/candle-trace/internal/events"
 	"github.com/candle-trace/candle-trace/internal/session"
 )
 
@@ -22,7 +24,10 @@ func TestParseStartOptions(t *testing.T) {
 		{in: `{"collect":["nvml","cupti"],"interval_ms":10,"devices":[0]}`, want: StartOptions{Collect: []string{"nvml", "cupti"}, Interval: 10 * time.Millisecond, Devices: []int{0}}},
 		{in: `{"interval_ms":250,"devices":[3,1]}`, want: StartOptions{Collect: []string{"nvml"}, Interval: 250 * time.Millisecond, Devices: []int{3, 1}}},
 		{in: `{"interval_ms":60000}`, want: StartOptions{Collect: []string{"nvml"}, Interval: time.Minute}},
-		{in: `{"interval":10}`, err: `unknown key "interval" (known: "collect", "interval_ms", "devices")`},
+		{in: `{"collect":["cupti"],"cupti_lib":"/opt/cupti/lib64"}`, want: StartOptions{Collect: []string{"cupti"}, Interval: 10 * time.Millisecond, CUPTILib: "/opt/cupti/lib64"}},
+		{in: `{"cupti_lib":""}`, err: `"cupti_lib" must be a non-empty string`},
+		{in: `{"cupti_lib":7}`, err: `"cupti_lib" must be a non-empty string`},
+		{in: `{"interval":10}`, err: `unknown key "interval" (known: "collect", "interval_ms", "devices", "cupti_lib")`},
 		{in: `{"collect":["nvml"],"collect":["cupti"]}`, err: `duplicate key "collect"`},
 		{in: `{"collect":[]}`, err: `"collect" is empty`},
 		{in: `{"collect":"nvml"}`, err: `"collect" must be an array of strings`},
@@ -60,11 +65,18 @@ func TestParseStartOptions(t *testing.T) {
 	}
 }
 
-// target is a session stand-in for Start.
+// target is a session stand-in for Start (NVML only: CUPTI needs a real
+// session, whose C span stacks it reads).
 type target struct {
 	fakeClock
 	recorder
 }
+
+func (*target) Handle() uint64 { return 0 }
+func (*target) RecordDeviceInterval(uint64, *events.DeviceInterval) error {
+	return errors.New("not a session")
+}
+func (*target) RecordScalar(uint64, string, float64) error { return errors.New("not a session") }
 
 func TestStart(t *testing.T) {
 	noLib := func() (Library, error) {
@@ -80,8 +92,10 @@ func TestStart(t *testing.T) {
 	}{
 		{name: "no driver", opts: `{"collect":["nvml"]}`, open: noLib, code: session.Unavailable,
 			msg: "ct_device_start: NVML is unavailable: libnvidia-ml.so.1 could not be loaded"},
-		{name: "cupti requested", opts: `{"collect":["nvml","cupti"]}`, code: session.Unavailable,
-			msg: "ct_device_start: the CUPTI collector is not built into this version"},
+		// Before start_cupti_test.go loads the fake libcupti: the first
+		// libcupti loaded stays for the life of the process.
+		{name: "cupti without libcupti: nvml is not left running", opts: `{"collect":["nvml","cupti"],"cupti_lib":"/nonexistent/libcupti.so.12"}`,
+			code: session.Unavailable, msg: "ct_device_start: CUPTI is unavailable: no libcupti could be loaded (/nonexistent/libcupti.so.12: cannot open shared object file"},
 		{name: "foreign error", opts: `{}`, open: func() (Library, error) { return nil, errors.New("boom") }, code: session.Internal, msg: "ct_device_start: boom"},
 		{name: "nvml on two devices", opts: `{"interval_ms":1}`, devices: []string{"cuda:0", "cuda:1"}},
 		{name: "nvml on one", opts: `{"devices":[1]}`, devices: []string{"cuda:1"}},
@@ -97,12 +111,17 @@ func TestStart(t *testing.T) {
 			o, err := ParseStartOptions([]byte(tt.opts))
 			require.NoError(t, err)
 			tg := &target{}
-			c, err := Start(tg, o, WithNVMLOpener(open), WithSamplerOptions(WithVisibleDevices("", false)))
+			c, err := Start(tg, o, WithNVMLOpener(open), WithSamplerOptions(WithVisibleDevices("", false)),
+				WithCUPTIOptions(cupti.Options{Sonames: []string{}, LookupEnv: func(string) (string, bool) { return "", false }}))
 			if tt.msg != "" {
 				require.Error(t, err)
 				assert.Nil(t, c)
 				assert.Equal(t, tt.code, session.CodeOf(err))
 				assert.Contains(t, err.Error(), tt.msg)
+				if tt.open == nil {
+					assert.Len(t, lib.ShutdownCalls(), 1, "NVML was started and shut down")
+					assert.Empty(t, tg.got(), "and never sampled")
+				}
 				return
 			}
 			require.NoError(t, err)

@@ -102,4 +102,12 @@ func endSpanC(h uint64, span uint64) error {
 	return nil
 }
 
+// InnermostSpan is the calling OS thread's innermost open span in s, 1 (the
+// root) when it has none: what the C fast path would nest a new span in.
+func (s *Session) InnermostSpan() uint64 { return uint64(C.ct__innermost_span(C.ct_session(s.handle))) }
+
+// MonotonicStart is the session clock's zero: CLOCK_MONOTONIC ns when the
+// session opened (session ns = CLOCK_MONOTONIC ns - MonotonicStart).
+func (s *Session) MonotonicStart() uint64 { return slotT0(s.slot) }
+
 type cSlot = C.ct_slot

@@ -426,6 +426,12 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     return CT_OK;
 }
 
+uint64_t ct__innermost_span(ct_session h) {
+    if (!slot_get(h)) return 1;
+    ct_tls_sess *ts = tls_sess(&tls, h);
+    return ts && ts->depth ? ts->stack[ts->depth - 1].id : 1;
+}
+
 ct_status ct__span_end(ct_session h, ct_span span) {
     ct_slot *s = slot_get(h);
     ct_status st = check_slot(s, h, "ct_span_end");

@@ -97,6 +97,12 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
 ct_status ct__span_end(ct_session h, ct_span span);
 ct_status ct__session_usable(ct_session h, const char *fn);
 
+/* The calling thread's innermost open span in session h; 1 (the root) when
+ * the thread has none there or h is not live. Reads only the calling thread's
+ * own span stack: any thread may call it, at any time (the CUPTI collector
+ * calls it from CUDA API callbacks on the launching thread). */
+uint64_t ct__innermost_span(ct_session h);
+
 /* Forget every per-thread span stack of a finished session on this thread. */
 void ct__ring_unlink_dead(void);
 

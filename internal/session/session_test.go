@@ -385,3 +385,40 @@ func TestRunJSONNamesTheBinding(t *testing.T) {
 	_, err := Open(t.TempDir()+"/x.jsonl", []byte(`{"entrypoint":"b","phase":"infer","capture_step":1,"device":"cpu","binding":" "}`))
 	requireCode(t, err, InvalidArgument, `"binding" must not be empty`)
 }
+
+// InnermostSpan reads the calling thread's own span stack: what the CUPTI
+// collector records for a launch from that thread.
+func TestInnermostSpanPerThread(t *testing.T) {
+	s, _ := openT(t, measuredRootRun)
+	assert.Equal(t, uint64(1), s.InnermostSpan(), "no span open on this thread: the root")
+	outer := begin(t, s, "outer")
+	inner := begin(t, s, "inner")
+	assert.Equal(t, inner, s.InnermostSpan())
+
+	got := make(chan [2]uint64)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		before := s.InnermostSpan()
+		id, err := s.BeginSpan("other thread", events.SpanFunction, events.StepNone)
+		if err != nil {
+			got <- [2]uint64{0, 0}
+			return
+		}
+		in := s.InnermostSpan()
+		_ = s.EndSpan(id)
+		got <- [2]uint64{before, in}
+	}()
+	g := <-got
+	assert.Equal(t, uint64(1), g[0], "another thread's stack is its own")
+	assert.NotZero(t, g[1])
+	assert.NotEqual(t, inner, g[1])
+
+	end(t, s, inner)
+	assert.Equal(t, outer, s.InnermostSpan())
+	end(t, s, outer)
+	assert.Equal(t, uint64(1), s.InnermostSpan())
+	require.NoError(t, s.Finish())
+	assert.Equal(t, uint64(1), s.InnermostSpan(), "a finished session: the root")
+	assert.NotZero(t, s.MonotonicStart())
+}

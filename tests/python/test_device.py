@@ -153,15 +153,17 @@ def test_options_are_strict_and_cupti_is_reported_missing(tmp_path, fake_nvml):
         print("finish", lib.ct_finish(s), flush=True)
         """,
         tmp_path / "opts.jsonl",
-        env={"CANDLE_TRACE_NVML_LIB": str(fake_nvml)},
+        env={"CANDLE_TRACE_NVML_LIB": str(fake_nvml), "CANDLE_TRACE_CUPTI_LIB": "/nonexistent/libcupti.so.12"},
     )
     got = [l for l in r.stdout.splitlines() if l.startswith("start")]
+    # CUPTI's message goes on with the other places tried (the sonames, ...).
+    got = [l.split(";")[0] if l.startswith("start 7 ct_device_start: CUPTI") else l for l in got]
     assert got == [
-        'start 1 ct_device_start: options_json: unknown key "interval" (known: "collect", "interval_ms", "devices")',
+        'start 1 ct_device_start: options_json: unknown key "interval" (known: "collect", "interval_ms", "devices", "cupti_lib")',
         'start 1 ct_device_start: options_json: duplicate key "collect"',
         'start 1 ct_device_start: options_json: "interval_ms" must be an integer from 1 to 60000, got 0',
-        'start 7 ct_device_start: the CUPTI collector is not built into this version of candle-trace; '
-        'start with {"collect":["nvml"]} for device memory only',
+        'start 7 ct_device_start: CUPTI is unavailable: no libcupti could be loaded (/nonexistent/libcupti.so.12: '
+        'cannot open shared object file: No such file or directory',
         "start 1 ct_device_start: device 5 does not exist: 2 CUDA device(s) are visible (cuda:0 .. cuda:1)",
     ]
     assert "finish 0" in r.stdout
@@ -240,3 +242,82 @@ def test_dropin_without_nvml_says_so_and_still_traces(tmp_path):
             "/nonexistent/libnvidia-ml.so.1 could not be loaded") in r.stderr
     (trace,) = tmp_path.glob("run-*.jsonl")
     assert lines(trace)[-1]["outcome"] == "complete"
+
+
+FAKE_CUPTI_SRC = REPO / "internal" / "cuda" / "testdata" / "fakecupti" / "fake_cupti.c"
+
+
+@pytest.fixture(scope="module")
+def fake_cupti(tmp_path_factory) -> Path:
+    cc = os.environ.get("CC", "cc")
+    if not shutil.which(cc):
+        pytest.skip("no C compiler for the fake libcupti")
+    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.12"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(out), str(FAKE_CUPTI_SRC), "-lpthread"], check=True)
+    return out
+
+
+CUPTI_PRELUDE = """
+fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the same library the collector dlopens
+fake.fake_cupti_api.restype = ctypes.c_uint32
+fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
+fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                   ctypes.c_uint64, ctypes.c_uint64]
+fake.fake_cupti_drop.argtypes = [ctypes.c_uint64]
+fake.fake_cupti_hold.argtypes = [ctypes.c_int, ctypes.c_int]
+fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+def cupti_now():
+    t = ctypes.c_uint64(0)
+    fake.cuptiGetTimestamp(ctypes.byref(t))
+    return t.value
+
+def launch(name, stream, dur):
+    cid = fake.fake_cupti_api(2, 211)          # cudaLaunchKernel, on this thread
+    t = cupti_now()
+    fake.fake_cupti_kernel(cid, name, 0, stream, t + 1000, t + 1000 + dur)
+    return cid
+"""
+
+
+def test_cupti_intervals_through_the_abi_with_a_fake_libcupti(tmp_path, fake_cupti):
+    trace = tmp_path / "cupti.jsonl"
+    r = run(
+        CUPTI_PRELUDE + """
+fake.fake_cupti_hold(1, 0)                     # another profiler holds CUPTI
+start('{"collect":["cupti"]}')
+fake.fake_cupti_hold(0, 0)
+assert start('{"collect":["cupti"]}') == 0
+x = ctypes.c_uint64(0)
+assert lib.ct_span_begin(s, b"forward", 0, 0, ctypes.byref(x)) == 0
+launch(b"_Z6sgemmv", 7, 5000)
+launch(b"relu_kernel", 7, 700)
+assert lib.ct_span_end(s, x) == 0
+launch(b"outside_any_span", 13, 300)
+fake.fake_cupti_drop(2)
+time.sleep(0.01)
+print("span", x.value, flush=True)
+print("finish", lib.ct_finish(s), flush=True)   # flushes CUPTI before the terminal line
+""",
+        trace,
+        env={"CANDLE_TRACE_CUPTI_LIB": str(fake_cupti), "FAKE_CUPTI": str(fake_cupti)},
+    )
+    assert ("start 7 ct_device_start: CUPTI is held by another profiler in this process "
+            "(torch.profiler, Nsight Systems") in r.stdout
+    assert "finish 0" in r.stdout
+    span = int(next(l for l in r.stdout.splitlines() if l.startswith("span")).split()[1])
+    events = lines(trace)
+    ivs = [e for e in events if e["kind"] == "device_interval"]
+    assert [(e["name"], e["stream_id"], e["duration_ns"], e["span_id"]) for e in ivs] == [
+        ("_Z6sgemmv", "7", 5000, f"s{span}"),
+        ("relu_kernel", "7", 700, f"s{span}"),
+        ("outside_any_span", "13", 300, "s1"),
+    ]
+    for e in ivs:
+        assert e["device"] == "cuda:0" and e["backend"] == "cuda" and e["clock_id"] == "host-monotonic"
+        assert 0 <= e["start_ns"] and e["start_ns"] + e["duration_ns"] <= events[-1]["timestamp_ns"]
+    assert len({e["correlation_id"] for e in ivs}) == 3
+    (dropped,) = [e for e in events if e["kind"] == "tensor_stats"]
+    assert (dropped["label"], dropped["span_id"], dropped["mean"]) == ("cupti/dropped_records", "s1", 2)
+    assert events[-1]["outcome"] == "complete"
+    require_valid(trace, tmp_path)

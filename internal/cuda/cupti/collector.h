@@ -1,0 +1,133 @@
+/* candle-trace's CUPTI activity collector, the C half: see collector.c and
+ * cupti.go. Everything here is hidden: nothing of it is exported from the
+ * shared library. */
+#ifndef CT_CUPTI_COLLECTOR_H
+#define CT_CUPTI_COLLECTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi.h"
+
+#define CT_CUPTI_HIDDEN __attribute__((visibility("hidden")))
+
+/* A CUDA API function whose entry is watched (cbids.c). */
+typedef struct ct_cupti_cbid {
+    uint32_t cbid;
+    const char *name;
+} ct_cupti_cbid;
+
+CT_CUPTI_HIDDEN extern const ct_cupti_cbid ct_cupti_runtime_cbids[];
+CT_CUPTI_HIDDEN extern const int ct_cupti_n_runtime_cbids;
+CT_CUPTI_HIDDEN extern const ct_cupti_cbid ct_cupti_driver_cbids[];
+CT_CUPTI_HIDDEN extern const int ct_cupti_n_driver_cbids;
+
+/* internal/session/fastpath.c: the calling thread's innermost span in a
+ * session, 1 when none. */
+uint64_t ct__innermost_span(uint64_t session);
+uint64_t ct__session_now(uint64_t session);
+
+/* ---- loading ----------------------------------------------------------------- */
+
+/* dlopens path (RTLD_NOLOAD too when noload: only a library already in the
+ * process) and resolves every function the collector needs. 0 on success
+ * (the first library loaded stays for the life of the process; later calls
+ * return 0 at once), -1 when it cannot be opened, -2 when a function is
+ * missing; err holds why. */
+CT_CUPTI_HIDDEN int ct_cupti_load(const char *path, int noload, char *err, size_t errcap);
+/* The path the library was loaded from ("" before). */
+CT_CUPTI_HIDDEN const char *ct_cupti_loaded_path(void);
+/* CUPTI's own text for a result ("" when the library lacks it). */
+CT_CUPTI_HIDDEN const char *ct_cupti_result_string(CUptiResult r);
+
+/* ---- starting and stopping ----------------------------------------------------- */
+
+enum {
+    CT_CUPTI_STAGE_OK = 0,
+    CT_CUPTI_STAGE_BUSY = 1,       /* a collector already runs in this process */
+    CT_CUPTI_STAGE_SUBSCRIBE = 2,  /* cuptiSubscribe failed: *res */
+    CT_CUPTI_STAGE_CALLBACKS = 3,  /* cuptiEnableCallback refused every launch API */
+    CT_CUPTI_STAGE_BUFFERS = 4,    /* cuptiActivityRegisterCallbacks failed */
+    CT_CUPTI_STAGE_ENABLE = 5,     /* cuptiActivityEnable(*kind) failed */
+    CT_CUPTI_STAGE_MEMORY = 6,     /* no memory for the correlation table */
+    CT_CUPTI_STAGE_NOT_LOADED = 7,
+};
+
+/* Subscribes, watches the launch APIs, registers the buffer callbacks and
+ * enables the activity kinds. Returns a CT_CUPTI_STAGE_*; on failure nothing
+ * stays enabled and *res / *kind say what CUPTI answered. */
+CT_CUPTI_HIDDEN int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers,
+                                   CUptiResult *res, int *kind);
+/* Forces out every buffer (cuptiActivityFlushAll(FLUSH_FORCED) when forced,
+ * else only the buffers whose records are complete). */
+CT_CUPTI_HIDDEN CUptiResult ct_cupti_flush(int forced);
+/* Flushes (forced), disables the kinds and unsubscribes. The correlation
+ * table stays until the next start, so what was flushed can be decoded. */
+CT_CUPTI_HIDDEN void ct_cupti_stop(void);
+
+/* ---- completed buffers ------------------------------------------------------------ */
+
+typedef struct ct_cupti_buf {
+    struct ct_cupti_buf *next;
+    uint8_t *data;
+    size_t valid;
+    CUpti_Activity *cursor; /* cuptiActivityGetNextRecord's position */
+    int done;
+} ct_cupti_buf;
+
+/* Takes every completed buffer, oldest first (NULL when none). */
+CT_CUPTI_HIDDEN ct_cupti_buf *ct_cupti_take(void);
+/* Frees a taken buffer (the collector may hand its memory to CUPTI again). */
+CT_CUPTI_HIDDEN void ct_cupti_buf_free(ct_cupti_buf *b);
+
+/* ---- decoding ------------------------------------------------------------------------ */
+
+enum { CT_CUPTI_REC_KERNEL = 1, CT_CUPTI_REC_MEMCPY = 2, CT_CUPTI_REC_MEMSET = 3 };
+
+/* One device interval as decoded from a CUPTI record. */
+typedef struct ct_cupti_rec {
+    uint32_t kind;           /* CT_CUPTI_REC_* */
+    uint32_t device_id;
+    uint32_t stream_id;
+    uint32_t copy_kind;      /* memcpy: CUpti_ActivityMemcpyKind */
+    uint64_t start, end;     /* ns on CUPTI's clock (cuptiGetTimestamp) */
+    uint64_t correlation_id;
+    uint64_t span;           /* the launching thread's innermost span; 0 = unknown */
+    uint64_t bytes;          /* memcpy, memset */
+    const char *name;        /* kernel: CUPTI's (lives as long as CUPTI); else NULL */
+} ct_cupti_rec;
+
+/* Decodes up to cap device intervals from b with cuptiActivityGetNextRecord;
+ * returns how many (0 once b is exhausted). API records, records of other
+ * kinds and records without timestamps are counted and skipped. */
+CT_CUPTI_HIDDEN int ct_cupti_decode(ct_cupti_buf *b, ct_cupti_rec *out, int cap);
+
+/* ---- counters and clock ------------------------------------------------------------- */
+
+/* Reset by every ct_cupti_start. */
+typedef struct ct_cupti_counters {
+    uint64_t launches;          /* launch API entries attributed */
+    uint64_t buffers;           /* buffers completed with records */
+    uint64_t buffers_refused;   /* buffer requests refused (too many outstanding) */
+    uint64_t dropped;           /* cuptiActivityGetNumDroppedRecords, summed */
+    uint64_t api_records;       /* RUNTIME / DRIVER records (skipped) */
+    uint64_t other_records;     /* records of other kinds (skipped) */
+    uint64_t incomplete;        /* device records without valid timestamps (skipped) */
+    uint64_t bad_records;       /* cuptiActivityGetNextRecord errors (rest of buffer lost) */
+    uint64_t unattributed;      /* device records whose correlation id was not recorded */
+} ct_cupti_counters;
+
+CT_CUPTI_HIDDEN void ct_cupti_read_counters(ct_cupti_counters *out);
+/* Adds cuptiActivityGetNumDroppedRecords of the global queue. */
+CT_CUPTI_HIDDEN void ct_cupti_poll_dropped(void);
+
+/* One clock reading: session ns before, CUPTI ns, session ns after.
+ * Returns the CUptiResult of cuptiGetTimestamp. */
+CT_CUPTI_HIDDEN CUptiResult ct_cupti_clock_read(uint64_t session, uint64_t *h0, uint64_t *c,
+                                                uint64_t *h1);
+
+/* Test support: the address of symbol name in the loaded library (NULL when
+ * absent). */
+CT_CUPTI_HIDDEN void *ct_cupti_sym(const char *name);
+
+#endif

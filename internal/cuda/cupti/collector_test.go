@@ -1,0 +1,463 @@
+package cupti
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/candle-trace/candle-trace/internal/cuda/cupti/cuptitest"
+	"github.com/candle-trace/candle-trace/internal/events"
+	"github.com/candle-trace/candle-trace/internal/session"
+)
+
+// The fake libcupti and the collector are both one per process, so these
+// tests run one after another, each on its own session.
+
+const run = `{"entrypoint":"test::cupti","phase":"train","capture_step":1,"device":"cuda:0","measured_root":true}`
+
+func noEnv(string) (string, bool) { return "", false }
+
+func fakeOptions(t *testing.T) (Options, *cuptitest.Fake) {
+	path := cuptitest.Build(t)
+	f := cuptitest.Open(t, path)
+	f.Hold(false, 0)
+	f.SetClock(0, 0, 0)
+	return Options{Library: path, Sonames: []string{}, LookupEnv: noEnv, DrainInterval: time.Hour}, f
+}
+
+func openSession(t *testing.T) (*session.Session, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	s, err := session.Open(path, []byte(run))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.FinishFailed("test cleanup") })
+	return s, path
+}
+
+func readTrace(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m), sc.Text())
+		out = append(out, m)
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+func ofKind(evs []map[string]any, kind string) []map[string]any {
+	var out []map[string]any
+	for _, e := range evs {
+		if e["kind"] == kind {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func num(t *testing.T, v any) uint64 {
+	t.Helper()
+	f, ok := v.(float64)
+	require.True(t, ok, "%v is not a number", v)
+	return uint64(f)
+}
+
+func requireCode(t *testing.T, err error, code session.Status, substr ...string) {
+	t.Helper()
+	require.Error(t, err)
+	assert.Equal(t, code, session.CodeOf(err), err.Error())
+	for _, s := range substr {
+		assert.Contains(t, err.Error(), s)
+	}
+}
+
+// launch is one simulated launch and the record it produces.
+type launch struct {
+	thread  int    // 0 or 1: which traced thread; -1: the test thread, no span
+	kind    string // kernel, memcpy, memset
+	name    string
+	stream  uint32
+	dev     uint32
+	startUs uint64 // after the launch, on CUPTI's clock
+	durNs   uint64
+	bytes   uint64
+}
+
+func TestCollectorDecodesAndAttributes(t *testing.T) {
+	o, f := fakeOptions(t)
+	const offset = int64(1_700_000_000_000_000_000) // CUPTI's clock: wall-clock-like
+	// 3 readings in 4 wait 20 µs before reading: brackets that only the
+	// smallest-bracket choice keeps out of the mapping.
+	f.SetClock(offset, 20_000, 4)
+	s, path := openSession(t)
+	c, err := Start(s, o)
+	require.NoError(t, err)
+	assert.Equal(t, o.Library, c.Stats().Library)
+
+	// Watched: the launch APIs, in both domains; not the others.
+	assert.True(t, f.CallbackEnabled(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel))
+	assert.True(t, f.CallbackEnabled(cuptitest.DomainRuntime, cuptitest.CbidCudaMemcpyAsync))
+	assert.True(t, f.CallbackEnabled(cuptitest.DomainDriver, cuptitest.CbidCuLaunchKernel))
+	assert.False(t, f.CallbackEnabled(cuptitest.DomainRuntime, cuptitest.CbidCudaGetDevice))
+	for _, k := range []int{cuptitest.KindConcurrentKernel, 1, 2, cuptitest.KindRuntime, cuptitest.KindDriver} {
+		assert.True(t, f.KindEnabled(k), "kind %d", k)
+	}
+
+	launches := []launch{
+		{thread: 0, kind: "kernel", name: "_Z6sgemmPfS_S_", stream: 7, startUs: 5, durNs: 12_345},
+		{thread: 0, kind: "memcpy", name: "memcpy HtoD", stream: 7, startUs: 20, durNs: 4_000, bytes: 1 << 20},
+		{thread: 1, kind: "kernel", name: "void at::native::vectorized_elementwise_kernel<4>", stream: 13, dev: 1, startUs: 8, durNs: 999},
+		{thread: 1, kind: "memset", name: "memset", stream: 13, dev: 1, startUs: 30, durNs: 250, bytes: 4096},
+		{thread: 1, kind: "kernel", name: "tiny", stream: 13, dev: 1, startUs: 40, durNs: 0}, // shorter than a GPU tick
+	}
+	type expect struct {
+		launch
+		cid, span, start uint64
+	}
+	var mu sync.Mutex
+	var want []expect
+	var inner [2]uint64
+	var wg sync.WaitGroup
+	for th := 0; th < 2; th++ {
+		wg.Add(1)
+		go func(th int) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			outer, err := s.BeginSpan([]string{"forward", "backward"}[th], events.SpanFunction, events.StepNone)
+			if !assert.NoError(t, err) {
+				return
+			}
+			in, err := s.BeginSpan([]string{"matmul", "relu"}[th], events.SpanOp, events.StepNone)
+			if !assert.NoError(t, err) {
+				return
+			}
+			inner[th] = in
+			for _, l := range launches {
+				if l.thread != th {
+					continue
+				}
+				var cid uint32
+				start := f.Now() + l.startUs*1000
+				switch l.kind {
+				case "kernel":
+					cid = f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+					f.Kernel(cid, l.name, l.dev, l.stream, start, start+l.durNs)
+				case "memcpy":
+					// The record carries the id of the driver call, which the
+					// collector does not watch, and of the runtime call, which it does.
+					rt := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaMemcpyAsync)
+					cid = f.API(cuptitest.DomainDriver, 9999)
+					f.Memcpy(cid, rt, cuptitest.CopyHtoD, l.bytes, l.dev, l.stream, start, start+l.durNs)
+				case "memset":
+					cid = f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaMemsetAsync)
+					f.Memset(cid, l.bytes, l.dev, l.stream, start, start+l.durNs)
+				}
+				mu.Lock()
+				want = append(want, expect{l, uint64(cid), in, start})
+				mu.Unlock()
+			}
+			assert.NoError(t, s.EndSpan(in))
+			assert.NoError(t, s.EndSpan(outer))
+		}(th)
+	}
+	wg.Wait()
+
+	// On a thread with no open span: the root s1. Through an unwatched API:
+	// unattributed, s1 too. Without timestamps: not written.
+	runtime.LockOSThread()
+	rootCid := f.API(cuptitest.DomainDriver, cuptitest.CbidCuLaunchKernel)
+	start := f.Now() + 1000
+	f.Kernel(rootCid, "root_kernel", 0, 0, start, start+100)
+	unwatched := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaGetDevice)
+	f.Kernel(unwatched, "unwatched_kernel", 0, 3, start, start+200)
+	f.Kernel(f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel), "still_running", 0, 3, start, 0)
+	runtime.UnlockOSThread()
+	f.Drop(3)
+
+	time.Sleep(2 * time.Millisecond) // every record ends before "now"
+	require.NoError(t, c.Flush())
+	require.NoError(t, c.Stop())
+	require.NoError(t, c.Stop(), "Stop twice does nothing")
+	require.NoError(t, c.Flush(), "Flush after Stop does nothing")
+	assert.False(t, f.Subscribed())
+	assert.False(t, f.KindEnabled(cuptitest.KindConcurrentKernel))
+	st := c.Stats()
+	require.NoError(t, s.Finish())
+
+	evs := readTrace(t, path)
+	ivs := ofKind(evs, "device_interval")
+	require.Len(t, ivs, len(launches)+2)
+	assert.Equal(t, uint64(len(launches)+2), st.Intervals)
+	assert.Equal(t, uint64(5), st.Kernels)
+	assert.Equal(t, uint64(1), st.Memcpys)
+	assert.Equal(t, uint64(1), st.Memsets)
+	assert.Equal(t, uint64(1), st.Incomplete)
+	assert.Equal(t, uint64(3), st.Dropped)
+	assert.Equal(t, uint64(1), st.Unattributed, "the unwatched launch (the memcpy is found by its runtime id)")
+	assert.Equal(t, uint64(9), st.APIRecords, "one per simulated API call")
+	assert.Zero(t, st.BadRecords)
+	assert.GreaterOrEqual(t, st.Buffers, uint64(1))
+	assert.Less(t, st.ClockBoundNs, uint64(10_000), "the 20 µs readings are never the anchors")
+
+	byCid := map[uint64]map[string]any{}
+	for _, iv := range ivs {
+		assert.Equal(t, "host-monotonic", iv["clock_id"])
+		assert.Equal(t, "cuda", iv["backend"])
+		byCid[num(t, iv["correlation_id"])] = iv
+	}
+	t0 := s.MonotonicStart()
+	for _, w := range want {
+		iv := byCid[w.cid]
+		require.NotNil(t, iv, "correlation id %d", w.cid)
+		assert.Equal(t, w.name, iv["name"])
+		assert.Equal(t, "cuda:"+strconv.FormatUint(uint64(w.dev), 10), iv["device"])
+		assert.Equal(t, strconv.FormatUint(uint64(w.stream), 10), iv["stream_id"])
+		assert.Equal(t, "s"+strconv.FormatUint(w.span, 10), iv["span_id"], "%s launched inside span s%d", w.name, w.span)
+		assert.Equal(t, max(w.durNs, 1), num(t, iv["duration_ns"]))
+		{
+			truth := int64(w.start) - offset - int64(t0)
+			got := int64(num(t, iv["start_ns"]))
+			d := got - truth
+			if d < 0 {
+				d = -d
+			}
+			assert.LessOrEqual(t, uint64(d), st.ClockBoundNs+1, "%s: start %d, truth %d", w.name, got, truth)
+		}
+	}
+	assert.Equal(t, "s1", byCid[uint64(rootCid)]["span_id"])
+	assert.Equal(t, "root_kernel", byCid[uint64(rootCid)]["name"])
+	assert.Equal(t, "s1", byCid[uint64(unwatched)]["span_id"])
+	assert.NotEqual(t, inner[0], inner[1], "each thread's launches went to its own span")
+
+	var dropped []map[string]any
+	for _, e := range ofKind(evs, "tensor_stats") {
+		if e["label"] == LabelDropped {
+			dropped = append(dropped, e)
+		}
+	}
+	require.Len(t, dropped, 1, "stated once: Flush and Stop saw the same total")
+	assert.Equal(t, "s1", dropped[0]["span_id"])
+	assert.Equal(t, float64(3), dropped[0]["mean"])
+}
+
+func TestCollectorBuffersAndDrops(t *testing.T) {
+	tests := []struct {
+		name       string
+		maxBuffers int
+		kernels    int
+		written    int
+		minBuffers uint64
+	}{
+		// A launch is an API record (40 bytes) and a kernel record (208):
+		// a 1 MiB buffer holds 4228 launches.
+		{name: "full buffers are delivered from CUPTI's thread", maxBuffers: 64, kernels: 10000, written: 10000, minBuffers: 3},
+		{name: "past the buffer bound CUPTI drops, and the trace says so", maxBuffers: 2, kernels: 10000, written: 2 * 4228, minBuffers: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, f := fakeOptions(t)
+			o.BufferBytes = 1 // clamped to MinBufferBytes
+			o.MaxBuffers = tt.maxBuffers
+			s, path := openSession(t)
+			c, err := Start(s, o)
+			require.NoError(t, err)
+			runtime.LockOSThread()
+			span, err := s.BeginSpan("step", events.SpanFunction, events.StepNone)
+			require.NoError(t, err)
+			base := f.Now()
+			for i := 0; i < tt.kernels; i++ {
+				cid := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+				f.Kernel(cid, "k", 0, 7, base+uint64(i)*10, base+uint64(i)*10+5)
+			}
+			require.NoError(t, s.EndSpan(span))
+			runtime.UnlockOSThread()
+			time.Sleep(time.Millisecond)
+			require.NoError(t, c.Stop())
+			st := c.Stats()
+			require.NoError(t, s.Finish())
+
+			evs := readTrace(t, path)
+			ivs := ofKind(evs, "device_interval")
+			assert.Len(t, ivs, tt.written)
+			assert.Equal(t, uint64(tt.written), st.Kernels)
+			assert.GreaterOrEqual(t, st.Buffers, tt.minBuffers)
+			// Every record CUPTI could not place is a dropped kernel or API record.
+			lost := uint64(2*tt.kernels) - st.Kernels - st.APIRecords
+			assert.Equal(t, lost, st.Dropped)
+			if tt.maxBuffers == 2 {
+				assert.Positive(t, st.BuffersRefused)
+				assert.Positive(t, st.Dropped)
+			}
+			for _, iv := range ivs {
+				require.Equal(t, "s"+strconv.FormatUint(span, 10), iv["span_id"])
+			}
+			var stated float64 = -1
+			for _, e := range ofKind(evs, "tensor_stats") {
+				if e["label"] == LabelDropped {
+					stated = e["mean"].(float64)
+				}
+			}
+			assert.Equal(t, float64(st.Dropped), stated)
+		})
+	}
+}
+
+func TestCollectorRefusals(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(f *cuptitest.Fake)
+		msg   []string
+	}{
+		{
+			name:  "another profiler holds CUPTI",
+			setup: func(f *cuptitest.Fake) { f.Hold(true, 0) },
+			msg: []string{"CUPTI is held by another profiler in this process (torch.profiler, Nsight Systems",
+				"cuptiSubscribe returned CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39)", `{"collect":["nvml"]}`},
+		},
+		{
+			name:  "no driver",
+			setup: func(f *cuptitest.Fake) { f.Hold(false, 15) },
+			msg:   []string{"CUPTI could not start: cuptiSubscribe returned CUPTI_ERROR_NOT_INITIALIZED (15)", "no NVIDIA driver or GPU?"},
+		},
+		{
+			name:  "no permission",
+			setup: func(f *cuptitest.Fake) { f.Hold(false, 35) },
+			msg:   []string{"CUPTI_ERROR_INSUFFICIENT_PRIVILEGES (35)", "NVreg_RestrictProfilingToAdminUsers=0"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, f := fakeOptions(t)
+			tt.setup(f)
+			defer f.Hold(false, 0)
+			s, _ := openSession(t)
+			c, err := Start(s, o)
+			assert.Nil(t, c)
+			requireCode(t, err, session.Unavailable, tt.msg...)
+			assert.False(t, f.KindEnabled(cuptitest.KindConcurrentKernel), "nothing stays enabled")
+		})
+	}
+
+	t.Run("a second session while one collects", func(t *testing.T) {
+		o, f := fakeOptions(t)
+		s1, _ := openSession(t)
+		s2, _ := openSession(t)
+		c, err := Start(s1, o)
+		require.NoError(t, err)
+		c2, err := Start(s2, o)
+		assert.Nil(t, c2)
+		requireCode(t, err, session.Unavailable, "CUPTI already collects for another session in this process")
+		require.NoError(t, c.Stop())
+		assert.False(t, f.Subscribed())
+		c2, err = Start(s2, o)
+		require.NoError(t, err, "free again once the first stopped")
+		require.NoError(t, c2.Stop())
+	})
+}
+
+func TestCollectorDrainsPeriodically(t *testing.T) {
+	o, f := fakeOptions(t)
+	o.DrainInterval = 5 * time.Millisecond
+	s, path := openSession(t)
+	c, err := Start(s, o)
+	require.NoError(t, err)
+	runtime.LockOSThread()
+	cid := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+	runtime.UnlockOSThread()
+	now := f.Now()
+	f.Kernel(cid, "k", 0, 7, now, now+10)
+	require.Eventually(t, func() bool { return c.Stats().Intervals == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the loop flushes (cuptiActivityFlushAll(0)) and writes without Flush")
+	assert.GreaterOrEqual(t, c.Stats().ClockAnchors, 2)
+	require.NoError(t, c.Stop())
+	require.NoError(t, s.Finish())
+	assert.Len(t, ofKind(readTrace(t, path), "device_interval"), 1)
+}
+
+func TestCandidates(t *testing.T) {
+	venv := t.TempDir()
+	site := filepath.Join(venv, "lib", "python3.11", "site-packages")
+	for _, rel := range []string{"nvidia/cuda_cupti/lib/libcupti.so.12", "nvidia/cu13/lib/libcupti.so.13"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(site, rel)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(site, rel), nil, 0o644))
+	}
+	libdir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(libdir, "libcupti.so.13"), nil, 0o644))
+	env := map[string]string{LibraryEnv: "/opt/cupti/libcupti.so", "VIRTUAL_ENV": venv}
+	got := Candidates(Options{Library: libdir, LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }})
+	want := []string{
+		"/opt/cupti/libcupti.so",
+		filepath.Join(libdir, "libcupti.so.13"),
+		"libcupti.so.12", "libcupti.so.13", "libcupti.so",
+		filepath.Join(site, "nvidia/cuda_cupti/lib/libcupti.so.12"),
+		filepath.Join(site, "nvidia/cu13/lib/libcupti.so.13"),
+	}
+	if fileExists("/usr/local/cuda/extras/CUPTI/lib64/libcupti.so") {
+		want = append(want, "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so")
+	}
+	assert.Equal(t, want, got)
+}
+
+// TestNoLibcupti runs in a child process: the first libcupti loaded stays
+// for the life of a process.
+func TestNoLibcupti(t *testing.T) {
+	if os.Getenv("CT_CUPTI_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestNoLibcupti$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "CT_CUPTI_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "PASS")
+		return
+	}
+	tests := []struct {
+		name string
+		o    Options
+		msg  []string
+	}{
+		{
+			name: "nothing to load",
+			o: Options{Library: "/nonexistent/libcupti.so.12", Sonames: []string{"libcupti-missing.so.12"},
+				LookupEnv: func(k string) (string, bool) {
+					if k == LibraryEnv {
+						return "/also/missing/libcupti.so", true
+					}
+					return "", false
+				}},
+			msg: []string{"CUPTI is unavailable: no libcupti could be loaded (",
+				"/also/missing/libcupti.so: cannot open shared object file",
+				"/nonexistent/libcupti.so.12: cannot open shared object file",
+				"libcupti-missing.so.12: cannot open shared object file",
+				"Set CANDLE_TRACE_CUPTI_LIB to libcupti.so's path", "pip install nvidia-cuda-cupti-cu12"},
+		},
+		{
+			name: "not a CUPTI",
+			o:    Options{Library: "libm.so.6", Sonames: []string{}, LookupEnv: noEnv},
+			msg:  []string{"libm.so.6 has no cuptiActivityEnable (not a CUPTI library"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _ := openSession(t)
+			c, err := Start(s, tt.o)
+			assert.Nil(t, c)
+			requireCode(t, err, session.Unavailable, tt.msg...)
+		})
+	}
+}
