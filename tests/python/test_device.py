@@ -10,7 +10,6 @@ path runs through the library's forwarding stubs and writes samples.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import subprocess
@@ -19,32 +18,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import lines, require_valid
 
 REPO = Path(__file__).resolve().parents[2]
 LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so")).resolve()
-CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build" / "tools" / "bin" / "candle-graph"))
 FAKE_SRC = REPO / "internal" / "cuda" / "testdata" / "fakenvml" / "fake_nvml.c"
 CT_ERR_INVALID_ARGUMENT, CT_ERR_STATE, CT_ERR_UNAVAILABLE = 1, 4, 7
 GIB, MIB = 1 << 30, 1 << 20
 
 pytestmark = pytest.mark.skipif(not LIB.exists(), reason=f"{LIB} is not built (make lib)")
-
-
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def require_valid(trace: Path, tmp: Path) -> None:
-    if not CANDLE_GRAPH.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"candle-graph missing at {CANDLE_GRAPH}")
-        pytest.skip("candle-graph not installed (make tools)")
-    alone = tmp / f"alone-{trace.stem}"
-    alone.mkdir()
-    shutil.copy(trace, alone / "trace.jsonl")
-    r = subprocess.run([str(CANDLE_GRAPH), "summary", "trace.jsonl", "--require-valid"],
-                       cwd=alone, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
 def driver_present() -> bool:

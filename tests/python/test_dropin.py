@@ -2,36 +2,16 @@
 that process exit finishes, for programs nobody instrumented."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
+from conftest import lines, require_valid
 
 REPO = Path(__file__).resolve().parents[2]
 LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so"))
-CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build" / "tools" / "bin" / "candle-graph"))
-
-
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def require_valid(trace: Path, tmp: Path) -> None:
-    if not CANDLE_GRAPH.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"candle-graph missing at {CANDLE_GRAPH}")
-        pytest.skip("candle-graph not installed (make tools)")
-    alone = tmp / "alone"
-    alone.mkdir()
-    shutil.copy(trace, alone / "trace.jsonl")
-    r = subprocess.run([str(CANDLE_GRAPH), "summary", "trace.jsonl", "--require-valid"],
-                       cwd=alone, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
 def test_preload_traces_an_uninstrumented_program(tmp_path: Path) -> None:

@@ -1,8 +1,6 @@
 package cupti
 
 import (
-	"bufio"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +16,7 @@ import (
 	"github.com/candle-trace/candle-trace/internal/cuda/cupti/cuptitest"
 	"github.com/candle-trace/candle-trace/internal/events"
 	"github.com/candle-trace/candle-trace/internal/session"
+	"github.com/candle-trace/candle-trace/internal/testutil"
 )
 
 // The fake libcupti and the collector are both one per process, so these
@@ -42,33 +41,6 @@ func openSession(t *testing.T) (*session.Session, string) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.FinishFailed("test cleanup") })
 	return s, path
-}
-
-func readTrace(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	var out []map[string]any
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var m map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m), sc.Text())
-		out = append(out, m)
-	}
-	require.NoError(t, sc.Err())
-	return out
-}
-
-func ofKind(evs []map[string]any, kind string) []map[string]any {
-	var out []map[string]any
-	for _, e := range evs {
-		if e["kind"] == kind {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 func num(t *testing.T, v any) uint64 {
@@ -201,8 +173,8 @@ func TestCollectorDecodesAndAttributes(t *testing.T) {
 	st := c.Stats()
 	require.NoError(t, s.Finish())
 
-	evs := readTrace(t, path)
-	ivs := ofKind(evs, "device_interval")
+	evs := testutil.Lines(t, path)
+	ivs := testutil.OfKind(evs, "device_interval")
 	require.Len(t, ivs, len(launches)+2)
 	assert.Equal(t, uint64(len(launches)+2), st.Intervals)
 	assert.Equal(t, uint64(5), st.Kernels)
@@ -247,7 +219,7 @@ func TestCollectorDecodesAndAttributes(t *testing.T) {
 	assert.NotEqual(t, inner[0], inner[1], "each thread's launches went to its own span")
 
 	var dropped []map[string]any
-	for _, e := range ofKind(evs, "tensor_stats") {
+	for _, e := range testutil.OfKind(evs, "tensor_stats") {
 		if e["label"] == LabelDropped {
 			dropped = append(dropped, e)
 		}
@@ -293,8 +265,8 @@ func TestCollectorBuffersAndDrops(t *testing.T) {
 			st := c.Stats()
 			require.NoError(t, s.Finish())
 
-			evs := readTrace(t, path)
-			ivs := ofKind(evs, "device_interval")
+			evs := testutil.Lines(t, path)
+			ivs := testutil.OfKind(evs, "device_interval")
 			assert.Len(t, ivs, tt.written)
 			assert.Equal(t, uint64(tt.written), st.Kernels)
 			assert.GreaterOrEqual(t, st.Buffers, tt.minBuffers)
@@ -309,7 +281,7 @@ func TestCollectorBuffersAndDrops(t *testing.T) {
 				require.Equal(t, "s"+strconv.FormatUint(span, 10), iv["span_id"])
 			}
 			var stated float64 = -1
-			for _, e := range ofKind(evs, "tensor_stats") {
+			for _, e := range testutil.OfKind(evs, "tensor_stats") {
 				if e["label"] == LabelDropped {
 					stated = e["mean"].(float64)
 				}
@@ -388,7 +360,7 @@ func TestCollectorDrainsPeriodically(t *testing.T) {
 	assert.GreaterOrEqual(t, c.Stats().ClockAnchors, 2)
 	require.NoError(t, c.Stop())
 	require.NoError(t, s.Finish())
-	assert.Len(t, ofKind(readTrace(t, path), "device_interval"), 1)
+	assert.Len(t, testutil.OfKind(testutil.Lines(t, path), "device_interval"), 1)
 }
 
 func TestCandidates(t *testing.T) {
