@@ -96,7 +96,9 @@ func (e FamilyExpectation) Valid() bool { return e <= FamilyDataConditional }
 
 // ExpectedGradient is one parameter a complete gradient capture must report.
 type ExpectedGradient struct {
-	Root, Key, Family string
+	Root   string `json:"root"`
+	Key    string `json:"key"`
+	Family string `json:"family"`
 }
 
 // GradientFamily is the expectation for one family of the manifest.

@@ -174,7 +174,7 @@ func TestDecodedValues(t *testing.T) {
 }
 
 func TestManifestDigestTestVector(t *testing.T) {
-	got := ManifestDigest([]ExpectedGradient{{"vb", "encoder.weight", "encoder"}, {"vb", "head.weight", "head"}})
+	got := ManifestDigest([]ExpectedGradient{{Root: "vb", Key: "encoder.weight", Family: "encoder"}, {Root: "vb", Key: "head.weight", Family: "head"}})
 	assert.Equal(t, "sha256:1d8756f5fd6fb937fc1202b4f227989b2446f96965688cadae91572f7d930c1f", got)
 }
 

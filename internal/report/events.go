@@ -1,5 +1,7 @@
 package report
 
+import "github.com/candle-trace/candle-trace/internal/events"
+
 // Event records as candle-graph's serde types define them. Byte-slice fields
 // alias the current line (or the scanner arena) and are only valid until the
 // next line is decoded: the analysis copies what it keeps.
@@ -153,30 +155,10 @@ type terminalEvent struct {
 	hasReason bool
 }
 
-// dtypeSize mirrors candle-graph's element sizes (case-insensitive, trimmed).
+// dtypeSize is events.ElementSize on a line's bytes; the conversion of a
+// short non-escaping slice stays on the stack, so reading allocates nothing.
 func dtypeSize(dtype []byte) (uint64, bool) {
-	var buf [8]byte
-	d := trimSpace(dtype)
-	if len(d) > len(buf) {
-		return 0, false
-	}
-	for i, c := range d {
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		buf[i] = c
-	}
-	switch string(buf[:len(d)]) {
-	case "u8", "i8", "bool", "f8":
-		return 1, true
-	case "u16", "i16", "f16", "bf16":
-		return 2, true
-	case "u32", "i32", "f32":
-		return 4, true
-	case "u64", "i64", "f64":
-		return 8, true
-	}
-	return 0, false
+	return events.ElementSize(string(trimSpace(dtype)))
 }
 
 // denseBytes resolves an explicit footprint or derives it from shape × dtype,

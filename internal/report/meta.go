@@ -1,6 +1,10 @@
 package report
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+)
 
 // Supported schemas: the current one, and the previous one candle-graph
 // still reads (without tensor_stats).
@@ -56,11 +60,8 @@ type GradientContract struct {
 	Families       []GradientFamily   `json:"families"`
 }
 
-type ExpectedGradient struct {
-	Root   string `json:"root"`
-	Key    string `json:"key"`
-	Family string `json:"family"`
-}
+// ExpectedGradient is one manifest entry, shared with the writer.
+type ExpectedGradient = events.ExpectedGradient
 
 type GradientFamily struct {
 	Family      string `json:"family"`

@@ -1,11 +1,10 @@
 package report
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/events"
 )
 
 // provenanceProblem returns why the run metadata is out of its domain
@@ -51,23 +50,9 @@ func provenanceProblem(m *Meta) string {
 	return ""
 }
 
-// ManifestDigest is the "sha256:<hex>" digest of an ordered gradient
-// manifest: the domain separator, a zero byte, then root, key and family of
-// each entry, each as a little-endian u64 length followed by its bytes.
-func ManifestDigest(expected []ExpectedGradient) string {
-	h := sha256.New()
-	h.Write([]byte("candle-graph/gradient-manifest/1"))
-	h.Write([]byte{0})
-	var n [8]byte
-	for _, e := range expected {
-		for _, v := range []string{e.Root, e.Key, e.Family} {
-			binary.LittleEndian.PutUint64(n[:], uint64(len(v)))
-			h.Write(n[:])
-			h.Write([]byte(v))
-		}
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
+// ManifestDigest is the digest every gradient contract must carry; one
+// implementation serves the writer and the reader.
+func ManifestDigest(expected []ExpectedGradient) string { return events.ManifestDigest(expected) }
 
 // contractProblem returns why a gradient contract is invalid
 // (candle-graph's GradientContract::validate), or "".
