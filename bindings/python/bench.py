@@ -10,7 +10,10 @@
    capture: the baseline that isolates the per-op cost); under torch.profiler with
    record_shapes=True, profile_memory=True. Per-op cost = (step - step with ops=False) /
    ops for ours, (step - untraced) / events for torch.profiler;
-3. a run of 2000 small ops in one forward, where op capture dominates: ns added per op.
+3. a run of 2000 small ops in one forward, where op capture dominates: ns added per op;
+4. the aggregate schedule (``profile(..., aggregate_path=...)``): the per-update cost of
+   the whole-run statistics (5 spans and the loss) beside the untraced update, outside the
+   captured one. ``bench.py --aggregate`` runs this one alone.
 """
 
 from __future__ import annotations
@@ -279,7 +282,70 @@ def print_ops(r: dict, n_ops: int = 2000) -> None:
               f"{(x['in'] - ref) / max(x['ops'], 1):12.0f}")
 
 
+def bench_aggregate(tmp: str, blocks: int = 20, per_block: int = 200) -> dict:
+    """Median update time of the MLP untraced vs under the aggregate schedule (after its
+    capture, capture_step=1), in alternating blocks of ``per_block`` updates."""
+    import torch
+    from torch import nn
+
+    import candle_trace.torch as ctt
+    from train_mlp import MLP
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.randn(32, 64)
+    y = torch.randint(0, 10, (32,))
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(100):
+        step()
+    plain, agg = [], []
+    summary = os.path.join(tmp, "agg.json")
+    for b in range(blocks):
+        plain.extend(_timed_steps(step, None, per_block))
+        with ctt.profile(model, opt, os.path.join(tmp, f"agg-{b}.jsonl"), capture_step=1,
+                         ops=False, aggregate_path=summary) as p:
+            step()
+            p.step()  # the captured update, not timed
+            agg.extend(_timed_steps(step, p, per_block))
+    med = statistics.median
+    return {"untraced": med(plain), "aggregate": med(agg), "updates": len(agg)}
+
+
+def _timed_steps(step, prof, n: int) -> list:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        step()
+        if prof is not None:
+            prof.step()
+        out.append(time.perf_counter_ns() - t)
+    return out
+
+
+def print_aggregate(r: dict) -> None:
+    u, a = r["untraced"], r["aggregate"]
+    print(f"\naggregate schedule, MLP 64-64-10 update (median of {r['updates']} updates, "
+          "1 thread)")
+    print(f"  {'untraced update':40s} {u / 1e3:8.1f} us")
+    print(f"  {'with aggregate statistics':40s} {a / 1e3:8.1f} us   "
+          f"(+{(a - u) / 1e3:.1f} us = +{(a - u) / u * 100:.1f}% per update; 5 spans + loss)")
+
+
 def main() -> int:
+    if "--aggregate" in sys.argv[1:]:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(f"python {sys.version.split()[0]}, candle-trace {ct.version()}")
+            print_aggregate(bench_aggregate(tmp))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         sp = bench_spans(tmp)
         print(f"python {sys.version.split()[0]}, candle-trace {ct.version()}")
@@ -301,6 +367,7 @@ def main() -> int:
                 print(f"\n(the C++ observer was built first: {st['build_s']:.1f} s)")
             print_step(st)
             print_ops(bench_ops(tmp))
+            print_aggregate(bench_aggregate(tmp))
     return 0
 
 

@@ -4,6 +4,13 @@ update 3 is captured into a candle-graph/trace/10 trace with candle_trace.torch.
     PYTHONPATH=bindings/python /usr/bin/python3 examples/python/train_mlp.py build/py/mlp.jsonl
     build/candle-trace report build/py/mlp.jsonl
 
+With ``--aggregate SUMMARY.json`` a second session keeps candle-trace/aggregate/1 statistics
+of every update (forward, backward, optimizer, data, the update, the loss) in constant memory,
+beside the capture of update 3:
+
+    ... train_mlp.py build/py/mlp.jsonl --steps 10000 --aggregate build/py/summary.json
+    build/candle-trace report build/py/summary.json --category train/step=ignore
+
 Its twin is bindings/rust/examples/train_mlp.rs (candle): the same model, the
 same numbers — every weight, bias, input and label comes from one splitmix64
 stream seeded with 0, drawn in the same order — and the same comparison
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 from torch import nn
@@ -89,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace", nargs="?", default="traces/mlp.jsonl")
     ap.add_argument("--steps", type=int, default=5)  # the Rust twin trains 5 updates too
     ap.add_argument("--capture-step", type=int, default=3)
+    ap.add_argument("--aggregate", metavar="SUMMARY.json", default=None,
+                    help="also keep aggregate statistics of every update in this summary")
+    ap.add_argument("--aggregate-interval-ms", type=int, default=None,
+                    help="rewrite the summary this often (default 10 s) besides at the end")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -98,9 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.CrossEntropyLoss()
 
+    agg = {}
+    if args.aggregate is not None:
+        agg = {"aggregate_path": args.aggregate,
+               "aggregate_interval_ms": args.aggregate_interval_ms}
+    t0 = time.perf_counter()
     with candle_trace.torch.profile(model, optimizer, args.trace,
                                     capture_step=args.capture_step, name="mlp",
-                                    identity=IDENTITY, tags={"example": "python"}) as prof:
+                                    identity=IDENTITY, tags={"example": "python"},
+                                    **agg) as prof:
         for x, y in batches(rng, args.steps):
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
@@ -109,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             prof.step()
     print(f"wrote {args.trace} (update {args.capture_step} of {args.steps}, "
           f"{prof.op_count} ops via {prof.op_mechanism}, final loss {loss.item():.4f})")
+    if args.aggregate is not None:
+        wall = time.perf_counter() - t0
+        print(f"wrote {args.aggregate} (aggregate statistics of all {args.steps} updates, "
+              f"{wall:.2f} s, {wall / max(args.steps, 1) * 1e6:.1f} us per update)")
+        print(f"report: candle-trace report {args.aggregate} --category train/step=ignore")
     return 0
 
 

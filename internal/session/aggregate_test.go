@@ -34,6 +34,10 @@ func TestAggregateSessionFoldsSpansPerNameAndStep(t *testing.T) {
 			require.NoError(t, s.EndSpan(opt))
 		}
 		require.NoError(t, s.RecordScalar(step, "loss", float64(i)))
+		if i < 10 {
+			_, err := s.RecordCompletedSpan("data/load", events.SpanFunction, 0, 1000+uint64(i))
+			require.NoError(t, err)
+		}
 		require.NoError(t, s.EndSpan(step))
 		if i == 999 {
 			require.NoError(t, s.SetAggregateEnabled(false))
@@ -59,6 +63,7 @@ func TestAggregateSessionFoldsSpansPerNameAndStep(t *testing.T) {
 	assert.Equal(t, uint64(2000), counts["train/step/"], counts)
 	assert.Equal(t, uint64(2000), counts["forward/forward"], counts)
 	assert.Equal(t, uint64(667), counts["optimizer/optimizer"], counts) // i%3==0 for i in [0,1000) ∪ [2000,3000)
+	assert.Equal(t, uint64(10), counts["data/load/"], "completed spans are folded too")
 	require.Len(t, sum.Scalars, 1)
 	assert.Equal(t, "loss", sum.Scalars[0].Label)
 	assert.Equal(t, float64(2999), sum.Scalars[0].Last)

@@ -288,9 +288,13 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 		return 0, errorf(InvalidArgument, "%s: the span ends at %d ns, in the future (now %d ns)", fn, startNs+durNs, now)
 	}
 	id := nextSpanID(s.slot)
+	s.closed.put(closedSpan{id: id, parent: 1, start: startNs, dur: durNs})
+	if s.aggr != nil {
+		s.aggr.agg.Observe(s.spanKey(name, uint32(events.StepNone)), durNs)
+		return id, nil
+	}
 	s.buf = events.AppendSpanStart(s.buf, id, 1, name, startNs, kind, false, events.StepNone, 0)
 	s.buf = events.AppendSpanEnd(s.buf, id, durNs)
-	s.closed.put(closedSpan{id: id, parent: 1, start: startNs, dur: durNs})
 	s.countLabel(name)
 	s.maybeWrite()
 	return id, nil

@@ -228,3 +228,101 @@ def test_tensor_stats_on_device():
     t = torch.tensor([1.0, -3.0, float("nan"), float("inf")])
     nf, rms, amax, mean = ctt.tensor_stats(t)
     assert nf == 2 and amax == 3.0 and mean == -1.0 and abs(rms - (5.0 ** 0.5)) < 1e-12
+
+
+# -- both modes in one run: aggregate statistics over every update + the capture ----------
+
+def _agg_loop(prof, model, opt, steps, x, y):
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        prof.step()
+
+
+def _agg_setup():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(4, 8), \
+        torch.randint(0, 3, (4,))
+
+
+def _spans(summary):
+    return {(s["name"], s.get("step")): s for s in summary["spans"]}
+
+
+def test_aggregate_counts_every_update_and_the_capture_stays_valid(tmp_path):
+    import json
+    model, opt, x, y = _agg_setup()
+    trace, agg = tmp_path / "t.jsonl", tmp_path / "agg.json"
+    backward = torch.autograd.backward
+    with ctt.profile(model, opt, str(trace), capture_step=3, aggregate_path=str(agg),
+                     aggregate_interval_ms=50) as prof:
+        _agg_loop(prof, model, opt, 200, x, y)
+    summary = json.loads(agg.read_text())
+    assert summary["schema"] == "candle-trace/aggregate/1" and summary["final"]
+    spans = _spans(summary)
+    for key in [("train/forward", "forward"), ("train/backward", "backward"),
+                ("train/optimizer", "optimizer"), ("train/step", None), ("train/data", None)]:
+        assert spans[key]["count"] == 200, (key, spans[key])
+    assert len(spans) == 5, sorted(spans)
+    (loss,) = summary["scalars"]
+    assert loss["label"] == "loss" and loss["count"] == 200 and loss["non_finite"] == 0
+    # the capture of update 3 is taken exactly as without the aggregate session
+    cg = candle_graph(trace, tmp_path)
+    assert cg["health"]["structurally_valid"] and cg["health"]["capture_complete"]
+    lines = read_trace(trace)
+    assert lines[-1]["outcome"] == "complete"
+    assert any(s["name"] == "backward" for s in by_kind(lines, "span_start"))
+    # every whole-run wrapper is gone
+    assert "forward" not in model.__dict__ and "step" not in opt.__dict__
+    assert torch.autograd.backward is backward
+    r = subprocess.run([str(REPO / "build" / "candle-trace"), "report", str(agg),
+                        "--category", "train/step=ignore"], capture_output=True, text=True)
+    assert r.returncode == 0 and "train/forward" in r.stdout, r.stdout + r.stderr
+
+
+def test_aggregate_is_finished_when_the_capture_fails(tmp_path):
+    import json
+    model, opt, x, y = _agg_setup()
+    trace, agg = tmp_path / "t.jsonl", tmp_path / "agg.json"
+    with pytest.warns(RuntimeWarning, match="before capture step"):
+        with ctt.profile(model, opt, str(trace), capture_step=10,
+                         aggregate_path=str(agg)) as prof:
+            _agg_loop(prof, model, opt, 4, x, y)
+    assert read_trace(trace)[-1]["outcome"] == "failed"
+    summary = json.loads(agg.read_text())
+    assert summary["final"] and _spans(summary)[("train/forward", "forward")]["count"] == 4
+
+
+def test_aggregate_is_finished_when_the_loop_raises(tmp_path):
+    import json
+    model, opt, x, y = _agg_setup()
+    trace, agg = tmp_path / "t.jsonl", tmp_path / "agg.json"
+    with pytest.raises(RuntimeError, match="shapes"):
+        with ctt.profile(model, opt, str(trace), capture_step=2,
+                         aggregate_path=str(agg)) as prof:
+            _agg_loop(prof, model, opt, 5, x, y)
+            model(torch.randn(4, 5))  # wrong shape: raises inside forward
+    summary = json.loads(agg.read_text())
+    assert summary["final"]
+    spans = _spans(summary)
+    assert spans[("train/backward", "backward")]["count"] == 5
+    assert spans[("train/step", None)]["count"] == 5  # the failed update is not counted
+    assert "forward" not in model.__dict__
+
+
+def test_aggregate_path_without_a_writable_folder_is_refused(tmp_path):
+    # The library creates missing folders; a regular file where the folder should be
+    # cannot be one (and, unlike permissions, stops root too).
+    model, opt, x, y = _agg_setup()
+    trace = tmp_path / "t.jsonl"
+    (tmp_path / "file").write_text("")
+    backward = torch.autograd.backward
+    with pytest.raises(ctt.CandleTraceError):
+        with ctt.profile(model, opt, str(trace),
+                         aggregate_path=str(tmp_path / "file" / "a.json")):
+            pass
+    assert torch.autograd.backward is backward and "forward" not in model.__dict__
+    assert read_trace(trace)[-1]["outcome"] == "failed"

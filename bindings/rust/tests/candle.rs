@@ -158,3 +158,26 @@ fn variables_are_parameters() {
     let t = of_kind(&l, "tensor")[0];
     assert_eq!((t["category"].as_str(), t["requires_grad"].as_bool()), (Some("parameter"), Some(true)));
 }
+
+#[test]
+fn aggregate_schedule_counts_every_update_and_keeps_the_capture() {
+    let dir = fresh_dir("aggregate-schedule");
+    let (out, sum) = (dir.path().join("t.jsonl"), dir.path().join("agg.json"));
+    let (trace, summary, losses) = mlp::train_aggregate(&out, &sum, Some(50), 200).unwrap();
+    assert_eq!(losses.len(), 200);
+    assert_valid_complete(&trace);
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(doc["schema"], "candle-trace/aggregate/1");
+    assert_eq!(doc["final"], true);
+    let spans = doc["spans"].as_array().unwrap();
+    assert_eq!(spans.len(), 5, "{spans:?}");
+    for (name, step) in [(mlp::LABELS[0], "forward"), (mlp::LABELS[1], "backward"), (mlp::LABELS[2], "optimizer"), (mlp::AGG_STEP, ""), (mlp::AGG_DATA, "")] {
+        let s = spans.iter().find(|s| s["name"] == name).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(s["count"], 200, "{s}");
+        assert_eq!(s["step"].as_str().unwrap_or(""), step);
+    }
+    let scalars = doc["scalars"].as_array().unwrap();
+    assert_eq!(scalars.len(), 1);
+    assert_eq!(scalars[0]["label"], "loss");
+    assert_eq!(scalars[0]["count"], 200);
+}

@@ -33,6 +33,26 @@ ends, so the other updates run untouched. The captured update holds:
 
 Spans nest per thread: a backward module span is opened and closed on the thread that
 runs its autograd hooks.
+
+Both modes in one run: with ``aggregate_path``, a second session (``"mode": "aggregate"``,
+a ``candle-trace/aggregate/1`` summary, docs/aggregate-format.md) stays open for the whole
+loop and folds, for every update, cheap whole-run hooks into O(1)-memory statistics:
+
+- ``<prefix>/forward`` (step forward): the model's ``forward`` (an instance wrapper);
+- ``<prefix>/backward`` (step backward): ``torch.autograd.backward`` (``loss.backward()``);
+- ``<prefix>/optimizer`` (step optimizer): ``optimizer.step``;
+- ``<prefix>/step``: the update, from its first forward to ``prof.step()`` (the trace's
+  measured region ``update`` spans the same), which encloses the phases: report it with
+  ``candle-trace report SUMMARY --category <prefix>/step=ignore``;
+- ``<prefix>/data``: from ``prof.step()`` (or the profile's start) to the next update's
+  forward -- the input pipeline, ``zero_grad`` and whatever else the loop does there;
+- the scalar ``loss`` (the 1-element tensor given to backward, read after ``prof.step()``;
+  on CUDA that read synchronizes once per update: ``aggregate_loss=False`` turns it off).
+
+``<prefix>`` is ``aggregate_prefix`` (default ``train``). The captured update is counted
+too (its phases carry the capture's cost: see their max). No per-module or per-op hook runs
+outside the captured update. The summary is rewritten every ``aggregate_interval_ms``
+(default 10 s) and at exit, also when the loop raised or the capture failed.
 """
 
 from __future__ import annotations
@@ -136,6 +156,17 @@ def _tensors(args: Any) -> List[torch.Tensor]:
     return out
 
 
+_MISSING = object()
+
+
+def _restore(obj: Any, attr: str, prev: Any) -> None:
+    """Puts back an instance attribute a wrapper replaced (removes it when there was none)."""
+    if prev is _MISSING:
+        obj.__dict__.pop(attr, None)
+    else:
+        obj.__dict__[attr] = prev
+
+
 class _Thread(threading.local):
     """Per-thread span stack of the capture: (owner, span id), innermost last."""
 
@@ -196,6 +227,10 @@ class profile:
         stats: bool = True,
         gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None,
         enabled: bool = True,
+        aggregate_path: Optional[str] = None,
+        aggregate_interval_ms: Optional[int] = None,
+        aggregate_prefix: str = "train",
+        aggregate_loss: bool = True,
     ) -> None:
         if not isinstance(capture_step, int) or capture_step < 1:
             raise CandleTraceError(1, f"candle_trace.torch.profile: capture_step must be an "
@@ -246,6 +281,16 @@ class profile:
         self._modules = {m: (n or self.name) for n, m in model.named_modules()}
         self._qual = {m: n for n, m in model.named_modules()}
         self.op_count = 0
+        self.aggregate_path = None if aggregate_path is None else str(aggregate_path)
+        self.aggregate_interval_ms = aggregate_interval_ms
+        self.aggregate_prefix = aggregate_prefix
+        self.aggregate_loss = aggregate_loss
+        #: the aggregate session (``aggregate_path`` given and enabled), else None
+        self.aggregate: Optional[Session] = None
+        self._agg_undo: List[Callable[[], None]] = []
+        self._agg_open: List[Any] = []
+        self._agg_update: Any = None
+        self._agg_loss_t: Optional[torch.Tensor] = None
 
     # -- schedule ---------------------------------------------------------------
 
@@ -290,6 +335,15 @@ class profile:
         self._hc = getattr(self.session, "_hc", None)
         if self.enabled:
             self._now = self.session._lib.raw.ct_now_ns
+        if self.enabled and self.aggregate_path is not None:
+            try:
+                self._open_aggregate()
+            except BaseException as e:
+                try:
+                    self.session.finish_failed(f"the aggregate session could not open: {e}")
+                except CandleTraceError:
+                    pass
+                raise
         self.state = "waiting"
         if self.capture_step == 1:
             self._arm()
@@ -299,6 +353,8 @@ class profile:
         """Marks the end of one update of the training loop."""
         if self.state == "capturing" or self.state == "armed":
             self._end_capture()
+        if self.aggregate is not None:
+            self._agg_step()
         self.steps += 1
         if self.state == "waiting" and self.steps == self.capture_step - 1:
             self._arm()
@@ -310,6 +366,13 @@ class profile:
         self._disarm()
         if not self.enabled:
             return False
+        try:
+            self._exit_trace(s, exc_type, exc)
+        finally:
+            self._close_aggregate(exc_type, exc)
+        return False
+
+    def _exit_trace(self, s: Session, exc_type: Any, exc: Any) -> bool:
         if exc_type is not None:
             reason = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
             try:
@@ -326,6 +389,120 @@ class profile:
             warnings.warn(f"candle_trace.torch: {msg}; {self.path} records a failed capture",
                           RuntimeWarning, stacklevel=2)
         return False
+
+    # -- the aggregate session ---------------------------------------------------
+
+    def _open_aggregate(self) -> None:
+        run: Dict[str, Any] = {"mode": "aggregate"}
+        if self.aggregate_interval_ms is not None:
+            run["aggregate_interval_ms"] = int(self.aggregate_interval_ms)
+        a = Session(self.aggregate_path, self.entrypoint, "train", self.capture_step,
+                    self.device, tags=self.tags, run=run)
+        self.aggregate = a
+        p = self.aggregate_prefix
+        fwd = a.span(f"{p}/forward", "module", "forward")
+        bwd = a.span(f"{p}/backward", "function", "backward")
+        opt_span = a.span(f"{p}/optimizer", "function", "optimizer")
+        # The update span opens at the update's first forward (the trace's measured region
+        # starts there too) and closes at prof.step(); the data span covers the rest, from
+        # prof.step() (or the start) to the next forward. Both are plain begin/end spans of
+        # this thread (ct_record_completed_span is not folded by aggregate sessions).
+        self._agg_step_span = a.span(f"{p}/step")
+        self._agg_data_span = a.span(f"{p}/data")
+        self._agg_open: List[Any] = []  # the open update or data span (at most one)
+        self._agg_open_data()
+
+        model = self.model
+        orig_forward = model.__dict__.get("forward", _MISSING)
+        spanned_forward = fwd(model.forward)  # a Span per call, closed on exceptions too
+        open_ = self._agg_open
+
+        @functools.wraps(spanned_forward)
+        def forward(*args: Any, **kw: Any) -> Any:
+            if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
+                self._agg_begin_update()
+            return spanned_forward(*args, **kw)
+
+        model.forward = forward  # type: ignore[method-assign]
+        self._agg_undo.append(lambda: _restore(model, "forward", orig_forward))
+
+        orig_backward = torch.autograd.backward
+        spanned_backward = bwd(orig_backward)
+        want_loss = self.aggregate_loss
+
+        @functools.wraps(orig_backward)
+        def backward(tensors: Any, *args: Any, **kw: Any) -> Any:
+            if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                self._agg_loss_t = tensors.detach()
+            return spanned_backward(tensors, *args, **kw)
+
+        torch.autograd.backward = backward  # Tensor.backward calls it too
+        self._agg_undo.append(lambda: setattr(torch.autograd, "backward", orig_backward))
+
+        o = self.optimizer
+        if o is not None:
+            orig_opt = o.__dict__.get("step", _MISSING)
+            o.step = opt_span(o.step)  # type: ignore[method-assign]
+            self._agg_undo.append(lambda: _restore(o, "step", orig_opt))
+
+    def _agg_open_data(self) -> None:
+        sp = self._agg_data_span
+        data = type(sp)()
+        data._sess, data._name, data._kind, data._step, data._measured = (
+            sp._sess, sp._name, sp._kind, sp._step, False)
+        data.__enter__()
+        self._agg_open.append(data)  # a data span is not None: see forward()
+
+    def _agg_begin_update(self) -> None:
+        """Closes the data span (if open) and opens the update span."""
+        open_ = self._agg_open
+        if open_:
+            open_.pop().__exit__(None, None, None)
+        sp = self._agg_step_span
+        upd = type(sp)()
+        upd._sess, upd._name, upd._kind, upd._step, upd._measured = (
+            sp._sess, sp._name, sp._kind, sp._step, False)
+        upd.__enter__()
+        open_.append(None)  # marks "update open"
+        self._agg_update = upd
+
+    def _agg_step(self) -> None:
+        open_ = self._agg_open
+        if not open_ or open_[-1] is not None:  # no forward in this update
+            self._agg_begin_update()
+        open_.pop()
+        self._agg_update.__exit__(None, None, None)
+        self._agg_update = None
+        loss, self._agg_loss_t = self._agg_loss_t, None
+        if loss is not None:
+            self.aggregate.record_scalar(1, "loss", float(loss))  # type: ignore[union-attr]
+        self._agg_open_data()
+
+    def _close_aggregate(self, exc_type: Any, exc: Any) -> None:
+        for u in reversed(self._agg_undo):
+            u()
+        self._agg_undo.clear()
+        a, self.aggregate = self.aggregate, None
+        if a is None or a.finished:
+            return
+        try:
+            open_ = self._agg_open
+            if open_:
+                # The span after the last update (data, or an update without prof.step())
+                # is no update: it ends with statistics off, so it is not counted.
+                a.aggregate_enable(False)
+                span = open_.pop()
+                (span if span is not None else self._agg_update).__exit__(None, None, None)
+        except CandleTraceError:
+            pass
+        if exc_type is None:
+            a.finish()
+        else:
+            reason = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+            try:
+                a.finish_failed(reason)
+            except CandleTraceError:
+                pass
 
     # -- arming ------------------------------------------------------------------
 
@@ -352,8 +529,9 @@ class profile:
                     finally:
                         self._opt_post()
 
+                prev = opt.__dict__.get("step", _MISSING)
                 opt.step = step  # type: ignore[method-assign]
-                self._undo.append(lambda: opt.__dict__.pop("step", None))
+                self._undo.append(lambda: _restore(opt, "step", prev))
         orig_backward = torch.autograd.backward
 
         @functools.wraps(orig_backward)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, Optimizer, VarBuilder, VarMap, SGD};
 use candle_trace::candle::{backward_step, gradient_contract, Traced};
-use candle_trace::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Run, Session, SpanKind, Step};
+use candle_trace::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Run, Session, SpanId, SpanKind, Step};
 
 pub const IN: usize = 64;
 pub const HIDDEN: usize = 64;
@@ -141,8 +141,19 @@ pub fn run_description(s: &Setup) -> Run {
 /// `train/optimizer` — all inside the measured region `train/update`.
 /// Returns the loss.
 pub fn captured_update(session: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
+    captured_update_with(session, None, s, x, y)
+}
+
+fn agg_span<'a>(agg: Option<&'a Session>, name: &str, kind: SpanKind, step: Step) -> candle_trace::Result<Option<candle_trace::SpanGuard<'a>>> {
+    agg.map(|a| a.try_span(name, kind, step)).transpose()
+}
+
+/// [`captured_update`], its phases also spanned in the aggregate session
+/// `agg` (when given) under the same names; the trace is the same.
+pub fn captured_update_with(session: &Session, agg: Option<&Session>, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
     let _update = session.measure("train/update")?;
     let loss = {
+        let _agg = agg_span(agg, LABELS[0], SpanKind::Module, Step::Forward)?;
         let fwd = session.try_span(LABELS[0], SpanKind::Module, Step::Forward)?;
         session.record_tensor_as(&fwd, x, Some("input"), candle_trace::Category::Other)?;
         let logits = s.model.forward(x)?;
@@ -152,7 +163,22 @@ pub fn captured_update(session: &Session, s: &mut Setup, x: &Tensor, y: &Tensor)
         session.scalar(&fwd, "loss", value as f64)?;
         (loss, value)
     };
-    backward_step(session, &mut s.opt, &loss.0, ROOT, &s.varmap)?;
+    if agg.is_none() {
+        backward_step(session, &mut s.opt, &loss.0, ROOT, &s.varmap)?;
+        return Ok(loss.1);
+    }
+    // backward_step, spelled out to put the aggregate spans around its phases.
+    let grads = {
+        let _agg = agg_span(agg, LABELS[1], SpanKind::Function, Step::Backward)?;
+        let _bwd = session.try_span(LABELS[1], SpanKind::Function, Step::Backward)?;
+        loss.0.backward()?
+    };
+    session.record_gradients(ROOT, &grads, &s.varmap)?;
+    {
+        let _agg = agg_span(agg, LABELS[2], SpanKind::Function, Step::Optimizer)?;
+        let _opt = session.try_span(LABELS[2], SpanKind::Function, Step::Optimizer)?;
+        s.opt.step(&grads)?;
+    }
     Ok(loss.1)
 }
 
@@ -173,4 +199,72 @@ pub fn train(out: &Path, steps: u64) -> candle_trace::Result<(PathBuf, Vec<f32>)
         }
     }
     Ok((written.expect("capture step reached"), losses))
+}
+
+/// Span names of the aggregate schedule ([`train_aggregate`]): the update
+/// (enclosing the rest: report it with `--category train/step=ignore`), the
+/// batch, and the three phases.
+pub const AGG_STEP: &str = "train/step";
+pub const AGG_DATA: &str = "train/data";
+
+/// One update with the aggregate session's phase spans (the same arithmetic
+/// as [`plain_update`]). Returns the loss.
+pub fn aggregated_update(agg: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
+    let loss = {
+        let _f = agg.try_span(LABELS[0], SpanKind::Module, Step::Forward)?;
+        let logits = s.model.forward(x)?;
+        candle_nn::loss::cross_entropy(&logits, y)?
+    };
+    let grads = {
+        let _b = agg.try_span(LABELS[1], SpanKind::Function, Step::Backward)?;
+        loss.backward()?
+    };
+    {
+        let _o = agg.try_span(LABELS[2], SpanKind::Function, Step::Optimizer)?;
+        s.opt.step(&grads)?;
+    }
+    Ok(loss.to_scalar::<f32>()?)
+}
+
+/// Both modes in one run: an aggregate session (`summary`, a
+/// candle-trace/aggregate/1 file rewritten every `interval_ms`, default 10 s)
+/// over all `steps` updates — `train/step`, `train/data`, the three phase
+/// spans and the `loss` scalar, in constant memory — and the capture of
+/// update [`CAPTURE_STEP`] into `out`, exactly as [`train`] takes it (the
+/// captured update is counted too: its `train/step` carries the capture's
+/// cost). The aggregate session is finished also when the capture fails.
+/// Returns the trace path, the summary path and the losses.
+pub fn train_aggregate(out: &Path, summary: &Path, interval_ms: Option<u64>, steps: u64) -> candle_trace::Result<(PathBuf, PathBuf, Vec<f32>)> {
+    assert!(steps >= CAPTURE_STEP);
+    let mut s = setup()?;
+    let agg = Session::open(summary, Run::training("mlp::train", CAPTURE_STEP, "cpu").tag("example", "rust").aggregate(interval_ms))?;
+    let result = (|| -> candle_trace::Result<(PathBuf, Vec<f32>)> {
+        let mut losses = Vec::with_capacity(steps as usize);
+        let mut written = None;
+        for step in 1..=steps {
+            let _update = agg.try_span(AGG_STEP, SpanKind::Function, Step::None)?;
+            let (x, y) = {
+                let _d = agg.try_span(AGG_DATA, SpanKind::Function, Step::None)?;
+                batch(&mut s)?
+            };
+            let loss = if step == CAPTURE_STEP {
+                let session = Session::open(out, run_description(&s))?;
+                let l = captured_update_with(&session, Some(&agg), &mut s, &x, &y)?;
+                written = Some(session.finish()?);
+                l
+            } else {
+                aggregated_update(&agg, &mut s, &x, &y)?
+            };
+            agg.scalar(SpanId::ROOT, "loss", loss as f64)?;
+            losses.push(loss);
+        }
+        Ok((written.expect("capture step reached"), losses))
+    })();
+    match result {
+        Ok((trace, losses)) => Ok((trace, agg.finish()?, losses)),
+        Err(e) => {
+            let _ = agg.finish_failed(&e.to_string());
+            Err(e)
+        }
+    }
 }
