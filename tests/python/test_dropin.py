@@ -69,3 +69,38 @@ def test_without_the_variable_there_is_no_ambient_session(tmp_path: Path) -> Non
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
+
+
+CRASHER = r"""
+#include <signal.h>
+#include <time.h>
+int main(void) {
+    struct timespec t = {0, 200 * 1000 * 1000};
+    nanosleep(&t, 0);           /* longer than the flush interval */
+    volatile int *p = 0;
+    return *p;                  /* SIGSEGV in non-Go code */
+}
+"""
+
+
+def test_a_crashing_program_leaves_a_readable_partial_trace(tmp_path: Path) -> None:
+    cc = os.environ.get("CC", "cc")
+    src, exe = tmp_path / "crash.c", tmp_path / "crash"
+    src.write_text(CRASHER)
+    subprocess.run([cc, "-O0", str(src), "-o", str(exe)], check=True, timeout=60)
+    trace = tmp_path / "crash.jsonl"
+    env = dict(os.environ, LD_PRELOAD=str(LIB), CANDLE_TRACE_PATH=str(trace))
+    proc = subprocess.run([str(exe)], env=env, timeout=30)
+    assert proc.returncode == -11, "the program still dies of its own SIGSEGV"
+    data = trace.read_bytes()
+    assert data.endswith(b"\n"), "only whole lines are on disk"
+    events = lines(trace)
+    assert [e["kind"] for e in events[:2]] == ["meta", "span_start"]
+    assert events[-1]["kind"] != "terminal", "a crash is not a completed capture"
+    cli = REPO / "build" / "candle-trace"
+    if cli.exists():
+        strict = subprocess.run([str(cli), "validate", str(trace)], capture_output=True, text=True, timeout=30)
+        assert strict.returncode == 1
+        partial = subprocess.run([str(cli), "validate", "--allow-partial", str(trace)],
+                                 capture_output=True, text=True, timeout=30)
+        assert partial.returncode == 0, partial.stdout + partial.stderr
