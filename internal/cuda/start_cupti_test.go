@@ -25,6 +25,7 @@ import (
 func TestStartCUPTI(t *testing.T) {
 	lib := cuptitest.Build(t)
 	fake := cuptitest.Open(t, lib)
+	fakeCUPTILoaded = true
 	noEnv := func(string) (string, bool) { return "", false }
 	tests := []struct {
 		name    string
