@@ -21,7 +21,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-python bench-rust tools clean
+.PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli
 
@@ -101,9 +101,14 @@ test-twins: $(LIB) $(CLI) test-rust
 bench-rust: $(LIB)
 	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead
 
-bench: $(LIB) $(BUILD)/bench_spans
+# Every benchmark: Go packages, the C span path (burst + 50 M events
+# sustained) and both bindings. Figures go into BENCHMARKS.md.
+bench: bench-core bench-python bench-rust
+
+bench-core: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 	./$(BUILD)/bench_spans /tmp 100000
+	./$(BUILD)/bench_spans /tmp 0 50000000
 
 clean:
 	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/bench_spans $(BUILD)/demo
