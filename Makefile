@@ -8,6 +8,7 @@ GO        ?= go
 CC        ?= cc
 BUILD     := build
 LIB       := $(BUILD)/libcandle_trace.so
+PRELOAD   := $(BUILD)/libcandle_trace_preload.so
 CLI       := $(BUILD)/candle-trace
 CFLAGS    ?= -O2 -Wall -Wextra -Werror -std=c99
 # candle-graph, the reference reader: installed by tools (or .ci/run) from crates.io.
@@ -23,7 +24,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
-all: lib cli
+all: lib cli $(PRELOAD)
 
 lib: $(LIB)
 cli: $(CLI)
@@ -31,6 +32,11 @@ cli: $(CLI)
 $(LIB): $(GO_SRC)
 	$(GO) build -buildmode=c-shared -o $@ ./cmd/libtrace
 	@rm -f $(BUILD)/libcandle_trace.h   # the hand-written include/candle_trace.h is the header
+
+# The drop-in's LD_PRELOAD shim: plain C, loads the Go library only into
+# the processes CANDLE_TRACE_MATCH names.
+$(PRELOAD): cmd/preload/preload.c
+	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC $< -o $@ -ldl
 
 $(CLI): $(GO_SRC)
 	@if [ -d cmd/candle-trace ]; then $(GO) build -o $@ ./cmd/candle-trace; fi
@@ -75,7 +81,7 @@ test-go: $(LIB) tools $(WRITER)
 test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
 
-test-load: $(LIB) $(BUILD)/train_step
+test-load: $(LIB) $(PRELOAD) $(BUILD)/train_step
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
 
 # The Python binding: non-torch tests under python3, torch tests under

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from conftest import lines, require_valid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,3 +105,42 @@ def test_a_crashing_program_leaves_a_readable_partial_trace(tmp_path: Path) -> N
         partial = subprocess.run([str(cli), "validate", "--allow-partial", str(trace)],
                                  capture_output=True, text=True, timeout=30)
         assert partial.returncode == 0, partial.stdout + partial.stderr
+
+
+PRELOAD = REPO / "build" / "libcandle_trace_preload.so"
+
+
+def test_preload_shim_loads_the_library_only_into_matching_processes(tmp_path: Path) -> None:
+    if not PRELOAD.exists():
+        pytest.fail(f"{PRELOAD} is not built (make {PRELOAD.relative_to(REPO)})")
+    env = dict(os.environ, LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_PATH=str(tmp_path / "t-%p.jsonl"),
+               CANDLE_TRACE_LIB=str(LIB), CANDLE_TRACE_MATCH="python*,other")
+    # A shell and a sleep are not traced: no Go runtime is started in them.
+    r = subprocess.run(["/bin/sh", "-c", "/bin/sleep 0.01"], env=env, timeout=30)
+    assert r.returncode == 0
+    assert list(tmp_path.glob("t-*.jsonl")) == []
+    # The Python process is.
+    r = subprocess.run([sys.executable, "-c", "print('hi')"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    (trace,) = tmp_path.glob("t-*.jsonl")
+    events = lines(trace)
+    assert events[0]["producer"]["binding"] == "drop-in"
+    assert events[-1]["kind"] == "terminal" and events[-1]["outcome"] == "complete"
+    require_valid(trace, tmp_path)
+
+
+def test_preload_shim_default_matches_every_process(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CANDLE_TRACE_MATCH"}
+    env.update(LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_PATH=str(tmp_path / "all-%p.jsonl"), CANDLE_TRACE_LIB=str(LIB))
+    r = subprocess.run(["/bin/sleep", "0.01"], env=env, timeout=30)
+    assert r.returncode == 0
+    (trace,) = tmp_path.glob("all-*.jsonl")
+    assert lines(trace)[0]["entrypoint"] == "sleep"
+
+
+def test_preload_shim_next_to_the_library_finds_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("CANDLE_TRACE_MATCH", "CANDLE_TRACE_LIB")}
+    env.update(LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_PATH=str(tmp_path / "near.jsonl"))
+    r = subprocess.run(["/bin/sleep", "0.01"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert lines(tmp_path / "near.jsonl")[-1]["outcome"] == "complete"
