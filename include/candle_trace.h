@@ -447,7 +447,10 @@ uint32_t ct_abi_version(void);
  * CANDLE_TRACE_DEVICE_COLLECT ("nvml", comma-separated) starts device
  * collectors on it as ct_device_start would, with
  * CANDLE_TRACE_DEVICE_INTERVAL_MS as interval_ms; when they cannot start,
- * stderr says why and the session goes on without them. */
+ * stderr says why and the session goes on without them.
+ * To pick processes, preload build/libcandle_trace_preload.so instead of
+ * this library: it loads this library only where the program name matches
+ * CANDLE_TRACE_MATCH (comma-separated shell patterns, default "*"). */
 ct_session ct_ambient_session(void);
 
 #ifdef __cplusplus
