@@ -55,7 +55,6 @@ func (s *Session) spanKey(name string, step uint32) aggregate.Key {
 func (s *Session) SetAggregateEnabled(on bool) error {
 	const fn = "ct_aggregate_enable"
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()

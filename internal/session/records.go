@@ -12,10 +12,12 @@ import (
 // candle-graph rejects; a refused record writes nothing.
 
 // beginRecord locks, checks the session is usable and drains the rings so
-// the span tables are current. The caller must call mu.Unlock.
+// the span tables are current. On success the caller holds mu and must
+// unlock it; on failure mu is already released.
 func (s *Session) beginRecord(fn string) error {
 	mu.Lock()
 	if err := s.usableLocked(fn); err != nil {
+		mu.Unlock()
 		return err
 	}
 	drainLocked()
@@ -62,7 +64,6 @@ func (s *Session) RecordOp(span uint64, op *events.Op) error {
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -121,7 +122,6 @@ func (s *Session) RecordTensor(span uint64, t *events.Tensor) error {
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -162,7 +162,6 @@ func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats, sc
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -191,7 +190,6 @@ func (s *Session) RecordMemory(span uint64, m *events.Memory) error {
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -221,7 +219,6 @@ func (s *Session) RecordDeviceMemory(d *events.DeviceMemory) error {
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -250,7 +247,6 @@ func (s *Session) RecordDeviceInterval(span uint64, d *events.DeviceInterval) er
 		return errorf(InvalidArgument, "%s: start_ns + duration_ns overflows", fn)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -280,7 +276,6 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 		return 0, errorf(InvalidArgument, "%s: start_ns + duration_ns overflows", fn)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return 0, err
 	}
 	defer mu.Unlock()
@@ -305,7 +300,6 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 func (s *Session) RecordCallEdge(from, to, hostDurationNs uint64) error {
 	const fn = "ct_record_call_edge"
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -348,7 +342,6 @@ func (s *Session) RecordDataEdge(from, to string) error {
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
@@ -373,7 +366,6 @@ func (s *Session) RecordGradient(root, key string, state events.GradientState, n
 		return invalid(fn, err)
 	}
 	if err := s.beginRecord(fn); err != nil {
-		mu.Unlock()
 		return err
 	}
 	defer mu.Unlock()
