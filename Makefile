@@ -47,8 +47,11 @@ $(BUILD)/%: examples/c/%.c $(LIB) include/candle_trace.h
 $(BUILD)/test_abi: tests/c/test_abi.c $(LIB) include/candle_trace.h
 	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lm -lpthread
 
+$(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
+	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lpthread
+
 $(BUILD)/bench_spans: tests/bench/bench_spans.c $(LIB)
-	$(CC) -O2 -Wall -std=c99 -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN'
+	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN'
 
 tools: $(CANDLE_GRAPH)
 
@@ -78,7 +81,7 @@ test-go: $(LIB) tools $(WRITER)
 	$(GO) vet ./...
 	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) $(GO) test -race -count=1 ./...
 
-test-c: $(BUILD)/test_abi $(BUILD)/train_step tools
+test-c: $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/train_step $(CLI) tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
 
 test-load: $(LIB) $(PRELOAD) $(BUILD)/train_step
@@ -114,7 +117,9 @@ bench: bench-core bench-python bench-rust
 bench-core: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 	./$(BUILD)/bench_spans /tmp 100000
+	CANDLE_TRACE_AGG_CLOCK=monotonic ./$(BUILD)/bench_spans /tmp 100000 aggregate
 	./$(BUILD)/bench_spans /tmp 0 50000000
+	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/bench_spans $(BUILD)/demo

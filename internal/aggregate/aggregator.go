@@ -233,6 +233,17 @@ func (a *Aggregator) Intern(name string, step events.Step) (Key, error) {
 	return k, nil
 }
 
+// Name returns the span name and step k was interned for; false for a key
+// this aggregator did not issue.
+func (a *Aggregator) Name(k Key) (string, events.Step, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if int(k) >= len(a.spans) {
+		return "", 0, false
+	}
+	return a.spans[k].name, a.spans[k].step, true
+}
+
 // InternScalar returns the key of a scalar label; see Intern.
 func (a *Aggregator) InternScalar(label string) (ScalarKey, error) {
 	if err := checkName("scalar label", label); err != nil {

@@ -1,6 +1,14 @@
 package session
 
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
@@ -8,12 +16,15 @@ import (
 )
 
 // An aggregate session ("mode": "aggregate" in the run JSON) keeps span and
-// scalar statistics over a whole run instead of a trace of one step. Spans
-// take the same C fast path and rings as in a trace session; the drainer
-// folds each closed span's duration into internal/aggregate instead of
-// encoding it, so memory stays constant however many steps run. Every other
-// record is still checked, then not kept. The summary file is rewritten
-// atomically every aggregate_interval_ms and at finish.
+// scalar statistics over a whole run instead of a trace of one step. Its
+// spans take their own C path (fastpath.c, agg_begin/agg_end): a thread
+// caches each span name's statistics key (aggkeys.c, asking ctgo_agg_intern
+// on a miss), a span begin writes nothing, and a span end appends its key and
+// duration in ticks (ticks.h) to the thread's ring — 16 bytes. The drainer
+// folds those in batches into internal/aggregate, so memory stays constant
+// however many steps run. Every other record is still checked, then not
+// kept. The summary file is rewritten atomically every aggregate_interval_ms
+// and at finish.
 
 type aggState struct {
 	agg    *aggregate.Aggregator
@@ -50,8 +61,24 @@ func (s *Session) spanKey(name string, step uint32) aggregate.Key {
 	return k
 }
 
-// SetAggregateEnabled switches statistics on or off. What the rings hold
-// was recorded before the call and is folded under the old setting.
+// ctgo_agg_intern is the C span path's cache miss: the statistics key of
+// (name, step) in aggregate session h, -1 when h is not one (finished in
+// the meantime).
+//
+//export ctgo_agg_intern
+func ctgo_agg_intern(h C.uint64_t, name *C.char, n C.size_t, step C.uint32_t) C.int64_t {
+	mu.Lock()
+	s := live[uint64(h)]
+	mu.Unlock()
+	if s == nil || s.aggr == nil {
+		return -1
+	}
+	return C.int64_t(s.spanKey(C.GoStringN(name, C.int(n)), uint32(step)))
+}
+
+// SetAggregateEnabled switches statistics on or off. A span counts when
+// statistics were on both at its begin and at its end; what the rings hold
+// was gated when it was produced and is folded whatever the new setting.
 func (s *Session) SetAggregateEnabled(on bool) error {
 	const fn = "ct_aggregate_enable"
 	if err := s.beginRecord(fn); err != nil {
@@ -61,7 +88,13 @@ func (s *Session) SetAggregateEnabled(on bool) error {
 	if s.aggr == nil {
 		return errorf(State, "%s: session %d is a trace session; open it with \"mode\": \"aggregate\"", fn, s.handle)
 	}
-	s.aggr.agg.SetEnabled(on)
+	if on {
+		s.aggr.agg.SetEnabled(true)
+		setSlotAggregateOn(s.slot, true)
+	} else {
+		setSlotAggregateOn(s.slot, false)
+		s.aggr.agg.SetEnabled(false)
+	}
 	return nil
 }
 
@@ -70,4 +103,33 @@ func (s *Session) AggregateEnabled() bool {
 	mu.Lock()
 	defer mu.Unlock()
 	return s.aggr != nil && s.aggr.agg.Enabled()
+}
+
+// aggregateOpenSpans refuses ct_finish while spans are open on any thread.
+// Their frames live in C; only the calling thread's innermost one can be
+// named (another thread's stack may be changing under us).
+func (s *Session) aggregateOpenSpans() error {
+	const maxThreads = 5
+	total, tids, counts, threads := openSpansC(s.handle, maxThreads)
+	if total == 0 {
+		return nil
+	}
+	parts := make([]string, len(tids))
+	self := threadID()
+	for i, tid := range tids {
+		parts[i] = fmt.Sprintf("thread %d holds %d", tid, counts[i])
+		if tid != self {
+			continue
+		}
+		if k, ok := innermostKeyC(s.handle); ok {
+			if name, _, ok := s.aggr.agg.Name(aggregate.Key(k)); ok {
+				parts[i] += fmt.Sprintf(" (innermost %q)", name)
+			}
+		}
+	}
+	more := ""
+	if threads > maxThreads {
+		more = fmt.Sprintf(" and %d more threads", threads-maxThreads)
+	}
+	return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", total, strings.Join(parts, ", "), more)
 }

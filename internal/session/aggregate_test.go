@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -83,4 +84,43 @@ func TestAggregateSessionRefusesWhatTraceSessionsRefuse(t *testing.T) {
 
 	tr, _ := openT(t, trainRun)
 	requireCode(t, tr.SetAggregateEnabled(true), State, "is a trace session")
+}
+
+// Aggregate spans are timed in ticks (the cycle counter where it runs at a
+// constant rate, else CLOCK_MONOTONIC) and converted when folded: either way
+// a span's duration lies between what it waited and what its caller saw.
+func TestAggregateSpanDurationsOnEitherClock(t *testing.T) {
+	t.Cleanup(func() { forceTicks(tickCounter) })
+	for _, source := range []int{tickMonotonic, tickCounter} {
+		got := forceTicks(source)
+		t.Run(fmt.Sprintf("source-%d", got), func(t *testing.T) {
+			runtime.LockOSThread() // spans nest per OS thread
+			defer runtime.UnlockOSThread()
+			path := filepath.Join(t.TempDir(), "summary.json")
+			s, err := Open(path, []byte(aggregateRun))
+			require.NoError(t, err)
+			const n, wait = 20, 2 * time.Millisecond
+			var outer []time.Duration
+			for i := 0; i < n; i++ {
+				t0 := time.Now()
+				id, err := s.BeginSpan("sleep", events.SpanFunction, events.StepNone)
+				require.NoError(t, err)
+				time.Sleep(wait)
+				require.NoError(t, s.EndSpan(id))
+				outer = append(outer, time.Since(t0))
+			}
+			require.NoError(t, s.Finish())
+			sum, err := aggregate.ReadFile(path)
+			require.NoError(t, err)
+			require.Len(t, sum.Spans, 1)
+			sp := sum.Spans[0]
+			assert.Equal(t, uint64(n), sp.Count)
+			longest := outer[0]
+			for _, d := range outer {
+				longest = max(longest, d)
+			}
+			assert.GreaterOrEqual(t, float64(sp.MinNS), 0.999*float64(wait.Nanoseconds()))
+			assert.LessOrEqual(t, float64(sp.MaxNS), 1.001*float64(longest.Nanoseconds())+1000)
+		})
+	}
 }

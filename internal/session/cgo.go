@@ -4,6 +4,7 @@ package session
 #cgo CFLAGS: -I${SRCDIR}/../../include -O2 -std=gnu11 -Wall
 #include <stdlib.h>
 #include "fastpath.h"
+#include "ticks.h"
 */
 import "C"
 
@@ -28,6 +29,54 @@ func setSlotState(s *C.ct_slot, state uint32) {
 func slotState(s *C.ct_slot) uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.state)))
 }
+
+// setSlotAggregate routes the slot's spans to the aggregate path (before
+// the handle is returned to anyone) with statistics on or off.
+func setSlotAggregate(s *C.ct_slot, on bool) {
+	C.ct__ticks_init()
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.agg)), 1)
+	setSlotAggregateOn(s, on)
+}
+
+func setSlotAggregateOn(s *C.ct_slot, on bool) {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.agg_on)), v)
+}
+
+// nsPerTick converts aggregate span ticks to nanoseconds (ticks.h).
+func nsPerTick() float64 { return float64(C.ct__ns_per_tick()) }
+
+// openSpansC counts the spans open in aggregate session h on every thread,
+// with up to max threads' ids and their counts.
+func openSpansC(h uint64, max int) (total uint64, tids []int64, counts []uint32, threads int) {
+	tids = make([]int64, max)
+	counts = make([]uint32, max)
+	var n C.int
+	total = uint64(C.ct__open_spans(C.ct_session(h), (*C.int64_t)(unsafe.Pointer(&tids[0])), (*C.uint32_t)(unsafe.Pointer(&counts[0])), C.int(max), &n))
+	threads = int(n)
+	if threads < max {
+		tids, counts = tids[:threads], counts[:threads]
+	}
+	return total, tids, counts, threads
+}
+
+// innermostKeyC is the calling thread's innermost aggregate span's key.
+func innermostKeyC(h uint64) (uint32, bool) {
+	k := uint32(C.ct__innermost_key(C.ct_session(h)))
+	return k, k != ^uint32(0)
+}
+
+const (
+	tickMonotonic = C.CT_TICKS_MONOTONIC
+	tickCounter   = C.CT_TICKS_COUNTER
+)
+
+// forceTicks is for tests: switches the aggregate tick source (the counter
+// only where usable) and returns the one in force.
+func forceTicks(source int) int { return int(C.ct__ticks_force(C.int(source))) }
 
 func slotMeasured(s *C.ct_slot) bool {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.measured))) != 0

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 )
 
 // mu guards every session's Go-side state and is the single consumer lock of
@@ -49,7 +51,14 @@ func drainLocked() {
 				off := tail & mask
 				h := (*C.ct_rec_hdr)(unsafe.Pointer(&data[off]))
 				size := uint64(h.size)
-				if h._type != C.CT_REC_PAD {
+				switch h._type {
+				case C.CT_REC_PAD:
+				case C.CT_REC_AGG_SESSION:
+					r.agg_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
+				case C.CT_REC_AGG:
+					a := (*C.ct_rec_agg)(unsafe.Pointer(h))
+					folder.add(uint64(r.agg_cur), uint32(a.type_key)>>8, uint64(a.val))
+				default:
 					handle := uint64(h.session)
 					if handle != lastHandle {
 						last, lastHandle = live[handle], handle
@@ -73,7 +82,55 @@ func drainLocked() {
 			dead = true
 		}
 	}
+	folder.done()
 	if dead {
 		C.ct__ring_unlink_dead()
 	}
+}
+
+// folder batches one drain's aggregate records per session, converting
+// ticks to nanoseconds at the rate measured at this drain; guarded by mu.
+var folder aggFolder
+
+type aggFolder struct {
+	handle uint64
+	s      *Session // nil: records of a session that is gone
+	rate   float64  // ns per tick, 0 until this drain needs it
+	batch  []aggregate.Observation
+}
+
+const foldBatch = 1024
+
+func (f *aggFolder) add(handle uint64, key uint32, ticks uint64) {
+	if handle != f.handle {
+		f.flush()
+		f.handle, f.s = handle, live[handle]
+		if f.s != nil && (f.s.aggr == nil || f.s.poison != nil) {
+			f.s = nil
+		}
+	}
+	if f.s == nil {
+		return
+	}
+	if f.rate == 0 {
+		f.rate = nsPerTick()
+	}
+	f.batch = append(f.batch, aggregate.Observation{Key: aggregate.Key(key), DurationNS: uint64(float64(ticks)*f.rate + 0.5)})
+	if len(f.batch) == foldBatch {
+		f.flush()
+	}
+}
+
+func (f *aggFolder) flush() {
+	if f.s != nil && len(f.batch) > 0 {
+		f.s.aggr.agg.ObserveBatch(f.batch)
+	}
+	f.batch = f.batch[:0]
+}
+
+// done ends a drain: a later drain may find other sessions under the same
+// handles' slots, and the clock rate moves on.
+func (f *aggFolder) done() {
+	f.flush()
+	f.handle, f.s, f.rate = 0, nil, 0
 }

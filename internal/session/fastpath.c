@@ -1,8 +1,13 @@
 #define _GNU_SOURCE
 #include "fastpath.h"
+#include "aggkeys.h"
+#include "ticks.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+/* Fields other threads only glance at (a span stack's depth). */
+#define LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -30,24 +35,10 @@ static uint32_t ring_bytes = 1u << 19;
 
 #define CT_ID_BLOCK 64
 
-typedef struct ct_frame {
-    uint64_t id;
-    uint64_t start;
-} ct_frame;
-
-typedef struct ct_tls_sess {
-    uint64_t handle;
-    uint64_t next_id, end_id; /* this thread's block of span ids: [next_id, end_id) */
-    uint32_t depth;
-    uint32_t cap;
-    ct_frame *stack;
-} ct_tls_sess;
-
 typedef struct ct_tls {
-    ct_ring *ring;
+    ct_ring *ring; /* this thread's ring and span stacks; NULL until its first span */
     int64_t tid;
     int registered;
-    ct_tls_sess sess[CT_TLS_SESSIONS];
     char err[CT_ERR_CAP];
 } ct_tls;
 
@@ -62,17 +53,25 @@ static void on_fork_child(void) { STORE(&ct__forked, 1); }
 
 static void thread_exit(void *arg) {
     (void)arg;
+    ct_ring *r = tls.ring;
+    if (!r) return;
     for (int i = 0; i < CT_TLS_SESSIONS; i++) {
-        free(tls.sess[i].stack);
-        tls.sess[i].stack = NULL;
-        tls.sess[i].handle = 0;
-        tls.sess[i].depth = tls.sess[i].cap = 0;
+        ct_tls_sess *ts = &r->sess[i];
+        free(ts->stack);
+        ts->stack = NULL;
+        ts->cap = 0;
+        ct__agg_keys_free(ts->keys);
+        ts->keys = NULL;
+        /* Spans left open stay counted (handle and depth), so that ct_finish
+         * of an aggregate session still refuses them. */
+        if (!ct__slot_of(ts->handle)) {
+            ts->handle = 0;
+            STORE_RLX(&ts->depth, 0);
+        }
     }
-    if (tls.ring) {
-        /* The drainer frees the ring once it has read what is left. */
-        STORE(&tls.ring->dead, 1);
-        tls.ring = NULL;
-    }
+    /* The drainer frees the ring once it has read what is left. */
+    STORE(&r->dead, 1);
+    tls.ring = NULL;
 }
 
 __attribute__((constructor)) static void ct_init(void) {
@@ -129,6 +128,8 @@ uint64_t ct__slot_alloc(void) {
         s->t0 = ct__clock_ns();
         s->poison[0] = 0;
         STORE(&s->measured, 0);
+        STORE(&s->agg, 0);
+        STORE(&s->agg_on, 0);
         STORE(&s->next_span, 1); /* the root is s1 */
         STORE(&s->state, CT_SLOT_OPEN);
         STORE(&s->handle, h);
@@ -235,15 +236,20 @@ static ct_ring *ring_new(void) {
     return r;
 }
 
-/* Called by Go under the drain mutex: frees rings whose thread exited and
- * that have been drained. */
+/* Whether a live session still counts spans left open on r. */
+static int holds_open_spans(ct_ring *r) {
+    for (int i = 0; i < CT_TLS_SESSIONS; i++)
+        if (LOAD_RLX(&r->sess[i].depth) && ct__slot_of(r->sess[i].handle)) return 1;
+    return 0;
+}
+
 void ct__ring_unlink_dead(void) {
     pthread_mutex_lock(&rings_mu);
     ct_ring **link = &ct__rings;
     ct_ring *r = LOAD(link);
     while (r) {
         ct_ring *next = r->next;
-        if (LOAD(&r->dead) && LOAD(&r->head) == LOAD(&r->tail)) {
+        if (LOAD(&r->dead) && LOAD(&r->head) == LOAD(&r->tail) && !holds_open_spans(r)) {
             STORE(link, next);
             free(r->data);
             free(r);
@@ -255,9 +261,34 @@ void ct__ring_unlink_dead(void) {
     pthread_mutex_unlock(&rings_mu);
 }
 
+uint64_t ct__open_spans(ct_session h, int64_t *tids, uint32_t *counts, int max, int *threads) {
+    uint64_t total = 0;
+    int n = 0;
+    pthread_mutex_lock(&rings_mu);
+    for (ct_ring *r = LOAD(&ct__rings); r; r = r->next) {
+        for (int i = 0; i < CT_TLS_SESSIONS; i++) {
+            if (LOAD_RLX(&r->sess[i].handle) != h) continue;
+            uint32_t d = LOAD_RLX(&r->sess[i].depth);
+            if (!d) continue;
+            if (n < max) {
+                tids[n] = r->tid;
+                counts[n] = d;
+            }
+            n++;
+            total += d;
+        }
+    }
+    pthread_mutex_unlock(&rings_mu);
+    *threads = n;
+    return total;
+}
+
+/* The calling thread's span state in session h; NULL when it has none. */
 static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, uint64_t h) {
+    ct_ring *r = t->ring;
+    if (!r) return NULL;
     for (int i = 0; i < CT_TLS_SESSIONS; i++)
-        if (t->sess[i].handle == h) return &t->sess[i];
+        if (r->sess[i].handle == h) return &r->sess[i];
     return NULL;
 }
 
@@ -266,21 +297,25 @@ static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, ui
  * next time this thread opens a span in it). Only a thread holding open
  * spans in CT_TLS_SESSIONS other live sessions is refused. */
 static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
+    ct_ring *r = tls.ring; /* the caller made sure it exists */
     ct_tls_sess *free_slot = NULL;
     for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++) {
-        ct_tls_sess *ts = &tls.sess[i];
+        ct_tls_sess *ts = &r->sess[i];
         if (ts->handle == 0 || !ct__slot_of(ts->handle)) free_slot = ts;
     }
     for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++)
-        if (tls.sess[i].depth == 0) free_slot = &tls.sess[i];
+        if (r->sess[i].depth == 0) free_slot = &r->sess[i];
     if (!free_slot) return NULL;
     if (!tls.registered) {
         pthread_setspecific(thread_key, &tls);
         tls.registered = 1;
     }
-    free_slot->handle = h;
-    free_slot->depth = 0;
+    /* Keys belong to one session's aggregator: never carry them over. */
+    ct__agg_keys_free(free_slot->keys);
+    free_slot->keys = NULL;
+    STORE_RLX(&free_slot->depth, 0);
     free_slot->next_id = free_slot->end_id = 0;
+    STORE_RLX(&free_slot->handle, h);
     return free_slot;
 }
 
@@ -352,6 +387,77 @@ int ct__wake_fd_open(void) {
 
 /* ---- spans -------------------------------------------------------------- */
 
+static __attribute__((noinline)) ct_status grow_stack(ct_tls_sess *ts, const char *fn) {
+    uint32_t cap = ts->cap ? ts->cap * 2 : 32;
+    ct_frame *grown = realloc(ts->stack, cap * sizeof *grown);
+    if (!grown) return ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the span stack", fn);
+    ts->stack = grown;
+    ts->cap = cap;
+    return CT_OK;
+}
+
+static ct_status claim_measured(ct_slot *s) {
+    uint32_t expect = 0;
+    if (!__atomic_compare_exchange_n(&s->measured, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return ct__fail(CT_ERR_STATE,
+                        "ct_measurement_begin: session already has its measured region (a "
+                        "capture holds exactly one)");
+    return CT_OK;
+}
+
+static inline __attribute__((always_inline)) uint64_t take_id(ct_slot *s, ct_tls_sess *ts) {
+    /* Ids come in blocks per thread: one shared atomic per CT_ID_BLOCK spans
+     * instead of a contended one per span. */
+    if (ts->next_id == ts->end_id) {
+        ts->next_id = __atomic_fetch_add(&s->next_span, CT_ID_BLOCK, __ATOMIC_RELAXED) + 1;
+        ts->end_id = ts->next_id + CT_ID_BLOCK;
+    }
+    return ts->next_id++;
+}
+
+static inline __attribute__((always_inline)) ct_tls_sess *thread_sess(ct_tls *t, uint64_t h, const char *fn,
+                                                                      ct_status *st) {
+    if (__builtin_expect(!t->ring, 0) && !(t->ring = ring_new())) {
+        *st = ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the event ring", fn);
+        return NULL;
+    }
+    ct_tls_sess *ts = tls_sess(t, h);
+    if (!ts) ts = tls_sess_new(h);
+    if (!ts)
+        *st = ct__fail(CT_ERR_STATE, "%s: this thread already has open spans in %d other sessions", fn,
+                       CT_TLS_SESSIONS);
+    return ts;
+}
+
+/* An aggregate session's span begin: no record, only a frame holding the
+ * statistics key and the start tick (none while statistics are off). */
+static inline __attribute__((always_inline)) ct_status agg_begin(ct_slot *s, ct_session h, const char *name,
+                                                                 ct_span_kind kind, ct_step step, int measured,
+                                                                 ct_span *out, const char *fn) {
+    if ((uint32_t)kind > CT_SPAN_MODULE)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);
+    if ((uint32_t)step > CT_STEP_OPTIMIZER)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown step %d", fn, (int)step);
+    ct_tls *t = &tls;
+    ct_status st = CT_OK;
+    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    if (!ts) return st;
+    uint32_t key;
+    if (!ct__agg_key_fast(ts->keys, name, (uint32_t)step, &key) &&
+        (st = ct__agg_key_slow(&ts->keys, h, name, (uint32_t)step, fn, &key)) != CT_OK)
+        return st;
+    if (__builtin_expect(ts->depth == ts->cap, 0) && (st = grow_stack(ts, fn)) != CT_OK) return st;
+    if (measured && (st = claim_measured(s)) != CT_OK) return st;
+    uint64_t id = take_id(s, ts);
+    ct_frame *f = &ts->stack[ts->depth];
+    f->id = id;
+    f->key = key;
+    f->start = LOAD_RLX(&s->agg_on) ? ct__ticks() : CT_UNTIMED;
+    STORE_RLX(&ts->depth, ts->depth + 1);
+    *out = id;
+    return CT_OK;
+}
+
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
                          int measured, ct_span *out) {
     const char *fn = measured ? "ct_measurement_begin" : "ct_span_begin";
@@ -360,6 +466,7 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     if (st != CT_OK) return st;
     if (!out) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (!name) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
+    if (s->agg) return agg_begin(s, h, name, kind, step, measured, out, fn);
     size_t n;
     int blank;
     if (ct__utf8_len(name, &n, &blank) != 0)
@@ -372,39 +479,16 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown step %d", fn, (int)step);
 
     ct_tls *t = &tls;
-    ct_tls_sess *ts = tls_sess(t, h);
-    if (!ts) ts = tls_sess_new(h);
-    if (!ts)
-        return ct__fail(CT_ERR_STATE, "%s: this thread already has open spans in %d other sessions", fn,
-                        CT_TLS_SESSIONS);
-    if (ts->depth == ts->cap) {
-        uint32_t cap = ts->cap ? ts->cap * 2 : 32;
-        ct_frame *grown = realloc(ts->stack, cap * sizeof *grown);
-        if (!grown) return ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the span stack", fn);
-        ts->stack = grown;
-        ts->cap = cap;
-    }
-    if (!t->ring && !(t->ring = ring_new()))
-        return ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the event ring", fn);
+    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    if (!ts) return st;
+    if (ts->depth == ts->cap && (st = grow_stack(ts, fn)) != CT_OK) return st;
     uint32_t size = (uint32_t)((sizeof(ct_rec_hdr) + n + 7) & ~(size_t)7);
     if (size > t->ring->cap / 2)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name of %zu bytes does not fit the event ring", fn, n);
-    if (measured) {
-        uint32_t expect = 0;
-        if (!__atomic_compare_exchange_n(&s->measured, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            return ct__fail(CT_ERR_STATE,
-                            "ct_measurement_begin: session already has its measured region (a "
-                            "capture holds exactly one)");
-    }
+    if (measured && (st = claim_measured(s)) != CT_OK) return st;
 
     uint8_t *p = ring_reserve(t->ring, size);
-    /* Ids come in blocks per thread: one shared atomic per CT_ID_BLOCK spans
-     * instead of a contended one per span. */
-    if (ts->next_id == ts->end_id) {
-        ts->next_id = __atomic_fetch_add(&s->next_span, CT_ID_BLOCK, __ATOMIC_RELAXED) + 1;
-        ts->end_id = ts->next_id + CT_ID_BLOCK;
-    }
-    uint64_t id = ts->next_id++;
+    uint64_t id = take_id(s, ts);
     uint64_t start = clock_now() - s->t0;
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
     rec->size = size;
@@ -421,7 +505,7 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     ring_commit(t->ring, size);
     ts->stack[ts->depth].id = id;
     ts->stack[ts->depth].start = start;
-    ts->depth++;
+    STORE_RLX(&ts->depth, ts->depth + 1);
     *out = id;
     return CT_OK;
 }
@@ -430,6 +514,32 @@ uint64_t ct__innermost_span(ct_session h) {
     if (!slot_get(h)) return 1;
     ct_tls_sess *ts = tls_sess(&tls, h);
     return ts && ts->depth ? ts->stack[ts->depth - 1].id : 1;
+}
+
+uint32_t ct__innermost_key(ct_session h) {
+    ct_tls_sess *ts = tls_sess(&tls, h);
+    return ts && ts->depth && ts->stack ? ts->stack[ts->depth - 1].key : UINT32_MAX;
+}
+
+/* An aggregate span's end: 16 bytes (its key and ticks) into the ring, 32
+ * when the ring's last aggregate record was of another session. */
+static inline __attribute__((always_inline)) void agg_end(ct_slot *s, ct_session h, ct_ring *r, ct_frame top) {
+    if (top.start == CT_UNTIMED || !LOAD_RLX(&s->agg_on)) return;
+    uint64_t d = ct__ticks() - top.start;
+    if ((int64_t)d < 0) d = 0; /* counters of two cores a hair apart */
+    uint32_t size = r->agg_last == h ? sizeof(ct_rec_agg) : 2 * sizeof(ct_rec_agg);
+    ct_rec_agg *rec = (ct_rec_agg *)ring_reserve(r, size);
+    if (size != sizeof(ct_rec_agg)) {
+        rec->size = sizeof *rec;
+        rec->type_key = CT_REC_AGG_SESSION;
+        rec->val = h;
+        rec++;
+        r->agg_last = h;
+    }
+    rec->size = sizeof *rec;
+    rec->type_key = CT_REC_AGG | (top.key << 8);
+    rec->val = d;
+    ring_commit(r, size);
 }
 
 ct_status ct__span_end(ct_session h, ct_span span) {
@@ -451,6 +561,11 @@ ct_status ct__span_end(ct_session h, ct_span span) {
                         "ct_span_end: span s%llu is not the innermost open span of this thread "
                         "(s%llu is)",
                         (unsigned long long)span, (unsigned long long)top.id);
+    if (s->agg) {
+        agg_end(s, h, t->ring, top);
+        STORE_RLX(&ts->depth, ts->depth - 1);
+        return CT_OK;
+    }
     uint8_t *p = ring_reserve(t->ring, sizeof(ct_rec_hdr));
     uint64_t end = clock_now() - s->t0;
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
@@ -460,6 +575,6 @@ ct_status ct__span_end(ct_session h, ct_span span) {
     rec->id = span;
     rec->ts = end - top.start;
     ring_commit(t->ring, sizeof *rec);
-    ts->depth--;
+    STORE_RLX(&ts->depth, ts->depth - 1);
     return CT_OK;
 }

@@ -29,9 +29,35 @@ typedef struct ct_slot {
     uint32_t state;
     uint32_t measured;    /* 1 once the measured region exists */
     uint64_t next_span;   /* last span id handed out */
+    uint32_t agg;         /* 1: an aggregate session (spans take the aggregate path) */
+    uint32_t agg_on;      /* aggregate sessions: statistics switched on */
     uint64_t t0;                  /* CLOCK_MONOTONIC ns at open */
     char poison[CT_POISON_CAP];   /* why the session is poisoned */
 } ct_slot;
+
+typedef struct ct_frame {
+    uint64_t id;
+    uint64_t start;   /* session ns; aggregate sessions: ticks, CT_UNTIMED when off */
+    uint32_t key;     /* aggregate sessions: the span's statistics key */
+    uint32_t pad;
+} ct_frame;
+
+#define CT_UNTIMED UINT64_MAX
+
+struct ct_agg_keys; /* aggkeys.c: a thread's span name -> key cache */
+
+/* What one thread holds in one session: its span stack and a block of ids.
+ * It lives in the thread's ring (below), not in TLS, so that ct_finish can
+ * see from another thread whether spans are still open, also on a thread
+ * that has exited. */
+typedef struct ct_tls_sess {
+    uint64_t handle;
+    uint64_t next_id, end_id; /* this thread's block of span ids: [next_id, end_id) */
+    uint32_t depth;           /* written by the owner, read by ct__open_spans */
+    uint32_t cap;
+    ct_frame *stack;
+    struct ct_agg_keys *keys; /* aggregate sessions only */
+} ct_tls_sess;
 
 /* A single-producer single-consumer byte ring: the owning thread writes, the
  * Go drainer (under its mutex) reads. head/tail count bytes ever written/read. */
@@ -46,13 +72,16 @@ typedef struct ct_ring {
     uint64_t wake_mark;           /* head when the drainer was last woken (producer only) */
     struct ct_ring *next;
     uint8_t *data;
+    uint64_t agg_last;            /* producer: session of the last aggregate record */
+    uint64_t agg_cur;             /* consumer (Go): the same, as read so far */
+    ct_tls_sess sess[CT_TLS_SESSIONS];
 } ct_ring;
 
 /* Fields read by both C and Go are accessed with __atomic builtins in C and
  * sync/atomic in Go (cgo cannot see _Atomic types). */
 
 /* Ring records are 8-byte aligned; a record never wraps (a PAD fills the end). */
-enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2 };
+enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2, CT_REC_AGG_SESSION = 3, CT_REC_AGG = 4 };
 
 typedef struct ct_rec_hdr {
     uint32_t size;      /* whole record incl. header and name, multiple of 8 */
@@ -67,6 +96,19 @@ typedef struct ct_rec_hdr {
     uint32_t name_len;  /* span_start only; name bytes follow the header */
     uint32_t pad;
 } ct_rec_hdr;
+
+/* Aggregate sessions write 16 bytes per span end and no start record.
+ * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see
+ * ticks.h). CT_REC_AGG_SESSION: val = the session the following CT_REC_AGG
+ * records of this ring belong to, written when it changes. Only the first
+ * eight bytes match ct_rec_hdr. */
+typedef struct ct_rec_agg {
+    uint32_t size;
+    uint32_t type_key;
+    uint64_t val;
+} ct_rec_agg;
+
+#define CT_AGG_MAX_KEY 0xFFFFFFu  /* keys must fit 24 bits */
 
 extern ct_slot ct__slots[CT_MAX_SESSIONS];
 extern ct_ring *ct__rings;
@@ -103,7 +145,17 @@ ct_status ct__session_usable(ct_session h, const char *fn);
  * calls it from CUDA API callbacks on the launching thread). */
 uint64_t ct__innermost_span(ct_session h);
 
-/* Forget every per-thread span stack of a finished session on this thread. */
+/* Frees the rings of exited threads once drained (and once no live session
+ * has spans left open on them). Called by Go under the drain mutex. */
 void ct__ring_unlink_dead(void);
+
+/* Aggregate sessions: how many spans are open in session h, on how many
+ * threads; up to max of those threads' ids and counts go to tids/counts.
+ * Other threads' depths are read without stopping them: exact when they
+ * are quiet, as at a ct_finish. */
+uint64_t ct__open_spans(ct_session h, int64_t *tids, uint32_t *counts, int max, int *threads);
+/* The calling thread's innermost open span's key in aggregate session h;
+ * UINT32_MAX when none. */
+uint32_t ct__innermost_key(ct_session h);
 
 #endif

@@ -7,7 +7,9 @@ import (
 // NaiveBeginSpan and NaiveEndSpan are the straightforward design — every
 // event crosses into Go, takes the lock and is encoded on the spot — kept only
 // so `make bench` can show what the C fast path saves. Spans nest per
-// session here, not per thread; do not use them for tracing.
+// session here, not per thread; do not use them for tracing. In an aggregate
+// session they fold the duration on the spot (a map lookup at begin, a
+// locked Observe at end), the design a Go-only aggregator would have.
 func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
 	mu.Lock()
 	defer mu.Unlock()
@@ -21,6 +23,11 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 	}
 	s.naiveStack = append(s.naiveStack, id)
 	start := s.Now()
+	if s.aggr != nil {
+		s.naiveKeys = append(s.naiveKeys, s.spanKey(name, uint32(step)))
+		s.open[id] = openSpan{parent: parent, start: start}
+		return id, nil
+	}
 	s.buf = events.AppendSpanStart(s.buf, id, parent, name, start, kind, false, step, 0)
 	s.open[id] = openSpan{parent: parent, start: start}
 	s.maybeWrite()
@@ -39,6 +46,13 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 	}
 	s.naiveStack = s.naiveStack[:n-1]
 	o := s.open[id]
+	if s.aggr != nil {
+		delete(s.open, id)
+		k := s.naiveKeys[n-1]
+		s.naiveKeys = s.naiveKeys[:n-1]
+		s.aggr.agg.Observe(k, s.Now()-o.start)
+		return nil
+	}
 	s.onSpanEnd(id, s.Now()-o.start)
 	return nil
 }

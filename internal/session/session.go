@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
 )
 
@@ -43,7 +44,8 @@ type Session struct {
 	nextGradient uint64
 	memory       lifetimes
 	tensors      map[string]struct{}
-	naiveStack   []uint64 // NaiveBeginSpan only
+	naiveStack   []uint64        // NaiveBeginSpan only
+	naiveKeys    []aggregate.Key // NaiveBeginSpan in aggregate sessions
 	done         chan struct{}
 	stopped      chan struct{}
 }
@@ -112,6 +114,9 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	}
 	if run.MeasuredRoot {
 		setSlotMeasured(s.slot)
+	}
+	if aggr != nil {
+		setSlotAggregate(s.slot, aggr.agg.Enabled())
 	}
 	if aggr == nil {
 		s.buf = run.AppendMeta(s.buf, s.metaExtras())
@@ -239,15 +244,6 @@ func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
 // onSpanStart and onSpanEnd apply a drained ring record; mu is held.
 func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
 	o := openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
-	if s.aggr != nil {
-		n := o.name
-		if n == "" {
-			n = string(name)
-		}
-		o.key = s.spanKey(n, step)
-		s.open[id] = o
-		return
-	}
 	s.buf = events.AppendSpanStart(s.buf, id, parent, string(name), start, events.SpanKind(kind), measured, events.Step(step), tid)
 	s.open[id] = o
 	if s.required != nil {
@@ -265,10 +261,6 @@ func (s *Session) onSpanEnd(id, dur uint64) {
 	}
 	delete(s.open, id)
 	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur})
-	if s.aggr != nil {
-		s.aggr.agg.Observe(o.key, dur)
-		return
-	}
 	s.buf = events.AppendSpanEnd(s.buf, id, dur)
 	if froms, ok := s.pendingEdges[id]; ok {
 		for _, from := range froms {
@@ -423,7 +415,10 @@ func (s *Session) finishCheckLocked() error {
 		return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", len(s.open)-1, strings.Join(list, ", "), more)
 	}
 	if s.aggr != nil {
-		return nil // a summary of a whole run has no measured region or contract
+		// A summary of a whole run has no measured region or contract, but
+		// a span never ended is a missing duration: refuse it as a trace
+		// session does.
+		return s.aggregateOpenSpans()
 	}
 	if !slotMeasured(s.slot) {
 		return errorf(State, "ct_finish: the capture has no measured region; wrap the step in ct_measurement_begin/ct_span_end or open with \"measured_root\": true")

@@ -1,13 +1,10 @@
 package session
 
-import "github.com/candle-trace/candle-trace/internal/aggregate"
-
 // openSpan is what the session needs of a span until it closes.
 type openSpan struct {
 	parent, start uint64
 	tid           int64
-	name          string        // interned; "" when the intern table is full
-	key           aggregate.Key // aggregate sessions: the span's statistics
+	name          string // interned; "" when the intern table is full
 }
 
 // closedSpan keeps the bounds records are checked against.

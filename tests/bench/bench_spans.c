@@ -1,5 +1,10 @@
 /* Span begin+end cost from C, while the session writes to disk.
- * Prints one line per design: median and p99 ns per pair over bursts. */
+ * Prints one line per design: median and p99 ns per pair over bursts.
+ *
+ *   bench_spans DIR PAIRS                 trace and aggregate sessions, side by side
+ *   bench_spans DIR PAIRS aggregate       aggregate sessions only (run it again with
+ *                                         CANDLE_TRACE_AGG_CLOCK=monotonic)
+ *   bench_spans DIR 0 EVENTS [aggregate]  sustained: EVENTS events through one session */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +35,13 @@ typedef ct_status (*end_fn)(ct_session, ct_span);
 
 #define CHUNK 100
 
-static void run(const char *label, const char *path, begin_fn b, end_fn e, long pairs) {
+static const char TRACE_RUN[] =
+    "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}";
+static const char AGG_RUN[] = "{\"entrypoint\":\"bench\",\"phase\":\"train\",\"device\":\"cpu\",\"mode\":\"aggregate\"}";
+
+static void run(const char *label, const char *path, const char *run_json, begin_fn b, end_fn e, long pairs) {
     ct_session s;
-    if (ct_open(path, "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}", &s)) {
+    if (ct_open(path, run_json, &s)) {
         fprintf(stderr, "open: %s\n", ct_last_error());
         exit(1);
     }
@@ -57,15 +66,15 @@ static void run(const char *label, const char *path, begin_fn b, end_fn e, long 
     }
     uint64_t fin = now() - total0;
     qsort(per, chunks, sizeof *per, cmp);
-    printf("%-28s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns events/s(incl. finish)=%.2fM\n", label, pairs,
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns events/s(incl. finish)=%.2fM\n", label, pairs,
            per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, 2.0 * pairs / (fin / 1e9) / 1e6);
     free(per);
 }
 
 /* 50 M events through one session: throughput and peak resident memory. */
-static void sustained(const char *path, long events) {
+static void sustained(const char *path, long events, int aggregate) {
     ct_session s;
-    if (ct_open(path, "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}", &s)) {
+    if (ct_open(path, aggregate ? AGG_RUN : TRACE_RUN, &s)) {
         fprintf(stderr, "open: %s\n", ct_last_error());
         exit(1);
     }
@@ -89,25 +98,43 @@ static void sustained(const char *path, long events) {
     long bytes = ftell(f);
     fclose(f);
     unlink(path);
-    printf("sustained: %ld events in %.2f s = %.2f M events/s written (%.0f MB/s of JSONL), max RSS %.1f MiB\n",
-           events, secs, events / secs / 1e6, bytes / secs / 1e6, ru.ru_maxrss / 1024.0);
+    if (aggregate)
+        printf("sustained (aggregate): %ld events in %.2f s = %.2f M events/s folded (summary %ld bytes), max RSS %.1f MiB\n",
+               events, secs, events / secs / 1e6, bytes, ru.ru_maxrss / 1024.0);
+    else
+        printf("sustained (trace): %ld events in %.2f s = %.2f M events/s written (%.0f MB/s of JSONL), max RSS %.1f MiB\n",
+               events, secs, events / secs / 1e6, bytes / secs / 1e6, ru.ru_maxrss / 1024.0);
 }
 
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     long pairs = argc > 2 ? atol(argv[2]) : 100000;
-    if (argc > 3) {
+    int agg_only = argc > 3 && strcmp(argv[3], "aggregate") == 0;
+    if (argc > 3 && !agg_only) {
         char p[4096];
-        snprintf(p, sizeof p, "%s/bench-sustained.jsonl", dir);
-        sustained(p, atol(argv[3]));
+        int agg = argc > 4 && strcmp(argv[4], "aggregate") == 0;
+        snprintf(p, sizeof p, "%s/bench-sustained.%s", dir, agg ? "json" : "jsonl");
+        sustained(p, atol(argv[3]), agg);
         return 0;
     }
-    char p1[4096], p2[4096];
+    const char *clock = getenv("CANDLE_TRACE_AGG_CLOCK");
+    char agg_label[64];
+    snprintf(agg_label, sizeof agg_label, "aggregate (%s)", clock && !strcmp(clock, "monotonic") ? "CLOCK_MONOTONIC" : "cycle counter");
+    char p1[4096], p2[4096], p3[4096], p4[4096];
     snprintf(p1, sizeof p1, "%s/bench-fast.jsonl", dir);
     snprintf(p2, sizeof p2, "%s/bench-naive.jsonl", dir);
+    snprintf(p3, sizeof p3, "%s/bench-aggregate.json", dir);
+    snprintf(p4, sizeof p4, "%s/bench-naive-aggregate.json", dir);
     for (int round = 0; round < 3; round++) {
-        run("fast path (C ring)", p1, ct_span_begin, ct_span_end, pairs);
-        run("naive (Go export per event)", p2, ctbench_naive_span_begin, ctbench_naive_span_end, pairs);
+        if (!agg_only) {
+            run("trace: fast path (C ring)", p1, TRACE_RUN, ct_span_begin, ct_span_end, pairs);
+            run("trace: naive (Go per event)", p2, TRACE_RUN, ctbench_naive_span_begin, ctbench_naive_span_end, pairs);
+        }
+        run(agg_label, p3, AGG_RUN, ct_span_begin, ct_span_end, pairs);
+        if (!agg_only)
+            run("aggregate: naive (Go per event)", p4, AGG_RUN, ctbench_naive_span_begin, ctbench_naive_span_end, pairs);
     }
+    unlink(p3);
+    unlink(p4);
     return 0;
 }

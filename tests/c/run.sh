@@ -8,7 +8,10 @@
 #   3. checks every failed-*.jsonl is a readable, structurally valid trace
 #      that --require-valid refuses only because the capture failed;
 #   4. runs the demo (BUILD_DIR/train_step) and checks its trace;
-#   5. runs test_abi again under LD_BIND_NOW=1 and checks its traces again.
+#   5. runs test_abi again under LD_BIND_NOW=1 and checks its traces again;
+#   6. runs BUILD_DIR/test_aggregate with each tick source (the cycle counter,
+#      CLOCK_MONOTONIC) and reads every summary it wrote with
+#      `candle-trace report` (format, counts equal to their buckets).
 #
 # candle-graph comes from $CANDLE_GRAPH (default build/tools/bin/candle-graph).
 set -euo pipefail
@@ -24,7 +27,7 @@ case $CANDLE_GRAPH in /*) ;; *) CANDLE_GRAPH=$ROOT/$CANDLE_GRAPH ;; esac
 # Fewer than this many valid-*.jsonl means test_abi lost a test, not that all is well.
 MIN_VALID=10
 
-for f in "$BUILD/test_abi" "$BUILD/train_step" "$CANDLE_GRAPH"; do
+for f in "$BUILD/test_abi" "$BUILD/test_aggregate" "$BUILD/train_step" "$BUILD/candle-trace" "$CANDLE_GRAPH"; do
     if [ ! -x "$f" ]; then
         echo "run.sh: $f is missing (make $(basename "$f") / make tools)" >&2
         exit 2
@@ -173,6 +176,36 @@ else
 fi
 
 run_test_abi bind-now LD_BIND_NOW=1
+
+# run_test_aggregate LABEL [ENV=VALUE...] — runs test_aggregate, reads its summaries.
+run_test_aggregate() {
+    local label=$1 out log rc last n=0
+    shift
+    out="$TMP/aggregate-$label"
+    log="$TMP/aggregate-$label.log"
+    echo "--- test_aggregate ($label)"
+    rc=0
+    env "$@" timeout 300 "$BUILD/test_aggregate" "$out" >"$log" 2>&1 || rc=$?
+    grep -E '^(FAIL|note)' "$log" >&2 || true
+    last=$(tail -n 1 "$log")
+    echo "$last"
+    if [ "$rc" -ne 0 ] || ! [[ $last =~ ^test_aggregate:\ [0-9]+\ passed,\ 0\ failed$ ]]; then
+        fail "test_aggregate ($label) exited $rc: \"$last\""
+    fi
+    for f in "$out"/*.json; do
+        if ! "$BUILD/candle-trace" report "$f" >"$f.report" 2>&1; then
+            fail "candle-trace report $f: $(head -c 600 "$f.report")"
+        fi
+        n=$((n + 1))
+    done
+    if [ "$n" -lt 10 ]; then
+        fail "test_aggregate ($label) wrote $n summaries, want 10"
+    fi
+    echo "read $n summaries with candle-trace report"
+}
+
+run_test_aggregate counter
+run_test_aggregate monotonic CANDLE_TRACE_AGG_CLOCK=monotonic
 
 echo "--- C tests: $CHECKED traces checked with candle-graph, $FAILURES failure(s)"
 if [ "$FAILURES" -ne 0 ]; then
