@@ -27,6 +27,11 @@ CT_CUPTI_HIDDEN extern const int ct_cupti_n_driver_cbids;
 uint64_t ct__innermost_span(uint64_t session);
 uint64_t ct__session_now(uint64_t session);
 
+/* demangle.c: the demangled form of an Itanium-mangled name (malloc'd, the
+ * caller frees it), NULL when name is not mangled or no C++ runtime can
+ * demangle it. */
+CT_CUPTI_HIDDEN char *ct_cupti_demangle(const char *name);
+
 /* ---- loading ----------------------------------------------------------------- */
 
 /* dlopens path (RTLD_NOLOAD too when noload: only a library already in the

@@ -355,7 +355,13 @@ func (c *Collector) name(r *C.ct_cupti_rec) string {
 		if n, ok := c.names[p]; ok {
 			return n
 		}
-		n := C.GoString(r.name)
+		var n string
+		if d := C.ct_cupti_demangle(r.name); d != nil {
+			n = C.GoString(d)
+			C.free(unsafe.Pointer(d))
+		} else {
+			n = C.GoString(r.name)
+		}
 		if !utf8.ValidString(n) {
 			n = strings.ToValidUTF8(n, "\uFFFD")
 		}
