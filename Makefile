@@ -22,7 +22,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli demo compare-demo test test-go test-c test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -74,7 +74,7 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
 
-test: test-go test-c test-load test-python test-rust test-twins
+test: test-go test-c test-load test-python test-rust test-twins test-aggregate-demo
 
 test-go: $(LIB) tools $(WRITER)
 	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
@@ -106,6 +106,14 @@ compare-demo: $(LIB) $(CLI)
 
 test-twins: $(LIB) $(CLI) test-rust
 	./tests/compare_demo.sh --check
+
+# Both examples, 10,000 updates with aggregate statistics: every update
+# counted, the report shown, peak memory flat (tests/aggregate_demo.sh).
+aggregate-demo: $(LIB) $(CLI)
+	./tests/aggregate_demo.sh
+
+test-aggregate-demo: $(LIB) $(CLI) test-rust
+	./tests/aggregate_demo.sh --check
 
 bench-rust: $(LIB)
 	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead

@@ -9,7 +9,7 @@ of every update (forward, backward, optimizer, data, the update, the loss) in co
 beside the capture of update 3:
 
     ... train_mlp.py build/py/mlp.jsonl --steps 10000 --aggregate build/py/summary.json
-    build/candle-trace report build/py/summary.json --category train/step=ignore
+    build/candle-trace report build/py/summary.json
 
 Its twin is bindings/rust/examples/train_mlp.rs (candle): the same model, the
 same numbers — every weight, bias, input and label comes from one splitmix64
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         print(f"wrote {args.aggregate} (aggregate statistics of all {args.steps} updates, "
               f"{wall:.2f} s, {wall / max(args.steps, 1) * 1e6:.1f} us per update)")
-        print(f"report: candle-trace report {args.aggregate} --category train/step=ignore")
+        print(f"report: candle-trace report {args.aggregate}")
     return 0
 
 

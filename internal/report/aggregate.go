@@ -51,6 +51,14 @@ var defaultWords = map[string]string{
 	"d2h": CategoryTransfer, "memcpy": CategoryTransfer,
 }
 
+// enclosingWords name a span that encloses the others of an update (the
+// whole step): such a span is ignored by default, as its time is already its
+// children's. They decide only when no word of defaultWords does, so that
+// "optimizer.step" stays compute while "train/step" is ignored.
+var enclosingWords = map[string]bool{
+	"step": true, "update": true, "iteration": true, "iter": true, "epoch": true,
+}
+
 // CategoryRule maps span names to a category: Pattern is a name, or a
 // path.Match pattern when it contains * ? or [.
 type CategoryRule struct {
@@ -136,6 +144,9 @@ func (c *Categorizer) Categorize(name, step string) (category, source string) {
 		if cat, ok := defaultWords[words[i]]; ok {
 			return cat, "name"
 		}
+	}
+	if step == "" && len(words) > 0 && enclosingWords[words[len(words)-1]] {
+		return CategoryIgnore, "name"
 	}
 	if step != "" {
 		return CategoryCompute, "step"

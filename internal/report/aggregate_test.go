@@ -34,6 +34,10 @@ func TestCategorize(t *testing.T) {
 		{"d2h_copy", "", "transfer", "name"},
 		{"linear", "forward", "compute", "step"},
 		{"sgd/step", "optimizer", "compute", "step"},
+		{"train/step", "", "ignore", "name"}, // encloses the update's other spans
+		{"Trainer.training_step", "", "ignore", "name"},
+		{"epoch", "", "ignore", "name"},
+		{"step/tokenize", "", "other", "default"}, // only the last word encloses
 		{"tokenize", "", "other", "default"},
 		{"total", "", "other", "default"}, // "to" is a word, not a prefix
 	}
@@ -55,10 +59,20 @@ func TestParseCategoryRules(t *testing.T) {
 	assert.ErrorContains(t, err, "line 2")
 }
 
-// With the defaults the enclosing train_step (10 of 20 s) is "other", and
-// compute — forward 3 + backward 4 + sgd 0.5 = 7.5 s — is 37.5%: falsified.
-func TestAggregateAnalysisDefaults(t *testing.T) {
+// By default a name ending in "step" with no step tag encloses the update
+// and is ignored: train_step's 10 s leave 10 s, of which compute is 75%.
+func TestAggregateAnalysisDefaultsIgnoreTheEnclosingStep(t *testing.T) {
 	r := AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), nil, 0)
+	assert.Equal(t, "corroborated", r.Analysis.Verdict)
+	assert.Equal(t, uint64(10e9), r.Analysis.IgnoredNS)
+	assert.Equal(t, 0.75, r.Analysis.ComputeShare)
+	assert.Equal(t, []string{"train_step", "ignore", "name"}, []string{r.Spans[0].Name, r.Spans[0].Category, r.Spans[0].CategorySource})
+}
+
+// Mapped to "other", the enclosing train_step (10 of 20 s) counts twice, and
+// compute — forward 3 + backward 4 + sgd 0.5 = 7.5 s — is 37.5%: falsified.
+func TestAggregateAnalysisEnclosingStepAsOther(t *testing.T) {
+	r := AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), NewCategorizer([]CategoryRule{{"train_step", CategoryOther}}), 0)
 	assert.Equal(t, uint64(20e9), r.TotalNS)
 	a := r.Analysis
 	assert.Equal(t, AggregateAnalysis{

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -278,9 +279,10 @@ def test_aggregate_counts_every_update_and_the_capture_stays_valid(tmp_path):
     # every whole-run wrapper is gone
     assert "forward" not in model.__dict__ and "step" not in opt.__dict__
     assert torch.autograd.backward is backward
-    r = subprocess.run([str(REPO / "build" / "candle-trace"), "report", str(agg),
-                        "--category", "train/step=ignore"], capture_output=True, text=True)
+    r = subprocess.run([str(REPO / "build" / "candle-trace"), "report", str(agg)],
+                       capture_output=True, text=True)
     assert r.returncode == 0 and "train/forward" in r.stdout, r.stdout + r.stderr
+    assert re.search(r"train/step +ignore", r.stdout), "the enclosing update span is ignored by default"
 
 
 def test_aggregate_is_finished_when_the_capture_fails(tmp_path):

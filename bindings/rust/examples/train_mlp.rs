@@ -8,7 +8,7 @@
 //! candle-trace/aggregate/1 statistics of every update in constant memory:
 //!
 //!     cargo run --example train_mlp --features candle -- OUT.jsonl --steps 10000 --aggregate SUMMARY.json
-//!     candle-trace report SUMMARY.json --category train/step=ignore
+//!     candle-trace report SUMMARY.json
 #[path = "common/mlp.rs"]
 mod mlp;
 
@@ -54,7 +54,7 @@ fn main() {
             if let Some(s) = summary {
                 let wall = t0.elapsed().as_secs_f64();
                 println!("wrote {} (aggregate statistics of all {n} updates, {wall:.2} s, {:.1} us per update)", s.display(), wall / n as f64 * 1e6);
-                println!("report: candle-trace report {} --category train/step=ignore", s.display());
+                println!("report: candle-trace report {}", s.display());
             }
         }
         Err(e) => {

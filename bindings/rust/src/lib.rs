@@ -29,6 +29,7 @@ pub mod ffi;
 
 mod error;
 mod run;
+mod schedule;
 mod session;
 
 #[cfg(feature = "candle")]
@@ -42,6 +43,7 @@ pub use run::{
     family_of, CaptureContract, ComparisonIdentity, Expectation, ExpectedGradient, GradientContract, GradientFamily, Level,
     MeasurementScope, Phase, Run, TimingMode,
 };
+pub use schedule::{Finished, Schedule, Update, DEFAULT_UPDATE_SPAN};
 pub use session::{
     check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
     Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats,

@@ -352,6 +352,10 @@ impl Run {
     pub fn phase(&self) -> Phase {
         self.phase
     }
+    /// The captured update or call (one-based).
+    pub fn capture_step(&self) -> u64 {
+        self.capture_step
+    }
     pub fn is_measured_root(&self) -> bool {
         self.measured_root
     }

@@ -45,7 +45,8 @@ func TestAggregateReportCommand(t *testing.T) {
 		stdout []string
 		stderr []string
 	}{
-		{"defaults", []string{"report", a}, ExitOK, []string{"Summary " + a, "verdict:    falsified: compute took 37.5%", "led by other at 51.0%"}, nil},
+		{"defaults", []string{"report", a}, ExitOK, []string{"Summary " + a, "verdict:    corroborated: compute took 75.0%", "(10.000 s ignored)"}, nil},
+		{"step as other", []string{"report", "--category", "train_step=other", a}, ExitOK, []string{"verdict:    falsified: compute took 37.5%", "led by other at 51.0%"}, nil},
 		{"flag", []string{"report", "--category", "train_step=ignore", a}, ExitOK, []string{"verdict:    corroborated: compute took 75.0%"}, nil},
 		{"file", []string{"report", a, "--categories", rules}, ExitOK, []string{"corroborated", "(10.000 s ignored)"}, nil},
 		{"pattern", []string{"report", "--category", "train_*=ignore", "--category", "mlp/*=other", a}, ExitOK, []string{"falsified: compute took 5.0%"}, nil},
@@ -160,7 +161,7 @@ func TestAggregateFromStdin(t *testing.T) {
 	os.Stdin, stdin = r, nil
 	code, out, errOut = run("report", "--json", "-")
 	require.Equal(t, ExitOK, code, errOut)
-	assert.Contains(t, out, `"verdict": "falsified"`)
+	assert.Contains(t, out, `"verdict": "corroborated"`)
 	r.Close()
 
 	// A trace through a pipe still reaches the trace reader whole.

@@ -42,8 +42,8 @@ loop and folds, for every update, cheap whole-run hooks into O(1)-memory statist
 - ``<prefix>/backward`` (step backward): ``torch.autograd.backward`` (``loss.backward()``);
 - ``<prefix>/optimizer`` (step optimizer): ``optimizer.step``;
 - ``<prefix>/step``: the update, from its first forward to ``prof.step()`` (the trace's
-  measured region ``update`` spans the same), which encloses the phases: report it with
-  ``candle-trace report SUMMARY --category <prefix>/step=ignore``;
+  measured region ``update`` spans the same), which encloses the phases (``candle-trace
+  report SUMMARY`` leaves it out of the shares by default);
 - ``<prefix>/data``: from ``prof.step()`` (or the profile's start) to the next update's
   forward -- the input pipeline, ``zero_grad`` and whatever else the loop does there;
 - the scalar ``loss`` (the 1-element tensor given to backward, read after ``prof.step()``;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, Optimizer, VarBuilder, VarMap, SGD};
 use candle_trace::candle::{backward_step, gradient_contract, Traced};
-use candle_trace::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Run, Session, SpanId, SpanKind, Step};
+use candle_trace::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Run, Schedule, Session, SpanKind, Step};
 
 pub const IN: usize = 64;
 pub const HIDDEN: usize = 64;
@@ -202,7 +202,7 @@ pub fn train(out: &Path, steps: u64) -> candle_trace::Result<(PathBuf, Vec<f32>)
 }
 
 /// Span names of the aggregate schedule ([`train_aggregate`]): the update
-/// (enclosing the rest: report it with `--category train/step=ignore`), the
+/// (enclosing the rest: `candle-trace report` ignores it by default), the
 /// batch, and the three phases.
 pub const AGG_STEP: &str = "train/step";
 pub const AGG_DATA: &str = "train/data";
@@ -237,33 +237,34 @@ pub fn aggregated_update(agg: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -
 pub fn train_aggregate(out: &Path, summary: &Path, interval_ms: Option<u64>, steps: u64) -> candle_trace::Result<(PathBuf, PathBuf, Vec<f32>)> {
     assert!(steps >= CAPTURE_STEP);
     let mut s = setup()?;
-    let agg = Session::open(summary, Run::training("mlp::train", CAPTURE_STEP, "cpu").tag("example", "rust").aggregate(interval_ms))?;
-    let result = (|| -> candle_trace::Result<(PathBuf, Vec<f32>)> {
+    let run = run_description(&s);
+    let schedule = Schedule::new(out, run).with_update_span(AGG_STEP).with_aggregate(summary, interval_ms)?;
+    let agg = schedule.aggregate().expect("aggregate statistics requested");
+    let result = (|| -> candle_trace::Result<Vec<f32>> {
         let mut losses = Vec::with_capacity(steps as usize);
-        let mut written = None;
-        for step in 1..=steps {
-            let _update = agg.try_span(AGG_STEP, SpanKind::Function, Step::None)?;
+        for _ in 1..=steps {
+            let update = schedule.begin_update()?;
             let (x, y) = {
                 let _d = agg.try_span(AGG_DATA, SpanKind::Function, Step::None)?;
                 batch(&mut s)?
             };
-            let loss = if step == CAPTURE_STEP {
-                let session = Session::open(out, run_description(&s))?;
-                let l = captured_update_with(&session, Some(&agg), &mut s, &x, &y)?;
-                written = Some(session.finish()?);
-                l
-            } else {
-                aggregated_update(&agg, &mut s, &x, &y)?
+            let loss = match update.capture() {
+                Some(trace) => captured_update_with(trace, Some(agg), &mut s, &x, &y)?,
+                None => aggregated_update(agg, &mut s, &x, &y)?,
             };
-            agg.scalar(SpanId::ROOT, "loss", loss as f64)?;
+            update.scalar("loss", loss as f64)?;
+            update.end()?;
             losses.push(loss);
         }
-        Ok((written.expect("capture step reached"), losses))
+        Ok(losses)
     })();
     match result {
-        Ok((trace, losses)) => Ok((trace, agg.finish()?, losses)),
+        Ok(losses) => {
+            let done = schedule.finish()?;
+            Ok((done.trace.expect("capture step reached"), done.summary.expect("aggregate statistics kept"), losses))
+        }
         Err(e) => {
-            let _ = agg.finish_failed(&e.to_string());
+            let _ = schedule.finish_failed(&e.to_string());
             Err(e)
         }
     }

@@ -1,0 +1,161 @@
+//! Schedule: aggregate statistics of every update plus the capture of one.
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+use candle_trace::*;
+use common::*;
+use serde_json::Value;
+
+fn run() -> Run {
+    Run::training("rust::schedule", 3, "cpu").tag("test", "schedule")
+}
+
+fn read_summary(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn span_count(doc: &Value, name: &str, step: Option<&str>) -> u64 {
+    doc["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name && s["step"].as_str() == step)
+        .map_or(0, |s| s["count"].as_u64().unwrap())
+}
+
+/// One update's work: a forward span in whichever session records it.
+fn work(update: &Update<'_>) -> Result<()> {
+    if let Some(trace) = update.capture() {
+        let _m = trace.measure("train/update")?;
+        let fwd = trace.try_span("train/forward", SpanKind::Module, Step::Forward)?;
+        trace.scalar(&fwd, "loss", 0.5)?;
+    } else if let Some(stats) = update.aggregate() {
+        let _fwd = stats.try_span("train/forward", SpanKind::Module, Step::Forward)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn counts_every_update_and_captures_the_chosen_one() {
+    let dir = fresh_dir("schedule");
+    let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
+    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    assert_eq!(schedule.capture_step(), 3);
+    let mut captured = vec![];
+    for i in 0..50u64 {
+        let update = schedule.begin_update().unwrap();
+        assert_eq!(update.number(), i + 1);
+        if update.capture().is_some() {
+            captured.push(update.number());
+        }
+        work(&update).unwrap();
+        update.scalar("loss", i as f64).unwrap();
+        update.end().unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(captured, [3]);
+    assert_eq!(done.updates, 50);
+    assert_eq!(done.trace.as_deref(), Some(trace.as_path()));
+    assert_eq!(done.summary.as_deref(), Some(summary.as_path()));
+
+    let lines = lines(&trace);
+    assert_valid_complete(&trace);
+    assert_eq!(of_kind(&lines, "span_start").iter().filter(|l| l["name"] == "train/forward").count(), 1);
+
+    let doc = read_summary(&summary);
+    assert_eq!(doc["final"], true);
+    assert_eq!(span_count(&doc, DEFAULT_UPDATE_SPAN, None), 50, "{doc}");
+    // The captured update's forward span went to the trace, not the statistics.
+    assert_eq!(span_count(&doc, "train/forward", Some("forward")), 49, "{doc}");
+    let loss = &doc["scalars"][0];
+    assert_eq!((loss["label"].as_str(), loss["count"].as_u64(), loss["last"].as_f64()), (Some("loss"), Some(50), Some(49.0)));
+}
+
+#[test]
+fn a_dropped_update_ends_like_end_and_one_update_at_a_time() {
+    let dir = fresh_dir("schedule-drop");
+    let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
+    let schedule = Schedule::new(&trace, run()).with_update_span("loop/update").with_aggregate(&summary, None).unwrap();
+    for _ in 0..5 {
+        let update = schedule.begin_update().unwrap();
+        let err = schedule.begin_update().unwrap_err();
+        assert_eq!(err.status(), Some(Status::State));
+        assert!(err.message().contains("has not ended"), "{err}");
+        work(&update).unwrap();
+        // dropped here
+    }
+    let done = schedule.finish().unwrap();
+    assert_valid_complete(done.trace.as_ref().unwrap());
+    assert_eq!(span_count(&read_summary(&summary), "loop/update", None), 5);
+}
+
+#[test]
+fn a_failed_capture_is_returned_and_the_summary_still_written() {
+    let dir = fresh_dir("schedule-fail");
+    let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
+    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    for _ in 0..4 {
+        let update = schedule.begin_update().unwrap();
+        // No measured region in the capture: ct_finish refuses it.
+        if let Some(t) = update.capture() {
+            let _s = t.span("train/forward");
+        }
+        let r = update.end();
+        if r.is_err() {
+            let e = r.unwrap_err();
+            assert_eq!(e.status(), Some(Status::State));
+            assert!(e.message().contains("no measured region"), "{e}");
+        }
+    }
+    let err = schedule.finish().unwrap_err();
+    assert!(err.message().contains("no measured region"), "{err}");
+    let doc = read_summary(&summary);
+    assert_eq!(doc["final"], true);
+    assert_eq!(span_count(&doc, DEFAULT_UPDATE_SPAN, None), 4);
+    let last = lines(&trace).pop().unwrap();
+    assert_eq!((last["kind"].as_str(), last["outcome"].as_str()), (Some("terminal"), Some("failed")), "{last}");
+}
+
+#[test]
+fn a_panic_in_the_captured_update_fails_the_capture_only() {
+    let dir = fresh_dir("schedule-panic");
+    let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
+    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        for _ in 0..5 {
+            let update = schedule.begin_update().unwrap();
+            if update.capture().is_some() {
+                panic!("boom in update {}", update.number());
+            }
+            update.end().unwrap();
+        }
+    }));
+    assert!(r.is_err());
+    // The loop goes on after the panic was caught.
+    schedule.begin_update().unwrap().end().unwrap();
+    let done = schedule.finish().unwrap();
+    assert_eq!((done.trace, done.updates), (None, 4));
+    let last = lines(&trace).pop().unwrap();
+    assert_eq!(last["outcome"], "failed");
+    assert!(last["reason"].as_str().unwrap_or_default().contains("boom in update 3"), "{last}");
+    assert_eq!(span_count(&read_summary(&summary), DEFAULT_UPDATE_SPAN, None), 4, "the panicking update still ended");
+}
+
+#[test]
+fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none() {
+    let dir = fresh_dir("schedule-plain");
+    let trace = dir.path().join("t.jsonl");
+    let schedule = Schedule::new(&trace, run());
+    assert!(schedule.aggregate().is_none());
+    for _ in 0..2 {
+        let update = schedule.begin_update().unwrap();
+        assert!(update.aggregate().is_none() && update.capture().is_none());
+        update.scalar("loss", 1.0).unwrap(); // nothing to fold into
+        update.end().unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(done, Finished { trace: None, summary: None, updates: 2 });
+    assert!(!trace.exists(), "no capture was opened before update 3");
+}
