@@ -95,7 +95,7 @@ func TestCollectorDecodesAndAttributes(t *testing.T) {
 	launches := []launch{
 		{thread: 0, kind: "kernel", name: "_Z5sgemmiiiPKfS0_Pf", shown: "sgemm(int, int, int, float const*, float const*, float*)", stream: 7, startUs: 5, durNs: 12_345},
 		{thread: 0, kind: "kernel", name: "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_",
-			shown: "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+			shown:  "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
 			stream: 7, startUs: 6, durNs: 2_000},
 		{thread: 0, kind: "kernel", name: "_Z6sgemmPfS_S_", stream: 7, startUs: 7, durNs: 100}, // not a valid mangling: kept as it came
 		{thread: 0, kind: "memcpy", name: "memcpy HtoD", stream: 7, startUs: 20, durNs: 4_000, bytes: 1 << 20},
