@@ -455,7 +455,14 @@ uint32_t ct_abi_version(void);
  * stderr says why and the session goes on without them.
  * To pick processes, preload build/libcandle_trace_preload.so instead of
  * this library: it loads this library only where the program name matches
- * CANDLE_TRACE_MATCH (comma-separated shell patterns, default "*"). */
+ * CANDLE_TRACE_MATCH (comma-separated shell patterns, default "*").
+ * Under that shim, a process dying of SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGABRT or SIGTERM (each only if its disposition was SIG_DFL when the shim
+ * loaded) first writes everything recorded so far as whole lines, without a
+ * terminal line, waiting at most 500 ms for it, then dies of that signal as
+ * before. Not guaranteed when the signal hits a thread holding the library's
+ * lock (inside a ct_* call): the trace then holds what the 50 ms flusher had
+ * written. The library alone never touches signal dispositions. */
 ct_session ct_ambient_session(void);
 
 #ifdef __cplusplus

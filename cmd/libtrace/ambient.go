@@ -37,6 +37,8 @@ func init() {
 		return
 	}
 	ambient = s
+	// Under the drop-in shim, a fatal signal flushes the trace (crashflush.go).
+	startCrashFlush(s)
 	opts, err := ambientDeviceOptions()
 	if err == nil && opts != nil {
 		err = deviceStart(s, opts)
@@ -119,6 +121,7 @@ func ctgo_ambient_exit() {
 		return
 	}
 	ambient = nil
+	stopCrashFlush() // a signal from here on has nothing to wait for
 	if err := finishing(s, s.Finish); err != nil && session.CodeOf(err) == session.State {
 		_ = finishing(s, func() error {
 			return s.FinishFailed("process exited before the capture completed: " + err.Error())

@@ -16,14 +16,68 @@
  *
  *   CANDLE_TRACE_PATH=run-%p.jsonl CANDLE_TRACE_MATCH='python*' \
  *     LD_PRELOAD=build/libcandle_trace_preload.so python train.py
+ *
+ * Fatal signals. The background flusher writes every ~50 ms, so a program
+ * that dies of a signal would lose what it recorded in its last moments
+ * (records still in the per-thread rings or in the Go-side buffer). In a
+ * traced process the shim therefore handles SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGABRT and SIGTERM — each only when its disposition is still SIG_DFL when
+ * the shim loads (a program's own handler, or an inherited SIG_IGN, is left
+ * alone). The handler asks a thread of the library to write everything
+ * recorded so far as whole lines (no terminal line: the trace is partial),
+ * waits for it at most CRASH_FLUSH_WAIT_MS (500 ms), puts the previous disposition
+ * back (SIG_DFL) and raises the signal again, so the process dies of its own
+ * signal with the same status and core dump as without the shim. What is
+ * not guaranteed: a crash while a thread holds the library's lock (or the C
+ * allocator's, when a ring is freed) leaves the flusher waiting; the handler
+ * then gives up after the bound and the trace holds what was already
+ * written. Programs that ask for a signal's disposition see a handler where
+ * they would have seen SIG_DFL; a program that installs its own handler
+ * later replaces ours, as it would replace the default.
+ *
+ * Why these pieces are where they are:
+ *  - The handlers are installed here, BEFORE dlopen. The Go runtime in a
+ *    c-shared library installs its own SIGSEGV/SIGBUS/SIGFPE handlers at load
+ *    and forwards a fault raised in non-Go code to the handler that was there
+ *    before it. Installed first, ours is that forwarding target and Go keeps
+ *    turning faults in Go code into panics; installed after, ours would
+ *    replace Go's handler and break them. Go installs nothing for SIGILL,
+ *    SIGABRT and SIGTERM in a c-shared library, so those reach ours directly.
+ *  - Only the shim installs handlers: the library linked normally (or
+ *    preloaded without the shim) never touches signal dispositions.
+ *  - The handshake is two futex words owned by the shim (req: a flush is
+ *    asked / the session ended; done: the flush is written) and four
+ *    functions the library looks up with dlsym(RTLD_DEFAULT) from the
+ *    package init that opens the ambient session. The lookup goes that way
+ *    round because the Go init runs on its own thread after dlopen has
+ *    returned: the shim never waits for the Go runtime inside a constructor,
+ *    and everything the library looks up exists before the library loads,
+ *    so there is no race. Futex words rather than a pipe or an eventfd: no
+ *    file descriptor a program could close or dup2 over (a write would then
+ *    land in the program's file), and a "done" word that any number of
+ *    crashing threads can wait on at once (futex wake-all), so one flush
+ *    serves them all.
+ *  - Only async-signal-safe calls in the handler: atomics, futex(2),
+ *    clock_gettime, getpid, gettid, sigaction, raise.
+ *  - The library's waiter thread blocks SIGTERM and SIGABRT, so a
+ *    process-directed kill never lands on the one thread that must do the
+ *    flush; should a fault hit that thread, its handler does not wait for
+ *    itself. A fork() child inherits the handlers but not the library's
+ *    thread: the handler checks the pid and does not wait there.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fnmatch.h>
 #include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *base(const char *p) {
@@ -53,6 +107,156 @@ static int matches(const char *patterns, const char *a, const char *b) {
     return 0;
 }
 
+/* ---- flushing on a fatal signal ------------------------------------------ */
+
+/* How long, in total, a dying thread waits for the trace to be written. The
+ * flush itself takes well under a millisecond for the few MB a ring and the
+ * write buffer can hold; the bound is for when it cannot happen at all (the
+ * crashed thread holds the library's lock). */
+#define CRASH_FLUSH_WAIT_MS 500
+
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+#define N_FATAL (sizeof fatal_signals / sizeof fatal_signals[0])
+static struct sigaction previous[N_FATAL]; /* the disposition ours replaced */
+static int installed[N_FATAL];
+static int any_installed;
+
+enum { REQ_FLUSH = 1, REQ_STOP = 2 };
+static uint32_t req;        /* futex: REQ_FLUSH (a fatal signal) | REQ_STOP (the session ended) */
+static uint32_t done;       /* futex: 1 once the library has written the trace */
+static uint32_t ready;      /* 1 while the library's waiter thread serves requests */
+static uint32_t fired;      /* 1 once a handler has asked for the flush: one per process */
+static pid_t waiter_pid;    /* the process the waiter belongs to (not a fork child) */
+static pid_t waiter_tid;    /* the waiter's thread */
+
+static long futex(uint32_t *word, int op, uint32_t val, const struct timespec *rel) {
+    return syscall(SYS_futex, word, op, val, rel, NULL, 0);
+}
+
+static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Waits until the flush is written or budget_ns has passed. */
+static void wait_flushed(int64_t budget_ns) {
+    int64_t end = mono_ns() + budget_ns;
+    while (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+        int64_t left = end - mono_ns();
+        if (left <= 0) return;
+        struct timespec rel = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        futex(&done, FUTEX_WAIT_PRIVATE, 0, &rel);
+    }
+}
+
+static void on_fatal_signal(int sig, siginfo_t *info, void *uctx) {
+    (void)info;
+    (void)uctx;
+    int saved_errno = errno;
+    size_t i = 0;
+    while (i < N_FATAL && fatal_signals[i] != sig) i++;
+    if (i == N_FATAL) return; /* not ours: cannot happen */
+    if (__atomic_load_n(&ready, __ATOMIC_ACQUIRE) && getpid() == waiter_pid &&
+        thread_id() != waiter_tid) {
+        /* The first dying thread asks; every dying thread (this one and
+         * any that crash meanwhile) waits for the same flush, so none of
+         * them kills the process before the trace is written. */
+        if (!__atomic_exchange_n(&fired, 1, __ATOMIC_ACQ_REL)) {
+            __atomic_fetch_or(&req, REQ_FLUSH, __ATOMIC_RELEASE);
+            futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
+        }
+        wait_flushed((int64_t)CRASH_FLUSH_WAIT_MS * 1000000);
+    }
+    /* Back to the disposition we replaced (SIG_DFL: we install over nothing
+     * else) and raise again. The signal is blocked while its handler runs,
+     * so it is delivered as soon as we return: the default action kills the
+     * process with this signal, and a core dump where there would have been
+     * one. For a fault, returning alone would do too (the instruction faults
+     * again); raising covers kill(1) and abort() alike. When Go forwarded
+     * the fault to us, we return through Go's handler, which does nothing
+     * more for a forwarded signal. */
+    sigaction(sig, &previous[i], NULL);
+    raise(sig);
+    errno = saved_errno;
+}
+
+static void install_fatal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fatal_signal;
+    /* SA_ONSTACK: the handler may run on a Go thread (a SIGTERM can be
+     * delivered to any thread), which must not run it on a goroutine's small
+     * stack; Go gives each of its threads a signal stack. Everything is
+     * blocked while it runs, so it is never re-entered on one thread. */
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    for (size_t i = 0; i < N_FATAL; i++) {
+        if (sigaction(fatal_signals[i], NULL, &previous[i]) != 0) continue;
+        int dfl = !(previous[i].sa_flags & SA_SIGINFO) && previous[i].sa_handler == SIG_DFL;
+        if (!dfl) continue; /* the program's (or an inherited SIG_IGN): leave it */
+        if (sigaction(fatal_signals[i], &sa, NULL) == 0) installed[i] = any_installed = 1;
+    }
+}
+
+static void remove_fatal_handlers(void) {
+    for (size_t i = 0; i < N_FATAL; i++)
+        if (installed[i]) sigaction(fatal_signals[i], &previous[i], NULL);
+    any_installed = 0;
+}
+
+/* The library's side of the handshake (cmd/libtrace/crashflush.go looks
+ * these up with dlsym(RTLD_DEFAULT); they are not part of the public ABI).
+ * One goroutine of the library, locked to its own thread, calls begin, then
+ * wait; when wait says a flush is asked it writes the trace and calls done.
+ * The end of the ambient session (the exit handler) calls stop, which makes
+ * wait return 0. A request and a stop that race are both bounded: the
+ * handler never waits longer than CRASH_FLUSH_WAIT_MS. */
+
+/* Called on the waiter thread: 0 when there is a handler to serve (the
+ * thread now blocks SIGTERM and SIGABRT and is the one the handlers ask),
+ * -1 when none was installed. */
+int ct__preload_crash_waiter_begin(void) {
+    if (!any_installed) return -1;
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGABRT);
+    pthread_sigmask(SIG_BLOCK, &block, NULL);
+    waiter_pid = getpid();
+    waiter_tid = thread_id();
+    __atomic_store_n(&done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&req, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Blocks until a fatal signal asks for a flush (1) or stop was called (0). */
+int ct__preload_crash_wait(void) {
+    for (;;) {
+        uint32_t r = __atomic_load_n(&req, __ATOMIC_ACQUIRE);
+        if (r & REQ_FLUSH) return 1;
+        if (r & REQ_STOP) return 0;
+        futex(&req, FUTEX_WAIT_PRIVATE, r, NULL);
+    }
+}
+
+/* The flush asked for is written (or failed): every waiting handler goes on. */
+void ct__preload_crash_done(void) {
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    futex(&done, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL);
+}
+
+/* The ambient session has ended: handlers stop waiting (nothing is left to
+ * flush) and the waiter returns. Called from any thread. */
+void ct__preload_crash_stop(void) {
+    __atomic_store_n(&ready, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&req, REQ_STOP, __ATOMIC_RELEASE);
+    futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
+}
+
 __attribute__((constructor)) static void candle_trace_preload(void) {
     if (!getenv("CANDLE_TRACE_PATH")) return;
     const char *match = getenv("CANDLE_TRACE_MATCH");
@@ -74,6 +278,10 @@ __attribute__((constructor)) static void candle_trace_preload(void) {
         size_t dir = slash ? (size_t)(slash - lib + 1) : 0;
         snprintf(lib + dir, sizeof lib - dir, "libcandle_trace.so");
     }
-    if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL))
+    /* Before dlopen, so that the Go runtime forwards faults to us (above). */
+    install_fatal_handlers();
+    if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {
+        remove_fatal_handlers();
         fprintf(stderr, "candle-trace: drop-in not started: %s\n", dlerror());
+    }
 }

@@ -3,9 +3,11 @@ that process exit finishes, for programs nobody instrumented."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,231 @@ def test_preload_shim_next_to_the_library_finds_it(tmp_path: Path) -> None:
     r = subprocess.run(["/bin/sleep", "0.01"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert lines(tmp_path / "near.jsonl")[-1]["outcome"] == "complete"
+
+
+# ---- a fatal signal under the drop-in shim flushes the trace -----------------
+#
+# The program finds the library the way an uninstrumented program's binding
+# would (dlsym: the shim loaded it RTLD_GLOBAL), records N spans, each with an
+# op inside (spans go through the per-thread C rings, ops straight into the
+# Go-side buffer), then dies at once. The background flusher is slowed to a
+# minute, so without the flush on the signal only the meta and root lines
+# could be on disk; the default 50 ms interval is checked too.
+
+DYING = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "candle_trace.h"
+
+#define SYM(name) __typeof__(name) *p_##name = (__typeof__(name) *)dlsym(RTLD_DEFAULT, #name)
+
+static ct_session s;
+static int n;
+static pthread_barrier_t both;
+
+/* N spans named <prefix>/<i>, an op in each; returns 0 when all were accepted. */
+static int record(const char *prefix) {
+    SYM(ct_span_begin); SYM(ct_span_end); SYM(ct_record_op);
+    static const int64_t shape[2] = {4, 8};
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s/%d", prefix, i);
+        ct_span sp;
+        if (p_ct_span_begin(s, name, CT_SPAN_OP, CT_STEP_NONE, &sp)) return 1;
+        ct_op op;
+        memset(&op, 0, sizeof op);
+        op.size = sizeof op; op.op_name = name; op.dtype = "f32"; op.device = "cpu";
+        op.shape = shape; op.rank = 2; op.duration_ns = 1;
+        if (p_ct_record_op(s, sp, &op) || p_ct_span_end(s, sp)) return 1;
+    }
+    return 0;
+}
+
+static void segv(void) { volatile int *p = 0; *p = 1; }
+
+static void *second(void *arg) {
+    (void)arg;
+    if (record("other")) _exit(5);
+    pthread_barrier_wait(&both);
+    segv();
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *how = argv[1];
+    n = atoi(argv[2]);
+    SYM(ct_ambient_session); SYM(ct_span_begin);
+    if (!p_ct_ambient_session || !(s = p_ct_ambient_session())) { fprintf(stderr, "no ambient session\n"); return 3; }
+    ct_span outer; /* left open: the capture is not complete */
+    if (p_ct_span_begin(s, "doomed", CT_SPAN_FUNCTION, CT_STEP_NONE, &outer)) return 4;
+    pthread_t t;
+    if (!strcmp(how, "threads")) {
+        pthread_barrier_init(&both, 0, 2);
+        pthread_create(&t, 0, second, 0);
+    }
+    if (record("work")) return 5;
+    if (!strcmp(how, "segv")) segv();                 /* a fault in non-Go code */
+    if (!strcmp(how, "abort")) abort();
+    if (!strcmp(how, "threads")) { pthread_barrier_wait(&both); segv(); }
+    if (!strcmp(how, "term")) {                       /* the test sends SIGTERM */
+        printf("recorded\n");
+        fflush(stdout);
+        for (;;) pause();
+    }
+    return 6;
+}
+"""
+
+OWN_HANDLER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "candle_trace.h"
+
+static volatile sig_atomic_t got;
+static void on_term(int sig) { (void)sig; got = 1; }
+
+/* .preinit_array runs before every shared object's constructor, so this
+ * handler is in place before the preloaded shim looks. */
+static void install(int argc, char **argv, char **envp) {
+    (void)argc; (void)argv; (void)envp;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, 0);
+}
+__attribute__((section(".preinit_array"), used)) static void (*preinit)(int, char **, char **) = install;
+
+int main(void) {
+    __typeof__(ct_ambient_session) *amb = (__typeof__(ct_ambient_session) *)dlsym(RTLD_DEFAULT, "ct_ambient_session");
+    if (!amb || !amb()) { fprintf(stderr, "no ambient session\n"); return 3; }
+    struct sigaction now;
+    sigaction(SIGTERM, 0, &now);
+    printf("%s\n", now.sa_handler == on_term ? "mine" : "replaced");
+    fflush(stdout);
+    /* Polled: the signal may run the handler on another thread (the Go
+     * runtime's), which would not wake a pause() here. */
+    struct timespec ms = {0, 1000 * 1000};
+    while (!got) nanosleep(&ms, 0);
+    printf("caught\n");
+    return 0;
+}
+"""
+
+
+def build_c(tmp_path: Path, name: str, source: str) -> Path:
+    src, exe = tmp_path / f"{name}.c", tmp_path / name
+    src.write_text(source)
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-O0", "-Wall", "-Werror", "-pthread", f"-I{REPO / 'include'}", str(src), "-o", str(exe), "-ldl"],
+                   check=True, timeout=60)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def dying(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_c(tmp_path_factory.mktemp("dying"), "dying", DYING)
+
+
+def shim_env(trace: Path, flush_ms: str | None = "60000") -> dict:
+    if not PRELOAD.exists():
+        pytest.fail(f"{PRELOAD} is not built (make {PRELOAD.relative_to(REPO)})")
+    env = {k: v for k, v in os.environ.items() if k not in ("CANDLE_TRACE_MATCH", "CANDLE_TRACE_FLUSH_MS")}
+    env.update(LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_LIB=str(LIB), CANDLE_TRACE_PATH=str(trace))
+    if flush_ms:
+        env["CANDLE_TRACE_FLUSH_MS"] = flush_ms
+    return env
+
+
+def check_flushed(trace: Path, tmp_path: Path, prefixes: list[str], n: int) -> None:
+    """Every span and op recorded before the signal, as whole lines, no terminal."""
+    data = trace.read_bytes()
+    assert data.endswith(b"\n"), "only whole lines are on disk"
+    events = lines(trace)
+    assert events[-1]["kind"] != "terminal" and all(e["kind"] != "terminal" for e in events)
+    names = {e["id"]: e["name"] for e in events if e["kind"] == "span_start"}
+    assert "doomed" in names.values()
+    for prefix in prefixes:
+        want = {f"{prefix}/{i}" for i in range(n)}
+        started = {i for i, nm in names.items() if nm in want}
+        assert {names[i] for i in started} == want, f"{len(want - set(names.values()))} of {n} {prefix} spans missing"
+        ended = {e["id"] for e in events if e["kind"] == "span_end"}
+        assert started <= ended, f"{len(started - ended)} {prefix} spans have no end"
+        ops = [e for e in events if e["kind"] == "op" and e["op_name"] in want]
+        assert len(ops) == n and {o["span_id"] for o in ops} == started
+    cli = REPO / "build" / "candle-trace"
+    if cli.exists():
+        partial = subprocess.run([str(cli), "validate", "--allow-partial", str(trace)],
+                                 capture_output=True, text=True, timeout=30)
+        assert partial.returncode == 0, partial.stdout + partial.stderr
+        strict = subprocess.run([str(cli), "validate", str(trace)], capture_output=True, text=True, timeout=30)
+        assert strict.returncode == 1, "a crash is not a complete capture"
+
+
+@pytest.mark.parametrize("how,signum,flush_ms", [
+    ("segv", signal.SIGSEGV, "60000"),
+    ("segv", signal.SIGSEGV, None),  # the default 50 ms interval: the crash comes well inside it
+    ("abort", signal.SIGABRT, "60000"),
+])
+def test_a_fatal_signal_under_the_shim_flushes_every_record(tmp_path: Path, dying: Path, how: str,
+                                                             signum: int, flush_ms: str | None) -> None:
+    trace, n = tmp_path / "dying.jsonl", 200
+    start = time.monotonic()
+    proc = subprocess.run([str(dying), how, str(n)], env=shim_env(trace, flush_ms), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - start
+    assert proc.returncode == -signum, f"the program still dies of its own signal: {proc.returncode} {proc.stderr!r}"
+    assert took < 3, f"dying took {took:.2f} s"
+    check_flushed(trace, tmp_path, ["work"], n)
+
+
+def test_sigterm_under_the_shim_flushes_every_record(tmp_path: Path, dying: Path) -> None:
+    trace, n = tmp_path / "term.jsonl", 200
+    proc = subprocess.Popen([str(dying), "term", str(n)], env=shim_env(trace), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "recorded\n", proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGTERM
+    check_flushed(trace, tmp_path, ["work"], n)
+
+
+def test_two_threads_crashing_share_one_flush(tmp_path: Path, dying: Path) -> None:
+    # Both threads fault at once (a barrier): the first asks for the flush, the
+    # second must wait for that same flush rather than kill the process while
+    # it runs. 5000 spans each make the flush long enough to be caught.
+    trace, n = tmp_path / "threads.jsonl", 5000
+    proc = subprocess.run([str(dying), "threads", str(n)], env=shim_env(trace), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGSEGV, proc.stderr
+    check_flushed(trace, tmp_path, ["work", "other"], n)
+
+
+def test_the_shim_leaves_a_programs_own_sigterm_handler_alone(tmp_path: Path) -> None:
+    exe = build_c(tmp_path, "own", OWN_HANDLER)
+    trace = tmp_path / "own.jsonl"
+    proc = subprocess.Popen([str(exe)], env=shim_env(trace), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "mine\n", "the shim replaced the program's SIGTERM handler"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "caught\n", err
+    events = lines(trace)
+    assert events[-1]["kind"] == "terminal" and events[-1]["outcome"] == "complete"
