@@ -10,6 +10,7 @@
 #   3. traces an uninstrumented CUDA PyTorch script under the drop-in
 #      (LD_PRELOAD, CANDLE_TRACE_DEVICE_COLLECT);
 #   4. checks: device_memory samples for cuda:0 (used > 0, capacity > 0),
+#      kernel names demangled (at most 1 in 10 still mangled),
 #      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
 #      --require-valid on every trace; with CUPTI: kernels present with
 #      names, every device interval inside the session and attributed to an
@@ -18,7 +19,10 @@
 #      from its own thread, so they land on s1), the dropped-record count
 #      stated (cupti/dropped_records), kernel time within ±10% of
 #      torch.cuda.Event's; the libcandle_trace.so has no undefined cupti
-#      symbol (libcupti is dlopened).
+#      symbol (libcupti is dlopened);
+#   5. when the checks passed with time to spare: tests/gpu/bench.py, the
+#      step's time untraced vs with the collectors vs under torch.profiler
+#      (printed, not a check).
 #
 # Exit: 0 all checks passed; 1 a check failed; 2 no GPU / driver / torch;
 # 3 incomplete: the CUPTI collector could not start here (no libcupti found,
@@ -176,6 +180,9 @@ for path in [os.path.join(out, "step.jsonl")] + sorted(glob.glob(os.path.join(ou
     check(all(e["span_id"] in spans for e in ivs), f"{name}: every device interval attributed to an existing span")
     dropped = [e for e in ev if e["kind"] == "tensor_stats" and e.get("label") == "cupti/dropped_records"]
     check(len(dropped) >= 1, f"{name}: dropped records stated ({dropped[-1]['mean'] if dropped else 'none'})")
+    mangled = [e["name"] for e in kernels if e["name"].startswith("_Z")]
+    check(len(mangled) <= len(kernels) // 10,
+          f"{name}: kernel names demangled ({len(kernels) - len(mangled)} of {len(kernels)}; e.g. {kernels[0]['name'][:80] if kernels else '-'})")
     streams = sorted({e["stream_id"] for e in ivs})
     print(f"      {len(ivs)} device intervals ({len(kernels)} named) on streams {streams[:8]}")
     if name == "step.jsonl":
@@ -213,6 +220,12 @@ if [ -x "$CANDLE_GRAPH" ]; then
     done
 else
     say "candle-graph not found at $CANDLE_GRAPH: validity not checked (make tools)"
+fi
+
+# ---- 6. overhead, side by side with torch.profiler (figures for BENCHMARKS.md) ------
+if [ "$rc" -eq 0 ] && [ $(( $(date +%s) - START )) -lt 300 ]; then
+    say "overhead: untraced vs candle-trace collectors vs torch.profiler"
+    timeout 150 "$PYTHON" "$ROOT/tests/gpu/bench.py" --device cuda:0 || say "the overhead benchmark did not finish (not a check)"
 fi
 
 say "done in $(( $(date +%s) - START )) s"
