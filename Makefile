@@ -22,7 +22,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -74,7 +74,7 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
 
-test: test-go test-c test-load test-python test-rust test-twins test-aggregate-demo
+test: test-go test-c test-sanitize test-load test-python test-rust test-twins test-aggregate-demo
 
 test-go: $(LIB) tools $(WRITER)
 	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
@@ -83,6 +83,22 @@ test-go: $(LIB) tools $(WRITER)
 
 test-c: $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/train_step $(CLI) tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
+
+# The C span path alone (fastpath.c, aggkeys.c, ticks.c with stand-ins for
+# the Go side) under ASan+UBSan and under TSan: tests/c/fastpath_sanitize.c.
+FASTPATH_SRC := tests/c/fastpath_sanitize.c internal/session/fastpath.c internal/session/aggkeys.c internal/session/ticks.c
+SAN_FLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -fno-omit-frame-pointer -Iinclude -Iinternal/session
+$(BUILD)/fastpath_asan: $(FASTPATH_SRC) internal/session/fastpath.h internal/session/aggkeys.h internal/session/ticks.h
+	@mkdir -p $(BUILD)
+	$(CC) $(SAN_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all $(FASTPATH_SRC) -o $@ -lpthread
+$(BUILD)/fastpath_tsan: $(FASTPATH_SRC) internal/session/fastpath.h internal/session/aggkeys.h internal/session/ticks.h
+	@mkdir -p $(BUILD)
+	$(CC) $(SAN_FLAGS) -fsanitize=thread $(FASTPATH_SRC) -o $@ -lpthread
+
+test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
+	CANDLE_TRACE_RING_KB=64 ./$(BUILD)/fastpath_asan
+	@# setarch -R: gcc 12's TSan refuses the high-entropy mmap layouts of newer kernels
+	CANDLE_TRACE_RING_KB=64 TSAN_OPTIONS=halt_on_error=1 $$(command -v setarch >/dev/null && echo setarch $$(uname -m) -R) ./$(BUILD)/fastpath_tsan
 
 test-load: $(LIB) $(PRELOAD) $(BUILD)/train_step
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
@@ -130,4 +146,4 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo

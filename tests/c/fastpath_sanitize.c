@@ -1,0 +1,265 @@
+/* fastpath_sanitize — the C span path alone, under AddressSanitizer +
+ * UndefinedBehaviorSanitizer and under ThreadSanitizer.
+ *
+ * The Go library cannot run under the C sanitizers, so this program links
+ * internal/session/{fastpath,aggkeys,ticks}.c with stand-ins for the two Go
+ * functions they call (the drain and the key interning) and drives them hard:
+ * four threads, two aggregate sessions and a trace session at once, a name
+ * buffer rewritten between spans, fresh heap copies of names, nested spans,
+ * rings small enough to fill, a drainer thread racing the producers, and a
+ * thread that exits inside a span. Every aggregate record drained must match
+ * what the threads did, exactly, per (session, name, step).
+ *
+ *   make test-sanitize   (builds it twice and runs both, CANDLE_TRACE_RING_KB=64)
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fastpath.h"
+#include "ticks.h"
+
+#define NAMES 100
+#define STEPS 4
+#define THREADS 4
+#define ITERS 60000
+
+static int failures;
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                 \
+            fputc('\n', stderr);                          \
+            failures++;                                   \
+        }                                                 \
+    } while (0)
+
+/* ---- stand-in for ctgo_agg_intern: keys per session, from 1 --------------- */
+
+typedef struct {
+    uint64_t h;
+    char name[32];
+    uint32_t step;
+    uint32_t key;
+} interned;
+
+static pthread_mutex_t intern_mu = PTHREAD_MUTEX_INITIALIZER;
+static interned table[4 * NAMES * STEPS];
+static int n_interned;
+static uint32_t next_key[2];
+static uint64_t agg_handles[2];
+static unsigned long intern_calls;
+
+int64_t ctgo_agg_intern(uint64_t h, char *name, size_t n, uint32_t step) {
+    pthread_mutex_lock(&intern_mu);
+    intern_calls++;
+    int sess = h == agg_handles[0] ? 0 : h == agg_handles[1] ? 1 : -1;
+    int64_t key = -1;
+    if (sess >= 0 && n < sizeof table[0].name) {
+        for (int i = 0; i < n_interned; i++)
+            if (table[i].h == h && table[i].step == step && strlen(table[i].name) == n &&
+                memcmp(table[i].name, name, n) == 0) {
+                key = table[i].key;
+                break;
+            }
+        if (key < 0) {
+            interned *e = &table[n_interned++];
+            e->h = h;
+            memcpy(e->name, name, n);
+            e->name[n] = 0;
+            e->step = step;
+            e->key = ++next_key[sess];
+            key = e->key;
+        }
+    }
+    pthread_mutex_unlock(&intern_mu);
+    return key;
+}
+
+static const interned *by_key(uint64_t h, uint32_t key) {
+    for (int i = 0; i < n_interned; i++)
+        if (table[i].h == h && table[i].key == key) return &table[i];
+    return NULL;
+}
+
+/* ---- stand-in for ctgo_drain_rings ------------------------------------------ */
+
+static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
+/* drained[session][name][step] */
+static unsigned long drained[2][NAMES][STEPS];
+static unsigned long trace_starts, trace_ends, bad_records;
+
+static void drain_locked(void) {
+    int dead = 0;
+    for (ct_ring *r = __atomic_load_n(&ct__rings, __ATOMIC_ACQUIRE); r; r = r->next) {
+        uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+        uint64_t tail = r->tail;
+        while (tail < head) {
+            uint8_t *p = r->data + (tail & (r->cap - 1));
+            uint32_t size = *(uint32_t *)p;
+            uint8_t type = p[4];
+            if (size == 0 || size % 8 || size > r->cap) {
+                bad_records++;
+                tail = head;
+                break;
+            }
+            if (type == CT_REC_AGG_SESSION) {
+                r->agg_cur = ((ct_rec_agg *)p)->val;
+            } else if (type == CT_REC_AGG) {
+                ct_rec_agg *a = (ct_rec_agg *)p;
+                uint64_t h = r->agg_cur;
+                int sess = h == agg_handles[0] ? 0 : h == agg_handles[1] ? 1 : -1;
+                pthread_mutex_lock(&intern_mu);
+                const interned *e = sess >= 0 ? by_key(h, a->type_key >> 8) : NULL;
+                pthread_mutex_unlock(&intern_mu);
+                int name = e ? atoi(e->name + 5) : -1; /* "name/NN" */
+                if (!e || name < 0 || name >= NAMES) bad_records++;
+                else drained[sess][name][e->step]++;
+            } else if (type == CT_REC_SPAN_START) {
+                trace_starts++;
+            } else if (type == CT_REC_SPAN_END) {
+                trace_ends++;
+            } else if (type != CT_REC_PAD) {
+                bad_records++;
+            }
+            tail += size;
+        }
+        __atomic_store_n(&r->tail, tail, __ATOMIC_RELEASE);
+        if (__atomic_load_n(&r->dead, __ATOMIC_ACQUIRE)) dead = 1;
+    }
+    if (dead) ct__ring_unlink_dead();
+}
+
+void ctgo_drain_rings(void) {
+    pthread_mutex_lock(&drain_mu);
+    drain_locked();
+    pthread_mutex_unlock(&drain_mu);
+}
+
+/* ---- the producers ------------------------------------------------------------ */
+
+static uint64_t trace_handle;
+static unsigned long expected[THREADS][2][NAMES][STEPS];
+static int stop_drainer;
+
+static void *drainer(void *arg) {
+    (void)arg;
+    struct timespec ts = {0, 50000};
+    while (!__atomic_load_n(&stop_drainer, __ATOMIC_ACQUIRE)) {
+        ctgo_drain_rings();
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void *producer(void *arg) {
+    int me = (int)(intptr_t)arg;
+    char buf[32];
+    unsigned seed = 1234567u * (unsigned)(me + 1);
+    for (int i = 0; i < ITERS; i++) {
+        seed = seed * 1103515245u + 12345u;
+        int sess = (seed >> 8) & 1, name = (int)((seed >> 9) % NAMES), step = (int)((seed >> 20) % STEPS);
+        uint64_t h = agg_handles[sess];
+        /* The same buffer with new contents most of the time, a fresh heap
+         * copy now and then. */
+        snprintf(buf, sizeof buf, "name/%d", name);
+        char *heap = ((seed >> 24) & 7) == 0 ? strdup(buf) : NULL;
+        ct_span outer = 0, inner = 0, t = 0;
+        ct_status st = ct__span_begin(h, heap ? heap : buf, CT_SPAN_FUNCTION, (ct_step)step, 0, &outer);
+        if (st == CT_OK) st = ct__span_begin(h, "name/0", CT_SPAN_OP, CT_STEP_NONE, 0, &inner);
+        if (st == CT_OK && (i % 16) == 0) st = ct__span_begin(trace_handle, "traced", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &t);
+        if (st == CT_OK && t) st = ct__span_end(trace_handle, t);
+        if (st == CT_OK) st = ct__span_end(h, inner);
+        if (st == CT_OK) st = ct__span_end(h, outer);
+        free(heap);
+        if (st != CT_OK) {
+            CHECK(0, "thread %d iteration %d: %s", me, i, ct__errbuf());
+            return NULL;
+        }
+        expected[me][sess][name][step]++;
+        expected[me][sess][0][CT_STEP_NONE]++;
+    }
+    return NULL;
+}
+
+static void *leaver(void *arg) {
+    (void)arg;
+    ct_span sp;
+    ct_status st = ct__span_begin(agg_handles[0], "name/1", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &sp);
+    CHECK(st == CT_OK, "leaver: %s", ct__errbuf());
+    return NULL; /* exits inside the span */
+}
+
+static uint64_t open_agg(void) {
+    uint64_t h = ct__slot_alloc();
+    ct_slot *s = ct__slot_of(h);
+    __atomic_store_n(&s->agg, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->agg_on, 1, __ATOMIC_RELEASE);
+    return h;
+}
+
+int main(void) {
+    ct__ticks_init();
+    agg_handles[0] = open_agg();
+    agg_handles[1] = open_agg();
+    trace_handle = ct__slot_alloc();
+    CHECK(agg_handles[0] && agg_handles[1] && trace_handle, "slots");
+
+    pthread_t d, th[THREADS], lv;
+    pthread_create(&d, NULL, drainer, NULL);
+    for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, producer, (void *)(intptr_t)i);
+    pthread_create(&lv, NULL, leaver, NULL);
+    for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+    pthread_join(lv, NULL);
+    __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
+    pthread_join(d, NULL);
+    ctgo_drain_rings();
+    ctgo_drain_rings(); /* unlinks the rings of exited threads */
+
+    unsigned long mismatches = 0, total = 0;
+    for (int s = 0; s < 2; s++)
+        for (int n = 0; n < NAMES; n++)
+            for (int st = 0; st < STEPS; st++) {
+                unsigned long want = 0;
+                for (int t = 0; t < THREADS; t++) want += expected[t][s][n][st];
+                total += drained[s][n][st];
+                if (want != drained[s][n][st]) {
+                    if (mismatches < 5)
+                        fprintf(stderr, "session %d name/%d step %d: drained %lu, want %lu\n", s, n, st,
+                                drained[s][n][st], want);
+                    mismatches++;
+                }
+            }
+    CHECK(mismatches == 0, "%lu (session, name, step) counts differ", mismatches);
+    CHECK(total == 2ul * THREADS * ITERS, "drained %lu aggregate records, want %lu", total, 2ul * THREADS * ITERS);
+    CHECK(bad_records == 0, "%lu malformed records", bad_records);
+    CHECK(trace_starts == trace_ends && trace_starts == (unsigned long)THREADS * ((ITERS + 15) / 16),
+          "trace records: %lu starts, %lu ends", trace_starts, trace_ends);
+    /* Interning happened once per (thread, session, name, step) at most,
+     * not once per span. */
+    CHECK(intern_calls <= (unsigned long)(THREADS + 1) * 2 * NAMES * STEPS, "%lu intern calls", intern_calls);
+
+    int64_t tids[4];
+    uint32_t counts[4];
+    int threads = 0;
+    uint64_t open = ct__open_spans(agg_handles[0], tids, counts, 4, &threads);
+    CHECK(open == 1 && threads == 1, "open spans after the leaver exited: %llu on %d threads",
+          (unsigned long long)open, threads);
+
+    /* The session ends: the exited thread's ring can go. */
+    ct__slot_release(agg_handles[0]);
+    ct__slot_release(agg_handles[1]);
+    ct__slot_release(trace_handle);
+    ct__ring_unlink_dead();
+    int rings = 0;
+    for (ct_ring *r = ct__rings; r; r = r->next) rings++;
+    CHECK(rings == 0, "%d rings left, want 0 (every thread that made spans has exited)", rings);
+
+    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %d failure(s)\n", total,
+           THREADS, intern_calls, failures);
+    return failures != 0;
+}
