@@ -48,7 +48,7 @@ $(BUILD)/test_abi: tests/c/test_abi.c $(LIB) include/candle_trace.h
 	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lm -lpthread
 
 $(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
-	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lpthread
+	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lpthread -lm
 
 $(BUILD)/bench_spans: tests/bench/bench_spans.c $(LIB)
 	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN'

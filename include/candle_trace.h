@@ -394,8 +394,10 @@ ct_status ct_device_stop(ct_session session);
  * record, and durations timed by the CPU's cycle counter where it runs at a
  * constant rate — CANDLE_TRACE_AGG_CLOCK=monotonic forces CLOCK_MONOTONIC;
  * the first aggregate ct_open of a process spends 2 ms measuring the
- * counter's rate). Other records are checked and then not kept; one that
- * names an aggregate span is checked only against the span ids handed out.
+ * counter's rate). ct_record_scalar folds the value into its label's
+ * statistics on the same path (no call into the library's runtime). Other
+ * records are checked and then not kept; one that names an aggregate span
+ * is checked only against the span ids handed out.
  * ct_finish needs no measured region and, as in a trace session, refuses
  * spans still open on any thread. Statistics start enabled. */
 

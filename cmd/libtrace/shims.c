@@ -77,6 +77,10 @@ ct_status ct_record_tensor_stats_f32(ct_session s, ct_span span, const char *lab
 
 ct_status ct_record_scalar(ct_session s, ct_span span, const char *label, double value) {
     FORK_GUARD("ct_record_scalar");
+    /* An aggregate session folds scalars without a call into Go. */
+    int handled;
+    ct_status st = ct__agg_scalar(s, span, label, value, &handled);
+    if (handled) return st;
     return (ct_status)ctgo_record_scalar(s, span, CSTR(label), value);
 }
 

@@ -321,6 +321,12 @@ func (a *Aggregator) Scalar(k ScalarKey, v float64) {
 	if !a.enabled.Load() {
 		return
 	}
+	a.FoldScalar(k, v)
+}
+
+// FoldScalar is Scalar without the Enabled check, for values a producer
+// gated when they were recorded (as ObserveBatch is for spans).
+func (a *Aggregator) FoldScalar(k ScalarKey, v float64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if int(k) >= len(a.scalars) {

@@ -3,8 +3,9 @@
 
 #include <stdlib.h>
 
-/* Implemented in Go (aggregate.go): the session's key for (name, step);
- * -1 when h is not a live aggregate session. */
+/* Implemented in Go (aggregate.go): the session's key for (name, step), or
+ * for the scalar label name when step is CT_AGG_SCALAR; -1 when h is not a
+ * live aggregate session. */
 extern int64_t ctgo_agg_intern(uint64_t h, char *name, size_t n, uint32_t step);
 
 static uint64_t hash_name(const char *s, size_t *len, uint32_t step) {
@@ -77,12 +78,21 @@ ct_status ct__agg_key_slow(struct ct_agg_keys **keys, uint64_t h, const char *na
     }
     /* A name this thread has not seen in the session: check it as a trace
      * session would, then ask the aggregator. */
+    const char *what = step == CT_AGG_SCALAR ? "label" : "name";
     int blank;
     size_t vn;
     if (ct__utf8_len(name, &vn, &blank) != 0)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is not valid UTF-8", fn);
-    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
-    if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is longer than 1 MiB", fn);
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is not valid UTF-8", fn, what);
+    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is empty", fn, what);
+    if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is longer than 1 MiB", fn, what);
+    if (step == CT_AGG_SCALAR) {
+        /* Span names past the aggregator's limits count under (overflow);
+         * a scalar label is refused, as the Go path refuses it. */
+        if (n > 1024)
+            return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: label is %zu bytes, more than 1024", fn, n);
+        if (strcmp(name, "(overflow)") == 0)
+            return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: label (overflow) is reserved", fn);
+    }
     int64_t got = ctgo_agg_intern(h, (char *)name, n, step);
     if (got < 0)
         return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);

@@ -52,8 +52,13 @@ static inline __attribute__((always_inline)) int ct__agg_key_fast(const struct c
     return 1;
 }
 
+/* The step value under which scalar labels are cached (span steps are 0..3):
+ * their keys are the aggregator's scalar keys. */
+#define CT_AGG_SCALAR 255u
+
 /* The miss path: finds or interns (name, step) for session h and caches it.
- * Validates the name as ct_span_begin does (fn names the caller). */
+ * Validates the name as ct_span_begin does, or as a scalar label when step
+ * is CT_AGG_SCALAR (fn names the caller). */
 ct_status ct__agg_key_slow(struct ct_agg_keys **keys, uint64_t h, const char *name, uint32_t step,
                            const char *fn, uint32_t *key);
 void ct__agg_keys_free(struct ct_agg_keys *k);

@@ -3,6 +3,7 @@ package session
 /*
 #include <stddef.h>
 #include <stdint.h>
+#include "aggkeys.h"
 */
 import "C"
 
@@ -72,6 +73,15 @@ func ctgo_agg_intern(h C.uint64_t, name *C.char, n C.size_t, step C.uint32_t) C.
 	mu.Unlock()
 	if s == nil || s.aggr == nil {
 		return -1
+	}
+	if step == C.CT_AGG_SCALAR {
+		// The C side has refused what InternScalar would (blank, too long,
+		// reserved); a label past the cap comes back as OverflowScalar.
+		k, err := s.aggr.agg.InternScalar(C.GoStringN(name, C.int(n)))
+		if err != nil {
+			return C.int64_t(aggregate.OverflowScalar)
+		}
+		return C.int64_t(k)
 	}
 	return C.int64_t(s.spanKey(C.GoStringN(name, C.int(n)), uint32(step)))
 }

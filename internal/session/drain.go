@@ -6,6 +6,7 @@ package session
 import "C"
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -58,6 +59,9 @@ func drainLocked() {
 				case C.CT_REC_AGG:
 					a := (*C.ct_rec_agg)(unsafe.Pointer(h))
 					folder.add(uint64(r.agg_cur), uint32(a.type_key)>>8, uint64(a.val))
+				case C.CT_REC_AGG_SCALAR:
+					a := (*C.ct_rec_agg)(unsafe.Pointer(h))
+					folder.scalar(uint64(r.agg_cur), uint32(a.type_key)>>8, math.Float64frombits(uint64(a.val)))
 				default:
 					handle := uint64(h.session)
 					if handle != lastHandle {
@@ -101,7 +105,8 @@ type aggFolder struct {
 
 const foldBatch = 1024
 
-func (f *aggFolder) add(handle uint64, key uint32, ticks uint64) {
+// to makes handle's session the one records are folded into.
+func (f *aggFolder) to(handle uint64) {
 	if handle != f.handle {
 		f.flush()
 		f.handle, f.s = handle, live[handle]
@@ -109,6 +114,18 @@ func (f *aggFolder) add(handle uint64, key uint32, ticks uint64) {
 			f.s = nil
 		}
 	}
+}
+
+// scalar folds one value, gated when it was recorded.
+func (f *aggFolder) scalar(handle uint64, key uint32, v float64) {
+	f.to(handle)
+	if f.s != nil {
+		f.s.aggr.agg.FoldScalar(aggregate.ScalarKey(key), v)
+	}
+}
+
+func (f *aggFolder) add(handle uint64, key uint32, ticks uint64) {
+	f.to(handle)
 	if f.s == nil {
 		return
 	}

@@ -521,12 +521,10 @@ uint32_t ct__innermost_key(ct_session h) {
     return ts && ts->depth && ts->stack ? ts->stack[ts->depth - 1].key : UINT32_MAX;
 }
 
-/* An aggregate span's end: 16 bytes (its key and ticks) into the ring, 32
- * when the ring's last aggregate record was of another session. */
-static inline __attribute__((always_inline)) void agg_end(ct_slot *s, ct_session h, ct_ring *r, ct_frame top) {
-    if (top.start == CT_UNTIMED || !LOAD_RLX(&s->agg_on)) return;
-    uint64_t d = ct__ticks() - top.start;
-    if ((int64_t)d < 0) d = 0; /* counters of two cores a hair apart */
+/* One aggregate record: 16 bytes into the ring, 32 when the ring's last
+ * aggregate record was of another session (the session marker first). */
+static inline __attribute__((always_inline)) void agg_write(ct_ring *r, ct_session h, uint32_t type_key,
+                                                            uint64_t val) {
     uint32_t size = r->agg_last == h ? sizeof(ct_rec_agg) : 2 * sizeof(ct_rec_agg);
     ct_rec_agg *rec = (ct_rec_agg *)ring_reserve(r, size);
     if (size != sizeof(ct_rec_agg)) {
@@ -537,9 +535,45 @@ static inline __attribute__((always_inline)) void agg_end(ct_slot *s, ct_session
         r->agg_last = h;
     }
     rec->size = sizeof *rec;
-    rec->type_key = CT_REC_AGG | (top.key << 8);
-    rec->val = d;
+    rec->type_key = type_key;
+    rec->val = val;
     ring_commit(r, size);
+}
+
+/* An aggregate span's end: its key and ticks. */
+static inline __attribute__((always_inline)) void agg_end(ct_slot *s, ct_session h, ct_ring *r, ct_frame top) {
+    if (top.start == CT_UNTIMED || !LOAD_RLX(&s->agg_on)) return;
+    uint64_t d = ct__ticks() - top.start;
+    if ((int64_t)d < 0) d = 0; /* counters of two cores a hair apart */
+    agg_write(r, h, CT_REC_AGG | (top.key << 8), d);
+}
+
+ct_status ct__agg_scalar(ct_session h, ct_span span, const char *label, double value, int *handled) {
+    const char *fn = "ct_record_scalar";
+    ct_slot *s = slot_get(h);
+    *handled = s && LOAD_RLX(&s->agg);
+    if (!*handled) return CT_OK;
+    ct_status st = check_slot(s, h, fn);
+    if (st != CT_OK) return st;
+    if (!label) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: label is NULL", fn);
+    /* The Go side never sees an aggregate session's spans: an id handed out
+     * is all there is to check, as for the other records. */
+    if (span == 0) return ct__fail(CT_ERR_INVALID_HANDLE, "%s: span 0 is never valid", fn);
+    if (span > LOAD(&s->next_span))
+        return ct__fail(CT_ERR_INVALID_HANDLE, "%s: span s%llu does not exist in session %llu", fn,
+                        (unsigned long long)span, (unsigned long long)h);
+    ct_tls *t = &tls;
+    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    if (!ts) return st;
+    uint32_t key;
+    if (!ct__agg_key_fast(ts->keys, label, CT_AGG_SCALAR, &key) &&
+        (st = ct__agg_key_slow(&ts->keys, h, label, CT_AGG_SCALAR, fn, &key)) != CT_OK)
+        return st;
+    if (!LOAD_RLX(&s->agg_on)) return CT_OK;
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    agg_write(t->ring, h, CT_REC_AGG_SCALAR | (key << 8), bits);
+    return CT_OK;
 }
 
 ct_status ct__span_end(ct_session h, ct_span span) {

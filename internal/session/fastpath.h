@@ -81,7 +81,8 @@ typedef struct ct_ring {
  * sync/atomic in Go (cgo cannot see _Atomic types). */
 
 /* Ring records are 8-byte aligned; a record never wraps (a PAD fills the end). */
-enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2, CT_REC_AGG_SESSION = 3, CT_REC_AGG = 4 };
+enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2, CT_REC_AGG_SESSION = 3, CT_REC_AGG = 4,
+       CT_REC_AGG_SCALAR = 5 };
 
 typedef struct ct_rec_hdr {
     uint32_t size;      /* whole record incl. header and name, multiple of 8 */
@@ -99,7 +100,8 @@ typedef struct ct_rec_hdr {
 
 /* Aggregate sessions write 16 bytes per span end and no start record.
  * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see
- * ticks.h). CT_REC_AGG_SESSION: val = the session the following CT_REC_AGG
+ * ticks.h). CT_REC_AGG_SCALAR: the same with a scalar key, val = the bits of
+ * the double. CT_REC_AGG_SESSION: val = the session the following aggregate
  * records of this ring belong to, written when it changes. Only the first
  * eight bytes match ct_rec_hdr. */
 typedef struct ct_rec_agg {
@@ -138,6 +140,12 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
                          int measured, ct_span *out);
 ct_status ct__span_end(ct_session h, ct_span span);
 ct_status ct__session_usable(ct_session h, const char *fn);
+
+/* ct_record_scalar of an aggregate session, without entering Go: the label's
+ * key from the thread's cache, 16 bytes into the ring. *handled is 0 when h
+ * is not a live aggregate session (the caller takes the Go path, which
+ * reports a bad handle as usual). */
+ct_status ct__agg_scalar(ct_session h, ct_span span, const char *label, double value, int *handled);
 
 /* The calling thread's innermost open span in session h; 1 (the root) when
  * the thread has none there or h is not live. Reads only the calling thread's

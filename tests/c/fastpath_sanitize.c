@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "aggkeys.h"
 #include "fastpath.h"
 #include "ticks.h"
 
@@ -48,7 +49,7 @@ typedef struct {
 } interned;
 
 static pthread_mutex_t intern_mu = PTHREAD_MUTEX_INITIALIZER;
-static interned table[4 * NAMES * STEPS];
+static interned table[4 * NAMES * (STEPS + 1)];
 static int n_interned;
 static uint32_t next_key[2];
 static uint64_t agg_handles[2];
@@ -91,6 +92,8 @@ static const interned *by_key(uint64_t h, uint32_t key) {
 static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
 /* drained[session][name][step] */
 static unsigned long drained[2][NAMES][STEPS];
+static unsigned long drained_scalars[2][NAMES];
+static double scalar_sum;
 static unsigned long trace_starts, trace_ends, bad_records;
 
 static void drain_locked(void) {
@@ -109,7 +112,7 @@ static void drain_locked(void) {
             }
             if (type == CT_REC_AGG_SESSION) {
                 r->agg_cur = ((ct_rec_agg *)p)->val;
-            } else if (type == CT_REC_AGG) {
+            } else if (type == CT_REC_AGG || type == CT_REC_AGG_SCALAR) {
                 ct_rec_agg *a = (ct_rec_agg *)p;
                 uint64_t h = r->agg_cur;
                 int sess = h == agg_handles[0] ? 0 : h == agg_handles[1] ? 1 : -1;
@@ -117,8 +120,17 @@ static void drain_locked(void) {
                 const interned *e = sess >= 0 ? by_key(h, a->type_key >> 8) : NULL;
                 pthread_mutex_unlock(&intern_mu);
                 int name = e ? atoi(e->name + 5) : -1; /* "name/NN" */
-                if (!e || name < 0 || name >= NAMES) bad_records++;
-                else drained[sess][name][e->step]++;
+                int scalar = type == CT_REC_AGG_SCALAR;
+                if (!e || name < 0 || name >= NAMES || scalar != (e->step == CT_AGG_SCALAR)) {
+                    bad_records++;
+                } else if (scalar) {
+                    double v;
+                    memcpy(&v, &a->val, sizeof v);
+                    drained_scalars[sess][name]++;
+                    scalar_sum += v;
+                } else {
+                    drained[sess][name][e->step]++;
+                }
             } else if (type == CT_REC_SPAN_START) {
                 trace_starts++;
             } else if (type == CT_REC_SPAN_END) {
@@ -144,6 +156,7 @@ void ctgo_drain_rings(void) {
 
 static uint64_t trace_handle;
 static unsigned long expected[THREADS][2][NAMES][STEPS];
+static unsigned long expected_scalars[THREADS][2][NAMES];
 static int stop_drainer;
 
 static void *drainer(void *arg) {
@@ -173,6 +186,12 @@ static void *producer(void *arg) {
         if (st == CT_OK) st = ct__span_begin(h, "name/0", CT_SPAN_OP, CT_STEP_NONE, 0, &inner);
         if (st == CT_OK && (i % 16) == 0) st = ct__span_begin(trace_handle, "traced", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &t);
         if (st == CT_OK && t) st = ct__span_end(trace_handle, t);
+        if (st == CT_OK && (i % 4) == 0) {
+            int handled = 0;
+            st = ct__agg_scalar(h, outer, heap ? heap : buf, 0.5, &handled);
+            if (st == CT_OK && !handled) st = CT_ERR_INTERNAL;
+            if (st == CT_OK) expected_scalars[me][sess][name]++;
+        }
         if (st == CT_OK) st = ct__span_end(h, inner);
         if (st == CT_OK) st = ct__span_end(h, outer);
         free(heap);
@@ -236,12 +255,24 @@ int main(void) {
             }
     CHECK(mismatches == 0, "%lu (session, name, step) counts differ", mismatches);
     CHECK(total == 2ul * THREADS * ITERS, "drained %lu aggregate records, want %lu", total, 2ul * THREADS * ITERS);
+    unsigned long scalars = 0, want_scalars = 0;
+    for (int sn = 0; sn < 2; sn++)
+        for (int n = 0; n < NAMES; n++) {
+            unsigned long want = 0;
+            for (int t = 0; t < THREADS; t++) want += expected_scalars[t][sn][n];
+            want_scalars += want;
+            scalars += drained_scalars[sn][n];
+            CHECK(want == drained_scalars[sn][n], "scalars session %d name/%d: drained %lu, want %lu", sn, n,
+                  drained_scalars[sn][n], want);
+        }
+    CHECK(scalars == want_scalars && scalar_sum == 0.5 * (double)scalars, "scalars: %lu drained, sum %g",
+          scalars, scalar_sum);
     CHECK(bad_records == 0, "%lu malformed records", bad_records);
     CHECK(trace_starts == trace_ends && trace_starts == (unsigned long)THREADS * ((ITERS + 15) / 16),
           "trace records: %lu starts, %lu ends", trace_starts, trace_ends);
     /* Interning happened once per (thread, session, name, step) at most,
      * not once per span. */
-    CHECK(intern_calls <= (unsigned long)(THREADS + 1) * 2 * NAMES * STEPS, "%lu intern calls", intern_calls);
+    CHECK(intern_calls <= (unsigned long)(THREADS + 1) * 2 * NAMES * (STEPS + 1), "%lu intern calls", intern_calls);
 
     int64_t tids[4];
     uint32_t counts[4];

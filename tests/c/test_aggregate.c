@@ -9,6 +9,7 @@
  * CANDLE_TRACE_AGG_CLOCK=monotonic. The last line is
  * `test_aggregate: N passed, M failed`.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -417,6 +418,102 @@ static void test_inputs(void) {
     CHECK(x.count == 1, "x: %llu, want 1 (refused calls count nothing)", (unsigned long long)x.count);
 }
 
+typedef struct {
+    int found;
+    double count, mean, min, max, last, non_finite;
+} scalar_stats;
+
+static double dfield(const char *line, const char *end, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p || p > end) return -1e300;
+    return strtod(p + strlen(pat), NULL);
+}
+
+static scalar_stats scalar_in(const char *file, const char *label) {
+    scalar_stats r = {0};
+    char *doc = slurp(out_path(file));
+    if (!doc) return r;
+    char pat[256];
+    snprintf(pat, sizeof pat, "{\"label\":\"%s\",", label);
+    const char *p = strstr(doc, pat);
+    if (p) {
+        const char *end = strchr(p, '\n');
+        if (!end) end = p + strlen(p);
+        r.found = 1;
+        r.count = dfield(p, end, "count");
+        r.mean = dfield(p, end, "mean");
+        r.min = dfield(p, end, "min");
+        r.max = dfield(p, end, "max");
+        r.last = dfield(p, end, "last");
+        r.non_finite = dfield(p, end, "non_finite");
+    }
+    free(doc);
+    return r;
+}
+
+static void *scalar_thread(void *arg) {
+    ct_session s = *(ct_session *)arg;
+    for (int i = 0; i < 1000; i++)
+        if (ct_record_scalar(s, 1, "from/thread", 2.0) != CT_OK) return (void *)1;
+    return NULL;
+}
+
+/* ct_record_scalar in an aggregate session takes the C path: the label's key
+ * from the thread's cache, 16 bytes into the ring, folded by the drainer. */
+static void test_scalars(void) {
+    g_section = "scalars";
+    ct_session s = open_agg("scalars.json"), other = open_agg("scalars-other.json");
+    ct_span sp;
+    OK(ct_span_begin(s, "step", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp));
+    char label[16];
+    for (int i = 1; i <= 100; i++) {
+        strcpy(label, "loss"); /* one buffer, rewritten */
+        OK(ct_record_scalar(s, sp, label, (double)i));
+        OK(ct_record_scalar(other, 1, "loss", -1.0)); /* interleaved sessions, same label */
+        strcpy(label, "lr");
+        OK(ct_record_scalar(s, 1, label, 0.001));
+    }
+    OK(ct_record_scalar(s, sp, "loss", NAN));
+    OK(ct_record_scalar(s, sp, "loss", INFINITY));
+    OK(ct_aggregate_enable(s, 0));
+    OK(ct_record_scalar(s, sp, "loss", 1e9)); /* off: not counted */
+    OK(ct_aggregate_enable(s, 1));
+    OK(ct_span_end(s, sp));
+    pthread_t th;
+    void *rv;
+    pthread_create(&th, NULL, scalar_thread, &s);
+    pthread_join(th, &rv);
+    CHECK(rv == NULL, "scalars from a thread without spans failed");
+
+    REFUSED(ct_record_scalar(s, sp, NULL, 1), CT_ERR_INVALID_ARGUMENT, "label is NULL");
+    REFUSED(ct_record_scalar(s, sp, " ", 1), CT_ERR_INVALID_ARGUMENT, "label is empty");
+    REFUSED(ct_record_scalar(s, sp, "bad \xff", 1), CT_ERR_INVALID_ARGUMENT, "label is not valid UTF-8");
+    REFUSED(ct_record_scalar(s, sp, "(overflow)", 1), CT_ERR_INVALID_ARGUMENT, "label (overflow) is reserved");
+    char *long_label = malloc(1100);
+    memset(long_label, 'x', 1099);
+    long_label[1099] = 0;
+    REFUSED(ct_record_scalar(s, sp, long_label, 1), CT_ERR_INVALID_ARGUMENT, "label is 1099 bytes, more than 1024");
+    free(long_label);
+    REFUSED(ct_record_scalar(s, 0, "loss", 1), CT_ERR_INVALID_HANDLE, "span 0 is never valid");
+    REFUSED(ct_record_scalar(s, sp + 1000000, "loss", 1), CT_ERR_INVALID_HANDLE, "does not exist in session");
+    REFUSED(ct_record_scalar(0, 1, "loss", 1), CT_ERR_INVALID_HANDLE, "handle is 0");
+    OK(ct_finish(s));
+    OK(ct_finish(other));
+    REFUSED(ct_record_scalar(s, 1, "loss", 1), CT_ERR_INVALID_HANDLE, "already finished");
+
+    scalar_stats loss = scalar_in("scalars.json", "loss"), lr = scalar_in("scalars.json", "lr"),
+                 th_s = scalar_in("scalars.json", "from/thread"), o = scalar_in("scalars-other.json", "loss");
+    CHECK(loss.found && loss.count == 100 && loss.mean == 50.5 && loss.min == 1 && loss.max == 100 && loss.last == 100 &&
+              loss.non_finite == 2,
+          "loss: count %g mean %g min %g max %g last %g non_finite %g; want 100, 50.5, 1, 100, 100, 2", loss.count,
+          loss.mean, loss.min, loss.max, loss.last, loss.non_finite);
+    CHECK(lr.count == 100 && lr.mean == 0.001, "lr: count %g mean %g", lr.count, lr.mean);
+    CHECK(th_s.count == 1000 && th_s.last == 2, "from/thread: count %g", th_s.count);
+    CHECK(o.count == 100 && o.mean == -1, "the other session's loss: count %g mean %g", o.count, o.mean);
+}
+
 static long rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
@@ -476,6 +573,7 @@ int main(int argc, char **argv) {
     test_durations();
     test_open_spans();
     test_inputs();
+    test_scalars();
     test_memory();
     printf("test_aggregate: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;
