@@ -28,14 +28,7 @@ func status(err error) C.int {
 	if err == nil {
 		return C.CT_OK
 	}
-	msg := err.Error()
-	if len(msg) > C.CT_ERR_CAP-1 {
-		msg = msg[:C.CT_ERR_CAP-1]
-	}
-	buf := unsafe.Slice((*byte)(unsafe.Pointer(C.ct__errbuf())), C.CT_ERR_CAP)
-	copy(buf, msg)
-	buf[len(msg)] = 0
-	return C.int(session.CodeOf(err))
+	return C.int(session.WriteCError(err))
 }
 
 // guard turns a panic into CT_ERR_INTERNAL: nothing panics across the C boundary.

@@ -5,7 +5,8 @@
 
 /* Implemented in Go (aggregate.go): the session's key for (name, step), or
  * for the scalar label name when step is CT_AGG_SCALAR; -1 when h is not a
- * live aggregate session. */
+ * live aggregate session; CT_AGG_REFUSED (with ct_last_error set) for a
+ * label the aggregator refuses. */
 extern int64_t ctgo_agg_intern(uint64_t h, char *name, size_t n, uint32_t step);
 
 static uint64_t hash_name(const char *s, size_t *len, uint32_t step) {
@@ -77,23 +78,14 @@ ct_status ct__agg_key_slow(struct ct_agg_keys **keys, uint64_t h, const char *na
         return CT_OK;
     }
     /* A name this thread has not seen in the session: check it as a trace
-     * session would, then ask the aggregator. */
-    const char *what = step == CT_AGG_SCALAR ? "label" : "name";
-    int blank;
+     * session would, then ask the aggregator, which judges its own limits
+     * (a span name past them counts under (overflow); a scalar label past
+     * them is refused, with the aggregator's message). */
     size_t vn;
-    if (ct__utf8_len(name, &vn, &blank) != 0)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is not valid UTF-8", fn, what);
-    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is empty", fn, what);
-    if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is longer than 1 MiB", fn, what);
-    if (step == CT_AGG_SCALAR) {
-        /* Span names past the aggregator's limits count under (overflow);
-         * a scalar label is refused, as the Go path refuses it. */
-        if (n > 1024)
-            return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: label is %zu bytes, more than 1024", fn, n);
-        if (strcmp(name, "(overflow)") == 0)
-            return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: label (overflow) is reserved", fn);
-    }
+    ct_status st = ct__check_text(fn, step == CT_AGG_SCALAR ? "label" : "name", name, &vn);
+    if (st != CT_OK) return st;
     int64_t got = ctgo_agg_intern(h, (char *)name, n, step);
+    if (got == CT_AGG_REFUSED) return CT_ERR_INVALID_ARGUMENT; /* the message is set */
     if (got < 0)
         return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);
     *key = got > CT_AGG_MAX_KEY ? 0 : (uint32_t)got;

@@ -55,6 +55,8 @@ static inline __attribute__((always_inline)) int ct__agg_key_fast(const struct c
 /* The step value under which scalar labels are cached (span steps are 0..3):
  * their keys are the aggregator's scalar keys. */
 #define CT_AGG_SCALAR 255u
+/* ctgo_agg_intern's answer for a label the aggregator refuses. */
+#define CT_AGG_REFUSED (-2)
 
 /* The miss path: finds or interns (name, step) for session h and caches it.
  * Validates the name as ct_span_begin does, or as a scalar label when step

@@ -9,7 +9,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
@@ -75,11 +74,13 @@ func ctgo_agg_intern(h C.uint64_t, name *C.char, n C.size_t, step C.uint32_t) C.
 		return -1
 	}
 	if step == C.CT_AGG_SCALAR {
-		// The C side has refused what InternScalar would (blank, too long,
-		// reserved); a label past the cap comes back as OverflowScalar.
+		// The aggregator's limits (length, the reserved name) refuse a label
+		// as RecordScalar's Go path does; a label past the cap comes back as
+		// OverflowScalar.
 		k, err := s.aggr.agg.InternScalar(C.GoStringN(name, C.int(n)))
 		if err != nil {
-			return C.int64_t(aggregate.OverflowScalar)
+			WriteCError(invalid("ct_record_scalar", err))
+			return C.CT_AGG_REFUSED
 		}
 		return C.int64_t(k)
 	}
@@ -141,5 +142,5 @@ func (s *Session) aggregateOpenSpans() error {
 	if threads > maxThreads {
 		more = fmt.Sprintf(" and %d more threads", threads-maxThreads)
 	}
-	return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", total, strings.Join(parts, ", "), more)
+	return openSpansErr(int(total), parts, more)
 }

@@ -123,6 +123,20 @@ const (
 	slotPoisoned  = C.CT_SLOT_POISONED
 )
 
+// WriteCError puts err's message into the calling thread's ct_last_error()
+// buffer (cut to fit) and returns its status. Exports and the C path's calls
+// into Go run on the C caller's thread, so the buffer is the caller's.
+func WriteCError(err error) Status {
+	msg := err.Error()
+	if len(msg) > C.CT_ERR_CAP-1 {
+		msg = msg[:C.CT_ERR_CAP-1]
+	}
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(C.ct__errbuf())), C.CT_ERR_CAP)
+	copy(buf, msg)
+	buf[len(msg)] = 0
+	return CodeOf(err)
+}
+
 // lastCError is the calling thread's C message buffer (set by the fast path).
 func lastCError() string { return C.GoString(C.ct__errbuf()) }
 

@@ -468,11 +468,7 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     if (!name) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
     if (s->agg) return agg_begin(s, h, name, kind, step, measured, out, fn);
     size_t n;
-    int blank;
-    if (ct__utf8_len(name, &n, &blank) != 0)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is not valid UTF-8", fn);
-    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
-    if (n > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is longer than 1 MiB", fn);
+    if ((st = ct__check_text(fn, "name", name, &n)) != CT_OK) return st;
     if ((uint32_t)kind > CT_SPAN_MODULE)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);
     if ((uint32_t)step > CT_STEP_OPTIMIZER)

@@ -135,6 +135,18 @@ ct_status ct__fail(ct_status st, const char *fmt, ...);
  * -1 invalid UTF-8. */
 int ct__utf8_len(const char *s, size_t *len, int *blank);
 
+/* A span name or scalar label (what): valid UTF-8, not blank, at most 1 MiB.
+ * CT_OK with its length in *len, else CT_ERR_INVALID_ARGUMENT and the
+ * message. Shared by the trace and aggregate paths. */
+static inline ct_status ct__check_text(const char *fn, const char *what, const char *s, size_t *len) {
+    int blank;
+    if (ct__utf8_len(s, len, &blank) != 0)
+        return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is not valid UTF-8", fn, what);
+    if (blank) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is empty", fn, what);
+    if (*len > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is longer than 1 MiB", fn, what);
+    return CT_OK;
+}
+
 /* The fast path proper. */
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
                          int measured, ct_span *out);

@@ -412,7 +412,7 @@ func (s *Session) finishCheckLocked() error {
 			more = fmt.Sprintf(" and %d more", len(list)-5)
 			list = list[:5]
 		}
-		return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", len(s.open)-1, strings.Join(list, ", "), more)
+		return openSpansErr(len(s.open)-1, list, more)
 	}
 	if s.aggr != nil {
 		// A summary of a whole run has no measured region or contract, but
@@ -444,6 +444,11 @@ func (s *Session) finishCheckLocked() error {
 		return errorf(State, "ct_finish: the gradient contract expects gradients not recorded: %s%s; record them (state missing if absent) or call ct_finish_failed", strings.Join(missing, ", "), more)
 	}
 	return nil
+}
+
+// openSpansErr refuses ct_finish: n spans open, described by list (+ more).
+func openSpansErr(n int, list []string, more string) error {
+	return errorf(State, "ct_finish: %d spans still open: %s%s; end them or call ct_finish_failed", n, strings.Join(list, ", "), more)
 }
 
 func sortedKeys(m map[string]int) []string {

@@ -490,11 +490,11 @@ static void test_scalars(void) {
     REFUSED(ct_record_scalar(s, sp, NULL, 1), CT_ERR_INVALID_ARGUMENT, "label is NULL");
     REFUSED(ct_record_scalar(s, sp, " ", 1), CT_ERR_INVALID_ARGUMENT, "label is empty");
     REFUSED(ct_record_scalar(s, sp, "bad \xff", 1), CT_ERR_INVALID_ARGUMENT, "label is not valid UTF-8");
-    REFUSED(ct_record_scalar(s, sp, "(overflow)", 1), CT_ERR_INVALID_ARGUMENT, "label (overflow) is reserved");
+    REFUSED(ct_record_scalar(s, sp, "(overflow)", 1), CT_ERR_INVALID_ARGUMENT, "ct_record_scalar: aggregate: (overflow) is reserved");
     char *long_label = malloc(1100);
     memset(long_label, 'x', 1099);
     long_label[1099] = 0;
-    REFUSED(ct_record_scalar(s, sp, long_label, 1), CT_ERR_INVALID_ARGUMENT, "label is 1099 bytes, more than 1024");
+    REFUSED(ct_record_scalar(s, sp, long_label, 1), CT_ERR_INVALID_ARGUMENT, "ct_record_scalar: aggregate: scalar label is 1099 bytes, more than 1024");
     free(long_label);
     REFUSED(ct_record_scalar(s, 0, "loss", 1), CT_ERR_INVALID_HANDLE, "span 0 is never valid");
     REFUSED(ct_record_scalar(s, sp + 1000000, "loss", 1), CT_ERR_INVALID_HANDLE, "does not exist in session");
