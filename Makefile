@@ -22,7 +22,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -63,6 +63,15 @@ $(WRITER): tests/candle_graph_writer/src/main.rs tests/candle_graph_writer/Cargo
 
 $(CANDLE_GRAPH):
 	cargo install candle-graph --version $(CANDLE_GRAPH_VERSION) --locked --root $(TOOLS)
+
+# NVIDIA's real libcupti (PyPI wheel) and libnvidia-ml (Debian non-free),
+# which load without a GPU: the no-driver tests run against them. Fetched
+# once into build/reallibs; the tests skip without them, except in CI.
+REAL_LIBS := $(BUILD)/reallibs
+real-libs: $(REAL_LIBS)/nvml/libnvidia-ml.so.1
+$(REAL_LIBS)/nvml/libnvidia-ml.so.1: tests/reallibs/fetch.py
+	python3 tests/reallibs/fetch.py $(REAL_LIBS)
+	@touch $@
 
 demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	rm -rf $(BUILD)/demo && mkdir -p $(BUILD)/demo

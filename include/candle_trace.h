@@ -344,8 +344,10 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                           launch (s1 when none). libcupti is dlopened from
  *                           $CANDLE_TRACE_CUPTI_LIB, "cupti_lib", one already
  *                           in the process, libcupti.so.12/.13/.so, the
- *                           nvidia-cuda-cupti Python package, the CUDA
- *                           toolkit. Records CUPTI dropped are stated as the
+ *                           nvidia-cuda-cupti Python package (in the
+ *                           site-packages of PYTHONPATH, VIRTUAL_ENV,
+ *                           CONDA_PREFIX, or of the Python running this
+ *                           process), the CUDA toolkit. Records CUPTI dropped are stated as the
  *                           scalar "cupti/dropped_records" on s1. Synchronize
  *                           the device before ct_device_stop / ct_finish:
  *                           work still running then is not traced. One

@@ -148,7 +148,7 @@ func NewSampler(lib Library, sink MemorySink, clock Clock, opts ...SamplerOption
 		f(&o)
 	}
 	if r := lib.Init(); r != nvml.SUCCESS {
-		return nil, unavailable("NVML is unavailable: nvmlInit failed: %s", retName(r))
+		return nil, unavailable("NVML is unavailable: nvmlInit failed: %s%s", retName(r), initHint[r])
 	}
 	s := &Sampler{lib: lib, sink: sink, clock: clock, opts: o}
 	if err := s.openDevices(); err != nil {
@@ -156,6 +156,12 @@ func NewSampler(lib Library, sink MemorySink, clock Clock, opts ...SamplerOption
 		return nil, err
 	}
 	return s, nil
+}
+
+// initHint says what an nvmlInit failure most often means on the user's side.
+var initHint = map[nvml.Return]string{
+	nvml.ERROR_DRIVER_NOT_LOADED: ": the NVIDIA kernel driver is not running (no NVIDIA GPU here, or its driver is not installed)",
+	nvml.ERROR_NO_PERMISSION:     ": this user may not open the GPU's device files (/dev/nvidia*)",
 }
 
 func (s *Sampler) openDevices() error {

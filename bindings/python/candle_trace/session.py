@@ -613,10 +613,20 @@ class Session:
 
     def device_start(self, options: Optional[Mapping[str, Any]] = None) -> None:
         """``ct_device_start``; raises CandleTraceError(CT_ERR_UNAVAILABLE) when the
-        collectors are not available (the session goes on)."""
+        collectors are not available (the session goes on).
+
+        With ``"cupti"`` collected and no ``"cupti_lib"`` given, the libcupti of
+        an installed nvidia-cuda-cupti package is offered to the library: this
+        Python's import path finds it wherever pip put it."""
         if self.enabled:
+            opts = dict(options) if options else {}
+            if ("cupti" in opts.get("collect", ()) and "cupti_lib" not in opts
+                    and not os.environ.get("CANDLE_TRACE_CUPTI_LIB")):
+                found = pip_cupti_dir()
+                if found:
+                    opts["cupti_lib"] = found
             self._call(self._c.ct_device_start(
-                self.handle, json.dumps(dict(options)).encode() if options else None))
+                self.handle, json.dumps(opts).encode() if opts else None))
 
     def device_stop(self) -> None:
         """``ct_device_stop``."""
@@ -627,6 +637,25 @@ class Session:
         state = "disabled" if not self.enabled else (
             "finished" if self._finished else f"handle={self.handle}")
         return f"<candle_trace.Session {self.path!r} {state}>"
+
+
+def pip_cupti_dir() -> Optional[str]:
+    """The folder holding libcupti from the nvidia-cuda-cupti-cu12 (or CUDA 13
+    nvidia-cuda-cupti) package importable here, or None. The package has no
+    Python code: its folder is found without importing anything but the
+    ``nvidia`` namespace."""
+    import importlib.util
+
+    for package in ("nvidia.cuda_cupti", "nvidia.cu13"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            lib = os.path.join(loc, "lib")
+            if os.path.isdir(lib) and any(f.startswith("libcupti.so") for f in os.listdir(lib)):
+                return lib
+    return None
 
 
 def version() -> str:

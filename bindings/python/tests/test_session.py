@@ -261,3 +261,23 @@ def test_aggregate_enable_on_a_trace_session_is_refused(tmp_path):
             s.aggregate_enable(True)
     assert e.value.status == Status.CT_ERR_STATE
     assert "is a trace session" in str(e.value)
+
+
+@pytest.mark.parametrize("layout,found", [
+    ("nvidia/cuda_cupti/lib/libcupti.so.12", "nvidia/cuda_cupti/lib"),
+    ("nvidia/cu13/lib/libcupti.so.13", "nvidia/cu13/lib"),
+    ("nvidia/cuda_cupti/lib/README", None),       # the package without its library
+    (None, None),                                  # no package at all
+])
+def test_pip_cupti_dir_follows_the_import_path(tmp_path, monkeypatch, layout, found):
+    import sys
+
+    from candle_trace.session import pip_cupti_dir
+
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    if layout:
+        (tmp_path / layout).parent.mkdir(parents=True)
+        (tmp_path / layout).write_bytes(b"")
+    assert pip_cupti_dir() == (str(tmp_path / found) if found else None)

@@ -107,6 +107,29 @@ const char *ct_cupti_result_string(CUptiResult r) {
     return "";
 }
 
+int ct_cuda_probe(char *err, size_t errcap) {
+    /* The driver's own library, as CUPTI and the CUDA runtime find it. Never
+     * closed: a program that uses CUDA keeps it loaded anyway. */
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "the NVIDIA driver's libcuda.so.1 could not be loaded: %s", e ? e : "dlopen failed");
+        return -1;
+    }
+    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+    int (*cu_error_name)(int, const char **) = (int (*)(int, const char **))dlsym(h, "cuGetErrorName");
+    if (!cu_init) {
+        snprintf(err, errcap, "libcuda.so.1 has no cuInit");
+        return -1;
+    }
+    int r = cu_init(0);
+    if (r == 0) return 0;
+    const char *name = NULL;
+    if (!cu_error_name || cu_error_name(r, &name) != 0 || !name) name = "CUDA error";
+    snprintf(err, errcap, "cuInit returned %s (%d)", name, r);
+    return r;
+}
+
 void *ct_cupti_sym(const char *name) {
     void *h = LOAD(&lib);
     return h ? dlsym(h, name) : NULL;

@@ -45,6 +45,11 @@ CT_CUPTI_HIDDEN const char *ct_cupti_loaded_path(void);
 /* CUPTI's own text for a result ("" when the library lacks it). */
 CT_CUPTI_HIDDEN const char *ct_cupti_result_string(CUptiResult r);
 
+/* Why CUDA is not there, for a CUPTI that reports CUPTI_ERROR_NOT_INITIALIZED:
+ * writes what is missing into err (libcuda.so.1 not loadable, or cuInit's
+ * error) and returns nonzero, or returns 0 when the driver initialises. */
+CT_CUPTI_HIDDEN int ct_cuda_probe(char *err, size_t errcap);
+
 /* ---- starting and stopping ----------------------------------------------------- */
 
 enum {

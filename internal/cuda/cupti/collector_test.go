@@ -321,7 +321,7 @@ func TestCollectorRefusals(t *testing.T) {
 		{
 			name:  "no driver",
 			setup: func(f *cuptitest.Fake) { f.Hold(false, 15) },
-			msg:   []string{"CUPTI could not start: cuptiSubscribe returned CUPTI_ERROR_NOT_INITIALIZED (15)", "no NVIDIA driver or GPU?"},
+			msg:   []string{"CUPTI could not start: cuptiSubscribe returned CUPTI_ERROR_NOT_INITIALIZED (15): CUDA is not usable here: "},
 		},
 		{
 			name:  "no permission",
@@ -445,6 +445,46 @@ func TestNoLibcupti(t *testing.T) {
 			c, err := Start(s, tt.o)
 			assert.Nil(t, c)
 			requireCode(t, err, session.Unavailable, tt.msg...)
+		})
+	}
+}
+
+// A Python with no virtualenv: libcupti from `pip install --user` and from a
+// system-wide pip install are found through the interpreter's own prefix.
+func TestCandidatesOfThisPython(t *testing.T) {
+	root, home := t.TempDir(), t.TempDir()
+	put := func(dir string) string {
+		p := filepath.Join(dir, "nvidia", "cuda_cupti", "lib", "libcupti.so.12")
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, nil, 0o644))
+		return p
+	}
+	user := put(filepath.Join(home, ".local", "lib", "python3.11", "site-packages"))
+	debian := put(filepath.Join(root, "usr", "local", "lib", "python3.11", "dist-packages"))
+	conda := put(filepath.Join(root, "usr", "lib", "python3.11", "site-packages"))
+	put(filepath.Join(root, "usr", "lib", "python3.9", "site-packages")) // another Python's
+	env := map[string]string{"HOME": home}
+	tests := []struct {
+		name string
+		exe  string
+		err  error
+		want []string
+	}{
+		{name: "python3.11", exe: filepath.Join(root, "usr", "bin", "python3.11"), want: []string{user, debian, conda}},
+		{name: "no version in the name", exe: filepath.Join(root, "usr", "bin", "python"),
+			want: []string{user, debian, conda, filepath.Join(root, "usr", "lib", "python3.9", "site-packages", "nvidia", "cuda_cupti", "lib", "libcupti.so.12")}},
+		{name: "not a Python", exe: filepath.Join(root, "usr", "bin", "train_step")},
+		{name: "unknown executable", err: os.ErrNotExist},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Candidates(Options{Sonames: []string{},
+				LookupEnv:  func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+				Executable: func() (string, error) { return tt.exe, tt.err }})
+			if fileExists("/usr/local/cuda/extras/CUPTI/lib64/libcupti.so") {
+				got = got[:len(got)-1]
+			}
+			assert.Equal(t, tt.want, got)
 		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -94,6 +95,8 @@ type Options struct {
 	Sonames []string
 	// LookupEnv replaces os.LookupEnv (tests).
 	LookupEnv func(string) (string, bool)
+	// Executable replaces os.Executable (tests).
+	Executable func() (string, error)
 }
 
 func (o *Options) defaults() {
@@ -112,6 +115,9 @@ func (o *Options) defaults() {
 	}
 	if o.LookupEnv == nil {
 		o.LookupEnv = os.LookupEnv
+	}
+	if o.Executable == nil {
+		o.Executable = os.Executable
 	}
 	if o.Sonames == nil {
 		o.Sonames = Sonames
@@ -444,7 +450,8 @@ func (c *Collector) write(r *C.ct_cupti_rec) error {
 // nvidia-cuda-cupti(-cu12) Python packages install
 // (site-packages/nvidia/cuda_cupti/lib, .../nvidia/cu13/lib) under every
 // site-packages folder the environment names (PYTHONPATH, VIRTUAL_ENV,
-// CONDA_PREFIX), then the CUDA toolkit's (CUDA_HOME, CUDA_PATH,
+// CONDA_PREFIX) and, when this process is a Python, under its own
+// (pythonSites), then the CUDA toolkit's (CUDA_HOME, CUDA_PATH,
 // /usr/local/cuda: extras/CUPTI/lib64).
 func Candidates(o Options) []string {
 	o.defaults()
@@ -486,10 +493,11 @@ func Candidates(o Options) []string {
 	for _, env := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
 		if v, ok := o.LookupEnv(env); ok && v != "" {
 			m, _ := filepath.Glob(filepath.Join(v, "lib", "python3*", "site-packages"))
-			sort.Sort(sort.Reverse(sort.StringSlice(m)))
+			newestPythonFirst(m)
 			sites = append(sites, m...)
 		}
 	}
+	sites = append(sites, pythonSites(o)...)
 	for _, s := range sites {
 		for _, rel := range []string{"nvidia/cuda_cupti/lib/libcupti.so.12", "nvidia/cu13/lib/libcupti.so.13"} {
 			if p := filepath.Join(s, rel); fileExists(p) {
@@ -509,6 +517,54 @@ func Candidates(o Options) []string {
 		}
 	}
 	return out
+}
+
+// pythonSites are the site-packages folders of the Python running this
+// process, when it is one, in the order Python searches them (user site
+// first): where a plain `pip install nvidia-cuda-cupti-cu12`, with no
+// virtualenv, puts libcupti. The drop-in starts CUPTI before the script
+// imports torch, so it must find that copy by itself.
+func pythonSites(o Options) []string {
+	exe, err := o.Executable()
+	base := filepath.Base(exe)
+	if err != nil || !strings.HasPrefix(base, "python") {
+		return nil
+	}
+	version := "python3*"
+	if v := strings.TrimPrefix(base, "python"); strings.HasPrefix(v, "3.") {
+		version = base // the resolved interpreter names its version: python3.11
+	}
+	prefix := filepath.Dir(filepath.Dir(exe))
+	var patterns []string
+	if home, ok := o.LookupEnv("HOME"); ok && home != "" {
+		patterns = append(patterns, filepath.Join(home, ".local", "lib", version, "site-packages"))
+	}
+	patterns = append(patterns,
+		filepath.Join(prefix, "local", "lib", version, "dist-packages"), // Debian and Ubuntu: pip's system installs
+		filepath.Join(prefix, "lib", version, "dist-packages"),
+		filepath.Join(prefix, "lib", version, "site-packages"))
+	var out []string
+	for _, p := range patterns {
+		m, _ := filepath.Glob(p)
+		newestPythonFirst(m)
+		out = append(out, m...)
+	}
+	return out
+}
+
+var pythonVersion = regexp.MustCompile(`python3\.(\d+)`)
+
+// newestPythonFirst orders site-packages folders of several Pythons by
+// version, newest first (3.11 before 3.9, which a string sort gets wrong).
+func newestPythonFirst(dirs []string) {
+	minor := func(p string) int {
+		if m := pythonVersion.FindStringSubmatch(p); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			return n
+		}
+		return -1
+	}
+	sort.SliceStable(dirs, func(i, j int) bool { return minor(dirs[i]) > minor(dirs[j]) })
 }
 
 func fileExists(p string) bool {
@@ -593,7 +649,7 @@ func startError(stage, res, kind int, path string) error {
 		case C.CUPTI_ERROR_INSUFFICIENT_PRIVILEGES:
 			return unavailable("CUPTI refuses this user: cuptiSubscribe returned %s (the driver restricts GPU profiling to admin users: NVreg_RestrictProfilingToAdminUsers=0, or run as root)", resultName(res))
 		case C.CUPTI_ERROR_NOT_INITIALIZED:
-			return unavailable("CUPTI could not start: cuptiSubscribe returned %s (no NVIDIA driver or GPU? %s was loaded)", resultName(res), path)
+			return unavailable("CUPTI could not start: cuptiSubscribe returned %s: CUDA is not usable here: %s (%s was loaded)", resultName(res), cudaProblem(), path)
 		}
 		return unavailable("CUPTI could not start: cuptiSubscribe returned %s (%s)", resultName(res), path)
 	case C.CT_CUPTI_STAGE_CALLBACKS:
@@ -606,6 +662,16 @@ func startError(stage, res, kind int, path string) error {
 		return &session.Error{Code: session.Internal, Msg: "CUPTI could not start: no memory for the correlation table"}
 	}
 	return unavailable("CUPTI could not start (stage %d)", stage)
+}
+
+// cudaProblem says what keeps CUDA from starting, for errors that only know
+// CUPTI found none.
+func cudaProblem() string {
+	var buf [512]C.char
+	if C.ct_cuda_probe(&buf[0], C.size_t(len(buf))) == 0 {
+		return "the driver initialises, yet CUPTI saw no CUDA (a CUPTI older than the driver, or one from another CUDA major version?)"
+	}
+	return C.GoString(&buf[0])
 }
 
 func unavailable(format string, args ...any) error {
