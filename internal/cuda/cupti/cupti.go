@@ -14,6 +14,7 @@ package cupti
 #cgo CFLAGS: -O2 -std=gnu11 -Wall
 #cgo LDFLAGS: -ldl -lpthread
 #include <stdlib.h>
+#include <string.h>
 #include "collector.h"
 */
 import "C"
@@ -178,7 +179,7 @@ func Start(sink Sink, o Options) (*Collector, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Collector{sink: sink, opts: o, names: map[uintptr]string{}, recs: make([]C.ct_cupti_rec, 256)}
+	c := newCollector(sink, o)
 	c.stats.Library = path
 	// The first anchor precedes every record: CUPTI is enabled after it.
 	a, err := bestAnchor(o.ClockTries, c.readClock)
@@ -195,6 +196,10 @@ func Start(sink Sink, o Options) (*Collector, error) {
 	c.stop, c.done = make(chan struct{}), make(chan struct{})
 	go c.loop()
 	return c, nil
+}
+
+func newCollector(sink Sink, o Options) *Collector {
+	return &Collector{sink: sink, opts: o, names: map[uintptr]string{}, recs: make([]C.ct_cupti_rec, 256)}
 }
 
 func (c *Collector) readClock() (h0, cu, h1 uint64, err error) {
@@ -333,19 +338,48 @@ func (c *Collector) process() error {
 	var werr error
 	for b != nil {
 		next := b.next
-		for werr == nil {
-			n := int(C.ct_cupti_decode(b, &c.recs[0], C.int(len(c.recs))))
-			if n == 0 {
-				break
-			}
-			for i := 0; i < n && werr == nil; i++ {
-				werr = c.write(&c.recs[i])
-			}
+		if werr == nil {
+			werr = c.writeBuffer(b)
 		}
 		C.ct_cupti_buf_free(b)
 		b = next
 	}
 	return werr
+}
+
+// writeBuffer decodes one buffer and writes its intervals; c.mu is held.
+func (c *Collector) writeBuffer(b *C.ct_cupti_buf) error {
+	for {
+		n := int(C.ct_cupti_decode(b, &c.recs[0], C.int(len(c.recs))))
+		if n == 0 {
+			return nil
+		}
+		for i := 0; i < n; i++ {
+			if err := c.write(&c.recs[i]); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// writeRecords decodes data, laid out as CUPTI lays out an activity
+// buffer, with the loaded libcupti's own record walker, and writes what it
+// holds, as process does with a buffer CUPTI completed. Tests use it to run
+// NVIDIA's walker on a machine without a GPU.
+func (c *Collector) writeRecords(data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	p := C.aligned_alloc(8, C.size_t((len(data)+7)&^7)) // CUPTI's record alignment
+	if p == nil {
+		return &session.Error{Code: session.Internal, Msg: "no memory for an activity buffer"}
+	}
+	defer C.free(p)
+	C.memcpy(p, unsafe.Pointer(&data[0]), C.size_t(len(data)))
+	b := C.ct_cupti_buf{data: (*C.uint8_t)(p), valid: C.size_t(len(data))}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writeBuffer(&b)
 }
 
 // Names of CUpti_ActivityMemcpyKind, as Nsight shows them.

@@ -1,6 +1,7 @@
 package cupti
 
 import (
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,6 +58,86 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 		assert.True(t, strings.Contains(msg, "the NVIDIA driver's libcuda.so.1 could not be loaded: ") || strings.Contains(msg, "cuInit returned CUDA_ERROR_"), msg)
 	})
 
+	t.Run("record walker", func(t *testing.T) {
+		// A buffer as CUPTI 12.9 fills one, written at the header's offsets
+		// (by hand, as the fake does, not through abi.h), walked by NVIDIA's
+		// cuptiActivityGetNextRecord: it steps by its own record sizes, so a
+		// struct size or kind our decoder got wrong shows up here.
+		s, tracePath := openSession(t)
+		time.Sleep(20 * time.Millisecond) // so that the records fall after the session's zero
+		c := newCollector(s, o)
+		a, err := bestAnchor(DefaultClockTries, c.readClock)
+		require.NoError(t, err)
+		c.clock.add(a)
+		t0 := a.cupti - 10_000_000 // 10 ms before the anchor
+		var buf []byte
+		buf = append(buf, apiRecord(5, 211, t0-2000, t0-1000, 41)...)             // RUNTIME cudaLaunchKernel
+		buf = append(buf, kernelRecord(10, t0, t0+1500, 0, 7, 41, kernelName)...) // CONCURRENT_KERNEL
+		buf = append(buf, apiRecord(4, 307, t0, t0+10, 42)...)                    // DRIVER cuLaunchKernel
+		buf = append(buf, memcpyRecord(1, t0+2000, t0+2600, 1, 13, 1<<20, 43, 44)...)
+		buf = append(buf, memsetRecord(t0+3000, t0+3100, 0, 7, 4096, 45)...)
+		buf = append(buf, kernelRecord(10, t0+4000, 0, 0, 7, 46, kernelName)...)      // still running at a forced flush
+		buf = append(buf, kernelRecord(3, t0+5000, t0+5000, 1, 0, 47, kernelName)...) // serial KERNEL kind, shorter than a tick
+		before := c.Stats()
+		require.NoError(t, c.writeRecords(buf))
+		st := c.Stats()
+		assert.Equal(t, uint64(2), st.Kernels-before.Kernels)
+		assert.Equal(t, uint64(1), st.Memcpys-before.Memcpys)
+		assert.Equal(t, uint64(1), st.Memsets-before.Memsets)
+		assert.Equal(t, uint64(2), st.APIRecords-before.APIRecords)
+		assert.Equal(t, uint64(1), st.Incomplete-before.Incomplete)
+		assert.Equal(t, uint64(0), st.BadRecords-before.BadRecords, "the walker reached the end cleanly")
+
+		// A record cut short by the buffer's end: NVIDIA's walker takes it as
+		// the end of the buffer (MAX_LIMIT_REACHED, not an error).
+		cut := kernelRecord(10, t0, t0+10, 0, 7, 48, kernelName)
+		require.NoError(t, c.writeRecords(append(memsetRecord(t0, t0+1, 0, 7, 1, 49), cut[:100]...)))
+		st2 := c.Stats()
+		assert.Equal(t, uint64(1), st2.Memsets-st.Memsets)
+		assert.Equal(t, uint64(0), st2.Kernels-st.Kernels)
+		assert.Equal(t, uint64(0), st2.BadRecords-st.BadRecords)
+
+		// A kind it does not know is an error (INVALID_KIND): counted, and
+		// the rest of the buffer is lost with it, as documented.
+		unknown := memsetRecord(t0, t0+1, 0, 7, 1, 50)
+		binary.LittleEndian.PutUint32(unknown, 9999)
+		buf = append(append(memsetRecord(t0, t0+1, 0, 7, 1, 49), unknown...), memsetRecord(t0, t0+1, 0, 7, 1, 51)...)
+		require.NoError(t, c.writeRecords(buf))
+		st3 := c.Stats()
+		assert.Equal(t, uint64(1), st3.Memsets-st2.Memsets)
+		assert.Equal(t, uint64(1), st3.BadRecords-st2.BadRecords)
+
+		require.NoError(t, s.Finish())
+		var got []map[string]any
+		for _, e := range testutil.OfKind(testutil.Lines(t, tracePath), "device_interval") {
+			got = append(got, e)
+		}
+		require.Len(t, got, 6)
+		want := []struct {
+			name, device, stream string
+			corr, dur            uint64
+			at                   uint64 // CUPTI start
+		}{
+			{"my_kernel(int)", "cuda:0", "7", 41, 1500, t0},
+			{"memcpy HtoD", "cuda:1", "13", 43, 600, t0 + 2000},
+			{"memset", "cuda:0", "7", 45, 100, t0 + 3000},
+			{"my_kernel(int)", "cuda:1", "0", 47, 1, t0 + 5000},
+			{"memset", "cuda:0", "7", 49, 1, t0},
+			{"memset", "cuda:0", "7", 49, 1, t0},
+		}
+		for i, w := range want {
+			e := got[i]
+			assert.Equal(t, w.name, e["name"], i)
+			assert.Equal(t, w.device, e["device"], i)
+			assert.Equal(t, w.stream, e["stream_id"], i)
+			assert.Equal(t, w.corr, num(t, e["correlation_id"]), i)
+			assert.Equal(t, w.dur, num(t, e["duration_ns"]), i)
+			host := int64(a.host) - int64(a.cupti-w.at)
+			assert.InDelta(t, host, int64(num(t, e["start_ns"])), float64(a.bound()+1), "%d: on the session clock", i)
+			assert.Equal(t, "s1", e["span_id"], "%d: no launch was seen: the root span", i)
+		}
+	})
+
 	t.Run("clock", func(t *testing.T) {
 		// Anchors as the collector takes them, 20 ms apart.
 		c := &Collector{sink: s}
@@ -98,6 +180,74 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 			DefaultClockTries, brackets[0], brackets[len(brackets)-1], brackets[len(brackets)/2], rate, worst)
 		assert.Less(t, brackets[len(brackets)/2], uint64(20_000), "a best-of-32 bracket is a few hundred ns at most, unless the machine is badly oversubscribed")
 	})
+}
+
+// kernelName is a C string for the records' name pointer: a global, so the
+// collector may read it through the pointer for the life of the test.
+var kernelName = []byte("_Z9my_kerneli\x00")
+
+// CUPTI 12.9's record layouts (cupti_activity.h), at the header's offsets.
+func record(size int, kind uint32) []byte {
+	r := make([]byte, size)
+	binary.LittleEndian.PutUint32(r[0:], kind)
+	return r
+}
+
+// CUpti_ActivityAPI: RUNTIME (5) or DRIVER (4), 40 bytes.
+func apiRecord(kind, cbid uint32, start, end uint64, corr uint32) []byte {
+	r := record(40, kind)
+	le := binary.LittleEndian
+	le.PutUint32(r[4:], cbid)
+	le.PutUint64(r[8:], start)
+	le.PutUint64(r[16:], end)
+	le.PutUint32(r[24:], uint32(os.Getpid()))
+	le.PutUint32(r[32:], corr)
+	return r
+}
+
+// CUpti_ActivityKernel9: KERNEL (3) or CONCURRENT_KERNEL (10), 208 bytes.
+func kernelRecord(kind uint32, start, end uint64, dev, stream, corr uint32, name []byte) []byte {
+	r := record(208, kind)
+	le := binary.LittleEndian
+	le.PutUint64(r[16:], start)
+	le.PutUint64(r[24:], end)
+	le.PutUint64(r[32:], end) // completed
+	le.PutUint32(r[40:], dev)
+	le.PutUint32(r[44:], 1) // contextId
+	le.PutUint32(r[48:], stream)
+	le.PutUint32(r[92:], corr)
+	le.PutUint64(r[104:], uint64(uintptr(unsafe.Pointer(&name[0]))))
+	return r
+}
+
+// CUpti_ActivityMemcpy6: MEMCPY (1), 96 bytes.
+func memcpyRecord(copyKind uint8, start, end uint64, dev, stream uint32, bytes uint64, corr, rtCorr uint32) []byte {
+	r := record(96, 1)
+	le := binary.LittleEndian
+	r[4] = copyKind
+	le.PutUint64(r[8:], bytes)
+	le.PutUint64(r[16:], start)
+	le.PutUint64(r[24:], end)
+	le.PutUint32(r[32:], dev)
+	le.PutUint32(r[36:], 1)
+	le.PutUint32(r[40:], stream)
+	le.PutUint32(r[44:], corr)
+	le.PutUint32(r[48:], rtCorr)
+	return r
+}
+
+// CUpti_ActivityMemset4: MEMSET (2), 88 bytes.
+func memsetRecord(start, end uint64, dev, stream uint32, bytes uint64, corr uint32) []byte {
+	r := record(88, 2)
+	le := binary.LittleEndian
+	le.PutUint64(r[8:], bytes)
+	le.PutUint64(r[16:], start)
+	le.PutUint64(r[24:], end)
+	le.PutUint32(r[32:], dev)
+	le.PutUint32(r[36:], 1)
+	le.PutUint32(r[40:], stream)
+	le.PutUint32(r[44:], corr)
+	return r
 }
 
 func abs64(x int64) int64 {

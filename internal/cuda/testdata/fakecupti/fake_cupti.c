@@ -261,7 +261,9 @@ CUptiResult cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, void **rec
     uint32_t kind;
     memcpy(&kind, p, 4);
     size_t n = record_size(kind);
-    if (!n || p + n > buffer + valid) return INVALID_KIND;
+    if (!n) return INVALID_KIND;
+    /* CUPTI 12.9 takes a record cut short by `valid` as the end. */
+    if (p + n > buffer + valid) return MAX_LIMIT_REACHED;
     *record = p;
     return OK;
 }
