@@ -16,6 +16,13 @@ package cupti
 #include <stdlib.h>
 #include <string.h>
 #include "collector.h"
+
+typedef int (*ct_callback_name_fn)(int, uint32_t, const char **);
+static const char *ct_cupti_callback_name(int domain, uint32_t cbid) {
+    ct_callback_name_fn f = (ct_callback_name_fn)ct_cupti_sym("cuptiGetCallbackName");
+    const char *name = NULL;
+    return f && f(domain, cbid, &name) == 0 && name ? name : "";
+}
 */
 import "C"
 
@@ -475,6 +482,35 @@ func (c *Collector) write(r *C.ct_cupti_rec) error {
 		c.stats.Memsets++
 	}
 	return nil
+}
+
+// ---- watched API functions -------------------------------------------------
+
+// Callback domains of the CUDA API functions the collector watches.
+const (
+	domainDriver  = int(C.CUPTI_CB_DOMAIN_DRIVER_API)
+	domainRuntime = int(C.CUPTI_CB_DOMAIN_RUNTIME_API)
+)
+
+// watchedCallbacks lists the callback ids (CUpti_CallbackId) whose entry
+// the collector watches, with their header names, by domain.
+func watchedCallbacks() map[int]map[uint32]string {
+	out := map[int]map[uint32]string{domainDriver: {}, domainRuntime: {}}
+	rt := unsafe.Slice((*C.ct_cupti_cbid)(unsafe.Pointer(&C.ct_cupti_runtime_cbids)), int(C.ct_cupti_n_runtime_cbids))
+	for _, c := range rt {
+		out[domainRuntime][uint32(c.cbid)] = C.GoString(c.name)
+	}
+	drv := unsafe.Slice((*C.ct_cupti_cbid)(unsafe.Pointer(&C.ct_cupti_driver_cbids)), int(C.ct_cupti_n_driver_cbids))
+	for _, c := range drv {
+		out[domainDriver][uint32(c.cbid)] = C.GoString(c.name)
+	}
+	return out
+}
+
+// callbackName is the loaded libcupti's name for a callback id
+// (cuptiGetCallbackName), "" when it does not know the id.
+func callbackName(domain int, cbid uint32) string {
+	return C.GoString(C.ct_cupti_callback_name(C.int(domain), C.uint32_t(cbid)))
 }
 
 // ---- loading ---------------------------------------------------------------

@@ -2,6 +2,7 @@ package cupti
 
 import (
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,6 +136,42 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 			host := int64(a.host) - int64(a.cupti-w.at)
 			assert.InDelta(t, host, int64(num(t, e["start_ns"])), float64(a.bound()+1), "%d: on the session clock", i)
 			assert.Equal(t, "s1", e["span_id"], "%d: no launch was seen: the root span", i)
+		}
+	})
+
+	t.Run("callback ids", func(t *testing.T) {
+		// cbids.c was written from the 12.9 and 13.x headers; the shipped
+		// library names its callback ids itself (cuptiGetCallbackName).
+		launches := regexp.MustCompile(`Launch|Memcpy|Memset`)
+		watched := watchedCallbacks()
+		for _, d := range []struct {
+			domain int
+			name   string
+		}{{domainRuntime, "runtime"}, {domainDriver, "driver"}} {
+			known := 0
+			for id, name := range watched[d.domain] {
+				got := callbackName(d.domain, id)
+				if got == "" {
+					continue // an id of a newer CUDA: cuptiEnableCallback refuses it, and it is skipped
+				}
+				known++
+				assert.Equal(t, name, got, "%s callback id %d", d.name, id)
+			}
+			// And every function of this CUPTI that launches device work is watched.
+			var missing []string
+			total := 0
+			for id := uint32(1); id < 4096; id++ {
+				if n := callbackName(d.domain, id); n != "" {
+					total++
+					if _, ok := watched[d.domain][id]; launches.MatchString(n) && !ok {
+						missing = append(missing, fmt.Sprintf("%d %s", id, n))
+					}
+				}
+			}
+			assert.Empty(t, missing, "%s functions that launch work but are not watched", d.name)
+			assert.Greater(t, known, 50, d.name)
+			t.Logf("%s: %d of the %d watched ids named alike by libcupti 12.9 (which knows %d %s ids)",
+				d.name, known, len(watched[d.domain]), total, d.name)
 		}
 	})
 
