@@ -17,6 +17,7 @@ import (
 type RealLibs struct {
 	CUPTISite string // a site-packages folder holding nvidia/cuda_cupti/lib/libcupti.so.12
 	CUPTI     string // the libcupti.so.12 in it
+	CUPTI13   string // CUDA 13's libcupti.so.13, in another site-packages folder
 	NVML      string // libnvidia-ml.so.1 from Debian's libnvidia-ml1
 }
 
@@ -32,9 +33,10 @@ func RealLibraries(t testing.TB) RealLibs {
 	r := RealLibs{
 		CUPTISite: filepath.Join(dir, "site"),
 		CUPTI:     filepath.Join(dir, "site", "nvidia", "cuda_cupti", "lib", "libcupti.so.12"),
+		CUPTI13:   filepath.Join(dir, "site13", "nvidia", "cu13", "lib", "libcupti.so.13"),
 		NVML:      filepath.Join(dir, "nvml", "libnvidia-ml.so.1"),
 	}
-	for _, p := range []string{r.CUPTI, r.NVML} {
+	for _, p := range []string{r.CUPTI, r.CUPTI13, r.NVML} {
 		if _, err := os.Stat(p); err != nil {
 			if os.Getenv("CI") != "" {
 				t.Fatalf("%s is missing; .ci/run fetches it with make real-libs", p)

@@ -33,6 +33,9 @@
 # CANDLE_TRACE_CUPTI_LIB names another.
 # Environment: PYTHON (default python3), CANDLE_GRAPH (default
 # build/tools/bin/candle-graph; its checks are skipped, said so, when absent).
+# Without Go on the GPU machine, carry build/libcandle_trace.so,
+# build/libcandle_trace_preload.so and build/tools/bin/candle-graph from a
+# machine that built them (make lib build/libcandle_trace_preload.so tools).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,14 +58,26 @@ if ! timeout 60 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_ava
 fi
 say "GPU: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo unknown)"
 
-# ---- 2. build -------------------------------------------------------------------
-say "building"
-(cd "$ROOT" && timeout 240 make lib >/dev/null) || die "make lib failed"
+# ---- 2. build (or take the build carried from a machine with Go) ------------------
 LIB=$ROOT/build/libcandle_trace.so
-nvml_undefined=$(nm -D --undefined-only "$LIB" | grep -c nvml || true)
-[ "$nvml_undefined" = 0 ] || die "$LIB has $nvml_undefined undefined nvml symbols"
-cupti_undefined=$(nm -D --undefined-only "$LIB" | grep -ci cupti || true)
-[ "$cupti_undefined" = 0 ] || die "$LIB has $cupti_undefined undefined cupti symbols (libcupti must be dlopened)"
+PRELOAD=$ROOT/build/libcandle_trace_preload.so
+if command -v go >/dev/null; then
+    say "building"
+    (cd "$ROOT" && timeout 240 make lib build/libcandle_trace_preload.so >/dev/null) || die "make failed"
+elif [ -f "$LIB" ] && [ -f "$PRELOAD" ]; then
+    say "no Go here: using the carried $LIB and $PRELOAD"
+else
+    die "no Go here to build with, and no carried build/libcandle_trace.so and build/libcandle_trace_preload.so" 2
+fi
+if command -v nm >/dev/null; then
+    nvml_undefined=$(nm -D --undefined-only "$LIB" | grep -c nvml || true)
+    [ "$nvml_undefined" = 0 ] || die "$LIB has $nvml_undefined undefined nvml symbols"
+    cupti_undefined=$(nm -D --undefined-only "$LIB" | grep -ci cupti || true)
+    [ "$cupti_undefined" = 0 ] || die "$LIB has $cupti_undefined undefined cupti symbols (libcupti must be dlopened)"
+    echo "ok    no undefined nvml or cupti symbol in $(basename "$LIB")"
+else
+    say "nm not found: the undefined-symbol checks did not run"
+fi
 
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/candle-trace-gpu.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
@@ -136,8 +151,11 @@ COLLECT=nvml
 if "$PYTHON" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cupti"] else 1)' "$OUT/step.json"; then
     COLLECT=nvml,cupti
 fi
-env LD_PRELOAD="$LIB" CANDLE_TRACE_PATH="$OUT/dropin-%p.jsonl" CANDLE_TRACE_DEVICE_COLLECT=$COLLECT \
-    CANDLE_TRACE_DEVICE_INTERVAL_MS=10 timeout 120 "$PYTHON" "$OUT/plain.py" 2>"$OUT/dropin.err" \
+# As a user would: the preload shim, which loads the library into Python
+# processes only; CANDLE_TRACE_LIB (exported above) names the library.
+env LD_PRELOAD="$PRELOAD" CANDLE_TRACE_MATCH='python*' CANDLE_TRACE_PATH="$OUT/dropin-%p.jsonl" \
+    CANDLE_TRACE_DEVICE_COLLECT=$COLLECT CANDLE_TRACE_DEVICE_INTERVAL_MS=10 \
+    timeout 120 "$PYTHON" "$OUT/plain.py" 2>"$OUT/dropin.err" \
     || { cat "$OUT/dropin.err" >&2; die "the drop-in run failed"; }
 if grep -q "device collectors not started" "$OUT/dropin.err"; then
     cat "$OUT/dropin.err" >&2

@@ -22,6 +22,8 @@ LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.
 REAL = Path(os.environ.get("CANDLE_TRACE_REAL_LIBS", REPO / "build" / "reallibs")).resolve()
 SITE = REAL / "site"
 CUPTI = SITE / "nvidia" / "cuda_cupti" / "lib" / "libcupti.so.12"
+SITE13 = REAL / "site13"
+CUPTI13 = SITE13 / "nvidia" / "cu13" / "lib" / "libcupti.so.13"
 NVML = REAL / "nvml" / "libnvidia-ml.so.1"
 DRIVER = Path("/proc/driver/nvidia/version").exists()
 
@@ -33,7 +35,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module", autouse=True)
 def real_libs() -> None:
-    missing = [str(p) for p in (CUPTI, NVML) if not p.exists()]
+    missing = [str(p) for p in (CUPTI, CUPTI13, NVML) if not p.exists()]
     if missing:
         if os.environ.get("CI"):
             pytest.fail(f"{missing} missing; .ci/run fetches them with make real-libs")
@@ -71,20 +73,27 @@ BINDING_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("on_path", [True, False], ids=["pip-installed", "absent"])
-def test_binding_finds_pip_installed_cupti_and_reports_the_missing_driver(tmp_path, on_path):
+@pytest.mark.parametrize("cuda", [12, 13, None], ids=["cuda12-pip-installed", "cuda13-pip-installed", "absent"])
+def test_binding_finds_pip_installed_cupti_and_reports_the_missing_driver(tmp_path, cuda):
     trace = tmp_path / "t.jsonl"
+    site = {12: SITE, 13: SITE13}.get(cuda)
     script = BINDING_SCRIPT.format(binding=str(REPO / "bindings" / "python"),
-                                   site=str(SITE) if on_path else "", trace=str(trace))
+                                   site=str(site) if site else "", trace=str(trace))
     r = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     assert out["code"] == "7", r.stdout
-    if on_path:
+    no_libcuda = ("CUDA is not usable here: the NVIDIA driver's libcuda.so.1 could not be loaded: libcuda.so.1: "
+                  "cannot open shared object file: No such file or directory")
+    if cuda == 12:
         assert out["message"] == (
             "ct_device_start: CUPTI could not start: cuptiSubscribe returned CUPTI_ERROR_NOT_INITIALIZED (15): "
-            "CUDA is not usable here: the NVIDIA driver's libcuda.so.1 could not be loaded: libcuda.so.1: "
-            f"cannot open shared object file: No such file or directory ({CUPTI} was loaded)"), out["message"]
+            f"{no_libcuda} ({CUPTI} was loaded)"), out["message"]
+    elif cuda == 13:
+        # CUDA 13's CUPTI answers CUPTI_ERROR_UNKNOWN to everything without a driver, its clock first.
+        assert out["message"] == (
+            "ct_device_start: CUPTI could not start: cuptiGetTimestamp returned CUPTI_ERROR_UNKNOWN (999): "
+            f"{no_libcuda} ({CUPTI13} was loaded)"), out["message"]
     else:
         assert out["message"].startswith("ct_device_start: CUPTI is unavailable: no libcupti could be loaded ("), out
         assert "pip install nvidia-cuda-cupti-cu12" in out["message"]
@@ -129,3 +138,24 @@ def test_dropin_with_real_libraries_says_why_and_still_traces(tmp_path, collect,
     (trace,) = tmp_path.glob("run-*.jsonl")
     assert lines(trace)[-1]["outcome"] == "complete"
     require_valid(trace, tmp_path)
+
+
+def test_dropin_finds_cupti_in_an_unactivated_virtualenv(tmp_path):
+    """`pip install nvidia-cuda-cupti-cu12` in a venv whose python is run by
+    its path, without activation (no VIRTUAL_ENV, no PYTHONPATH): the drop-in
+    starts CUPTI before the script imports anything, and finds it there."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    lib = venv / "lib" / ver / "site-packages" / "nvidia" / "cuda_cupti" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcupti.so.12").symlink_to(CUPTI)
+    env = clean_env(LD_PRELOAD=str(LIB), CANDLE_TRACE_PATH=str(tmp_path / "run-%p.jsonl"),
+                    CANDLE_TRACE_DEVICE_COLLECT="cupti", HOME=str(tmp_path))
+    r = subprocess.run([str(venv / "bin" / "python3"), "-c", "print('ok')"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    assert (f"cuptiSubscribe returned CUPTI_ERROR_NOT_INITIALIZED (15): CUDA is not usable here: "
+            f"the NVIDIA driver's libcuda.so.1 could not be loaded") in r.stderr, r.stderr
+    assert f"({lib / 'libcupti.so.12'} was loaded)" in r.stderr, r.stderr

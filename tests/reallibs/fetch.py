@@ -14,6 +14,8 @@ machine without a driver sees.
 writes
     build/reallibs/site/nvidia/cuda_cupti/lib/libcupti.so.12   (a site-packages
         layout, as `pip install nvidia-cuda-cupti-cu12` leaves it)
+    build/reallibs/site13/nvidia/cu13/lib/libcupti.so.13       (CUDA 13's, as
+        `pip install nvidia-cuda-cupti` leaves it)
     build/reallibs/nvml/libnvidia-ml.so.1                       (Debian's driver
         userspace library, non-free, any current 535 release)
 
@@ -36,8 +38,11 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-CUPTI_WHEEL = "nvidia-cuda-cupti-cu12==12.9.79"
-CUPTI_MEMBER = "nvidia/cuda_cupti/lib/libcupti.so.12"
+# (wheel, the library in it, the site-packages folder it goes to)
+CUPTIS = [
+    ("nvidia-cuda-cupti-cu12==12.9.79", "nvidia/cuda_cupti/lib/libcupti.so.12", "site"),  # CUDA 12
+    ("nvidia-cuda-cupti==13.5.25", "nvidia/cu13/lib/libcupti.so.13", "site13"),         # CUDA 13
+]
 DEBIAN = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 NVML_PACKAGE = "libnvidia-ml1"
@@ -48,18 +53,18 @@ def debian_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(m, m)
 
 
-def fetch_cupti(out: Path) -> Path:
-    dest = out / "site" / CUPTI_MEMBER
+def fetch_cupti(out: Path, wheel_spec: str, member: str, site: str) -> Path:
+    dest = out / site / member
     if dest.exists():
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             "--dest", tmp, CUPTI_WHEEL],
+             "--dest", tmp, wheel_spec],
             check=True,
         )
         (wheel,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel) as z, z.open(CUPTI_MEMBER) as src:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
             dest.parent.mkdir(parents=True, exist_ok=True)
             part = dest.with_suffix(".part")
             with open(part, "wb") as dst:
@@ -122,7 +127,7 @@ def fetch_nvml(out: Path) -> Path:
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "build/reallibs")
-    for p in (fetch_cupti(out), fetch_nvml(out)):
+    for p in [fetch_cupti(out, *c) for c in CUPTIS] + [fetch_nvml(out)]:
         print(f"{p} ({os.path.getsize(p)} bytes)")
 
 

@@ -463,14 +463,29 @@ func TestCandidatesOfThisPython(t *testing.T) {
 	debian := put(filepath.Join(root, "usr", "local", "lib", "python3.11", "dist-packages"))
 	conda := put(filepath.Join(root, "usr", "lib", "python3.11", "site-packages"))
 	put(filepath.Join(root, "usr", "lib", "python3.9", "site-packages")) // another Python's
-	env := map[string]string{"HOME": home}
+	// An unactivated virtualenv: bin/python3 links to the base interpreter.
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr", "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "usr", "bin", "python3.11"), nil, 0o755))
+	venv := filepath.Join(root, "work", ".venv")
+	require.NoError(t, os.MkdirAll(filepath.Join(venv, "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(venv, "pyvenv.cfg"), []byte("home = /usr/bin\n"), 0o644))
+	require.NoError(t, os.Symlink(filepath.Join(root, "usr", "bin", "python3.11"), filepath.Join(venv, "bin", "python3")))
+	inVenv := put(filepath.Join(venv, "lib", "python3.11", "site-packages"))
+	env := map[string]string{"HOME": home, "PATH": "/nonexistent:" + filepath.Join(venv, "bin") + ":" + filepath.Join(root, "usr", "bin")}
 	tests := []struct {
-		name string
-		exe  string
-		err  error
-		want []string
+		name  string
+		exe   string
+		argv0 string
+		err   error
+		want  []string
 	}{
 		{name: "python3.11", exe: filepath.Join(root, "usr", "bin", "python3.11"), want: []string{user, debian, conda}},
+		{name: "a virtualenv's python, by PATH", exe: filepath.Join(root, "usr", "bin", "python3.11"), argv0: "python3",
+			want: []string{inVenv, user, debian, conda}},
+		{name: "a virtualenv's python, by path", exe: filepath.Join(root, "usr", "bin", "python3.11"), argv0: filepath.Join(venv, "bin", "python3"),
+			want: []string{inVenv, user, debian, conda}},
+		{name: "a python on PATH outside any virtualenv", exe: filepath.Join(root, "usr", "bin", "python3.11"), argv0: "python3.11",
+			want: []string{user, debian, conda}},
 		{name: "no version in the name", exe: filepath.Join(root, "usr", "bin", "python"),
 			want: []string{user, debian, conda, filepath.Join(root, "usr", "lib", "python3.9", "site-packages", "nvidia", "cuda_cupti", "lib", "libcupti.so.12")}},
 		{name: "not a Python", exe: filepath.Join(root, "usr", "bin", "train_step")},
@@ -480,7 +495,8 @@ func TestCandidatesOfThisPython(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got := Candidates(Options{Sonames: []string{},
 				LookupEnv:  func(k string) (string, bool) { v, ok := env[k]; return v, ok },
-				Executable: func() (string, error) { return tt.exe, tt.err }})
+				Executable: func() (string, error) { return tt.exe, tt.err },
+				Argv0:      func() string { return tt.argv0 }})
 			if fileExists("/usr/local/cuda/extras/CUPTI/lib64/libcupti.so") {
 				got = got[:len(got)-1]
 			}

@@ -105,6 +105,8 @@ type Options struct {
 	LookupEnv func(string) (string, bool)
 	// Executable replaces os.Executable (tests).
 	Executable func() (string, error)
+	// Argv0 replaces reading the process's argv[0] (tests).
+	Argv0 func() string
 }
 
 func (o *Options) defaults() {
@@ -126,6 +128,9 @@ func (o *Options) defaults() {
 	}
 	if o.Executable == nil {
 		o.Executable = os.Executable
+	}
+	if o.Argv0 == nil {
+		o.Argv0 = procArgv0
 	}
 	if o.Sonames == nil {
 		o.Sonames = Sonames
@@ -191,7 +196,7 @@ func Start(sink Sink, o Options) (*Collector, error) {
 	// The first anchor precedes every record: CUPTI is enabled after it.
 	a, err := bestAnchor(o.ClockTries, c.readClock)
 	if err != nil {
-		return nil, unavailable("CUPTI could not start: %v (no NVIDIA driver or GPU? %s was loaded)", err, path)
+		return nil, unavailable("CUPTI could not start: %v: CUDA is not usable here: %s (%s was loaded)", err, cudaProblem(), path)
 	}
 	c.clock.add(a)
 	var res C.CUptiResult
@@ -590,8 +595,8 @@ func Candidates(o Options) []string {
 }
 
 // pythonSites are the site-packages folders of the Python running this
-// process, when it is one, in the order Python searches them (user site
-// first): where a plain `pip install nvidia-cuda-cupti-cu12`, with no
+// process, when it is one, in the order Python searches them (its
+// virtualenv's, then the user site): where a plain `pip install nvidia-cuda-cupti-cu12`, with no
 // virtualenv, puts libcupti. The drop-in starts CUPTI before the script
 // imports torch, so it must find that copy by itself.
 func pythonSites(o Options) []string {
@@ -606,6 +611,9 @@ func pythonSites(o Options) []string {
 	}
 	prefix := filepath.Dir(filepath.Dir(exe))
 	var patterns []string
+	if venv := virtualenvOf(o); venv != "" {
+		patterns = append(patterns, filepath.Join(venv, "lib", version, "site-packages"))
+	}
 	if home, ok := o.LookupEnv("HOME"); ok && home != "" {
 		patterns = append(patterns, filepath.Join(home, ".local", "lib", version, "site-packages"))
 	}
@@ -620,6 +628,50 @@ func pythonSites(o Options) []string {
 		out = append(out, m...)
 	}
 	return out
+}
+
+// virtualenvOf finds the virtualenv this Python runs in, as Python itself
+// does: a venv's python is a link to the base interpreter (which is all the
+// executable's path shows), so the venv is found from the path the process
+// was started by (argv[0], looked up in PATH) and the pyvenv.cfg above it.
+// "" when there is none: no VIRTUAL_ENV is needed for an unactivated venv.
+func virtualenvOf(o Options) string {
+	a := o.Argv0()
+	if a == "" {
+		return ""
+	}
+	if !strings.ContainsRune(a, '/') {
+		path, _ := o.LookupEnv("PATH")
+		found := ""
+		for _, d := range filepath.SplitList(path) {
+			if d == "" {
+				d = "."
+			}
+			if p := filepath.Join(d, a); fileExists(p) {
+				found = p
+				break
+			}
+		}
+		if found == "" {
+			return ""
+		}
+		a = found
+	}
+	root := filepath.Dir(filepath.Dir(a)) // argv[0] as given: its links not followed
+	if fileExists(filepath.Join(root, "pyvenv.cfg")) {
+		return root
+	}
+	return ""
+}
+
+// procArgv0 is this process's argv[0] ("" when /proc cannot tell).
+func procArgv0() string {
+	b, err := os.ReadFile("/proc/self/cmdline")
+	if err != nil {
+		return ""
+	}
+	a, _, _ := strings.Cut(string(b), "\x00")
+	return a
 }
 
 var pythonVersion = regexp.MustCompile(`python3\.(\d+)`)

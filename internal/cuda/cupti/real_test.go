@@ -287,6 +287,38 @@ func memsetRecord(start, end uint64, dev, stream uint32, bytes uint64, corr uint
 	return r
 }
 
+// CUDA 13's libcupti answers CUPTI_ERROR_UNKNOWN to everything, its clock
+// included, when there is no driver: the collector must still load it (every
+// function it binds is there), find it where pip puts it, and say why it
+// cannot start.
+func TestRealCUPTI13WithoutAGPU(t *testing.T) {
+	libs := testutil.RealLibraries(t)
+	if !testutil.InChild(t) {
+		return
+	}
+	o := Options{Sonames: []string{}, LookupEnv: func(k string) (string, bool) {
+		if k == "PYTHONPATH" {
+			return filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(libs.CUPTI13)))), true
+		}
+		return "", false
+	}}
+	require.Equal(t, []string{libs.CUPTI13}, Candidates(o))
+	s, _ := openSession(t)
+	c, err := Start(s, o)
+	if testutil.NVIDIADriverLoaded() {
+		require.NoError(t, err)
+		require.NoError(t, c.Stop())
+		return
+	}
+	assert.Nil(t, c)
+	requireCode(t, err, session.Unavailable,
+		"CUPTI could not start: cuptiGetTimestamp returned CUPTI_ERROR_UNKNOWN (999)",
+		": CUDA is not usable here: ", "("+libs.CUPTI13+" was loaded)")
+	path, err := load(o)
+	require.NoError(t, err, "every function the collector binds must exist in CUDA 13's libcupti")
+	assert.Equal(t, libs.CUPTI13, path)
+}
+
 func abs64(x int64) int64 {
 	if x < 0 {
 		return -x
