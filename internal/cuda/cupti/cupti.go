@@ -168,6 +168,8 @@ type Collector struct {
 	mu          sync.Mutex // decoding and stating (the loop, Flush, Stop)
 	clock       clockMap
 	names       map[uintptr]string
+	labels      map[uint64]string     // "cuda:N" and stream ids, spelled once
+	iv          events.DeviceInterval // the interval being written (reused: the session encodes at once)
 	stats       Stats
 	stated      bool
 	statedValue uint64
@@ -211,7 +213,8 @@ func Start(sink Sink, o Options) (*Collector, error) {
 }
 
 func newCollector(sink Sink, o Options) *Collector {
-	return &Collector{sink: sink, opts: o, names: map[uintptr]string{}, recs: make([]C.ct_cupti_rec, 256)}
+	return &Collector{sink: sink, opts: o, names: map[uintptr]string{}, labels: map[uint64]string{},
+		recs: make([]C.ct_cupti_rec, 256)}
 }
 
 func (c *Collector) readClock() (h0, cu, h1 uint64, err error) {
@@ -431,6 +434,26 @@ func (c *Collector) name(r *C.ct_cupti_rec) string {
 	}
 }
 
+// label spells a device ("cuda:N") or a stream id once and reuses it: a
+// step launches thousands of kernels on a handful of devices and streams.
+func (c *Collector) label(id uint32, device bool) string {
+	key := uint64(id)
+	if device {
+		key |= 1 << 32
+	}
+	if l, ok := c.labels[key]; ok {
+		return l
+	}
+	l := strconv.FormatUint(uint64(id), 10)
+	if device {
+		l = "cuda:" + l
+	}
+	if len(c.labels) < 4096 {
+		c.labels[key] = l
+	}
+	return l
+}
+
 // write maps r onto the session clock and records it on its span (s1 when
 // the launch was not seen, or when the session no longer knows the span).
 func (c *Collector) write(r *C.ct_cupti_rec) error {
@@ -448,9 +471,9 @@ func (c *Collector) write(r *C.ct_cupti_rec) error {
 		start = 0
 	}
 	c.stats.ClockBoundNs = max(c.stats.ClockBoundNs, bound)
-	d := events.DeviceInterval{
-		Device:           "cuda:" + strconv.FormatUint(uint64(r.device_id), 10),
-		StreamID:         strconv.FormatUint(uint64(r.stream_id), 10),
+	c.iv = events.DeviceInterval{
+		Device:           c.label(uint32(r.device_id), true),
+		StreamID:         c.label(uint32(r.stream_id), false),
 		ClockID:          "host-monotonic",
 		Backend:          "cuda",
 		Name:             c.name(r),
@@ -463,11 +486,11 @@ func (c *Collector) write(r *C.ct_cupti_rec) error {
 	if span == 0 {
 		span = 1
 	}
-	err := c.sink.RecordDeviceInterval(span, &d)
+	err := c.sink.RecordDeviceInterval(span, &c.iv)
 	if err != nil && span != 1 && session.CodeOf(err) == session.InvalidHandle {
 		// The span closed too long ago for the session to check against.
 		c.stats.Reattributed++
-		err = c.sink.RecordDeviceInterval(1, &d)
+		err = c.sink.RecordDeviceInterval(1, &c.iv)
 	}
 	if err != nil {
 		c.stats.LastError = err.Error()

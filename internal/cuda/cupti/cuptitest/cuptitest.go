@@ -195,5 +195,14 @@ func (f *Fake) KindEnabled(kind int) bool {
 	return C.call_int_int(f.sym("fake_cupti_kind_enabled"), C.int(kind)) != 0
 }
 
+// SetKind turns an activity kind's records on or off, whatever the client enabled.
+func (f *Fake) SetKind(kind int, on bool) {
+	v := 0
+	if on {
+		v = 1
+	}
+	C.call_hold(f.sym("fake_cupti_set_kind"), C.int(kind), C.int(v))
+}
+
 // Subscribed reports whether a subscriber holds the fake.
 func (f *Fake) Subscribed() bool { return C.call_int(f.sym("fake_cupti_subscribed")) != 0 }
