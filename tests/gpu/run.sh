@@ -36,6 +36,12 @@
 # Without Go on the GPU machine, carry build/libcandle_trace.so,
 # build/libcandle_trace_preload.so and build/tools/bin/candle-graph from a
 # machine that built them (make lib build/libcandle_trace_preload.so tools).
+# For this project's lent H200 (no Go; PyTorch 2.11+cu130 in a venv that
+# python3 runs unactivated): one device `run` of
+#   PYTHONUNBUFFERED=1 bash tests/gpu/run.sh 2>&1 | tee $OUT/gpu-check.log
+# with carry [build/libcandle_trace.so, build/libcandle_trace_preload.so,
+# build/tools/bin/candle-graph] and timeout_s 540 (under 8 minutes of
+# checks, and 15 minutes of device time in all, so one rerun at most).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
