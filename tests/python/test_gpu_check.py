@@ -1,0 +1,150 @@
+"""The GPU check's own checks (tests/gpu/check.py), run here on traces made
+with the fake NVML and the fake libcupti, as tests/gpu/run.sh makes them on a
+GPU: through the Python binding and under the drop-in. A GPU session is rare;
+a typo in its checks must not be what it finds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_device import LIB, REPO, fake_cupti, fake_nvml  # noqa: F401 (fixtures)
+
+CHECK = REPO / "tests" / "gpu" / "check.py"
+PRELOAD = REPO / "build" / "libcandle_trace_preload.so"
+
+pytestmark = pytest.mark.skipif(not LIB.exists() or not PRELOAD.exists(),
+                                reason="build/libcandle_trace.so and the preload shim are not built")
+
+FAKE_LAUNCH = """
+import ctypes, os, threading, time
+fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the library the collector dlopened
+fake.fake_cupti_api.restype = ctypes.c_uint32
+fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
+fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                   ctypes.c_uint64, ctypes.c_uint64]
+fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+def now():
+    t = ctypes.c_uint64(0)
+    fake.cuptiGetTimestamp(ctypes.byref(t))
+    return t.value
+
+def launch(name, dur_ns, stream=7):
+    cid = fake.fake_cupti_api(2, 211)            # cudaLaunchKernel, on this thread
+    t = now()
+    fake.fake_cupti_kernel(cid, name, 0, stream, t + 1000, t + 1000 + dur_ns)
+    return t + 1000, t + 1000 + dur_ns
+"""
+
+STEP = FAKE_LAUNCH + """
+import json, sys
+sys.path.insert(0, os.environ["BINDING"])
+import candle_trace as ct
+trace, report, name = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+s = ct.Session(trace, "gpu_check::step", phase="train", capture_step=6, device="cuda:0",
+               run={"warmup_steps": 5})
+s.device_start({"collect": ["nvml", "cupti"], "interval_ms": 10})
+time.sleep(0.05)
+spans = []
+with s.measure("update"):
+    with s.span("forward", step="forward"):
+        spans.append(launch(name, 400_000))
+        time.sleep(0.002)
+        spans.append(launch(name, 300_000))
+    with s.span("backward", step="backward"):
+        # as autograd does: from its own thread, where no span is open
+        th = threading.Thread(target=lambda: spans.append(launch(name, 500_000, stream=13)))
+        th.start(); th.join()
+    with s.span("optimizer", step="optimizer"):
+        time.sleep(0.002)
+        spans.append(launch(name, 200_000))
+    time.sleep(0.003)                        # "synchronize": the last kernel ends inside the update
+time.sleep(0.05)
+s.device_stop()
+s.finish()
+truth_ms = (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e6
+json.dump({"event_ms": truth_ms, "cupti": True, "cupti_error": ""}, open(report, "w"))
+"""
+
+DROPIN = FAKE_LAUNCH + """
+for i in range(20):
+    launch(b"_ZN2at6native29vectorized_elementwise_kernelILi4EEEvv", 10_000)
+time.sleep(0.06)
+print("plain done")
+"""
+
+
+def make_gpu_check_output(out: Path, fake_nvml: Path, fake_cupti: Path, kernel: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLE_TRACE_")}
+    env.update(CANDLE_TRACE_LIB=str(LIB), CANDLE_TRACE_NVML_LIB=str(fake_nvml),
+               CANDLE_TRACE_CUPTI_LIB=str(fake_cupti), FAKE_CUPTI=str(fake_cupti),
+               BINDING=str(REPO / "bindings" / "python"))
+    r = subprocess.run([sys.executable, "-c", STEP, str(out / "step.jsonl"), str(out / "step.json"), kernel],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    env.update(LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_MATCH="python*",
+               CANDLE_TRACE_PATH=str(out / "dropin-%p.jsonl"),
+               CANDLE_TRACE_DEVICE_COLLECT="nvml,cupti", CANDLE_TRACE_DEVICE_INTERVAL_MS="10")
+    r = subprocess.run([sys.executable, "-c", DROPIN], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "plain done\n", r.stderr
+    assert "device collectors not started" not in r.stderr, r.stderr
+
+
+def run_check(out: Path) -> tuple[int, list[str]]:
+    r = subprocess.run([sys.executable, str(CHECK), str(out)], capture_output=True, text=True, timeout=60)
+    assert r.stderr == ""
+    return r.returncode, r.stdout.splitlines()
+
+
+def test_the_checks_pass_on_a_good_run(tmp_path, fake_nvml, fake_cupti):
+    make_gpu_check_output(tmp_path, fake_nvml, fake_cupti, "_Z5sgemmPfi")
+    rc, out = run_check(tmp_path)
+    assert rc == 0, "\n".join(out)
+    fails = [line for line in out if line.startswith("FAIL")]
+    assert fails == []
+    oks = [line for line in out if line.startswith("ok")]
+    for want in ["ok    1 drop-in trace(s)",
+                 "ok    step.jsonl: complete",
+                 "ok    step.jsonl: 4 named device intervals",
+                 "ok    step.jsonl: every device interval inside the session",
+                 "ok    step.jsonl: every device interval attributed to an existing span",
+                 "ok    step.jsonl: dropped records stated (0)",
+                 "ok    step.jsonl: kernel names demangled (4 of 4; e.g. sgemm(float*, int))",
+                 "ok    step: 2 kernels attributed to the forward span",
+                 "ok    step: 1 kernels attributed to the optimizer span"]:
+        assert want in oks, "\n".join(out)
+    assert "      kernels on backward: 0, on the root s1 (autograd's thread): 1" in out
+    timing = next(line for line in oks if line.startswith("ok    step: device time"))
+    assert "(±10%)" in timing
+    dropin = [line for line in oks if line.startswith("ok    dropin-")]
+    assert any(line.endswith(": 20 named device intervals") for line in dropin), "\n".join(out)
+    assert any("NVML cost per sample" in line for line in out)
+
+
+def test_the_checks_catch_a_wrong_timing_and_mangled_names(tmp_path, fake_nvml, fake_cupti):
+    make_gpu_check_output(tmp_path, fake_nvml, fake_cupti, "_Zbad")   # not a mangling: kept as it came
+    report = tmp_path / "step.json"
+    rep = json.loads(report.read_text())
+    rep["event_ms"] *= 1.5                       # torch.cuda.Event says the step took longer
+    report.write_text(json.dumps(rep))
+    rc, out = run_check(tmp_path)
+    assert rc == 1
+    fails = [line for line in out if line.startswith("FAIL")]
+    assert len(fails) == 2, "\n".join(out)
+    assert fails[0].startswith("FAIL  step.jsonl: kernel names demangled (0 of 4; e.g. _Zbad)")
+    assert fails[1].startswith("FAIL  step: device time ") and "(±10%)" in fails[1]
+
+
+def test_without_cupti_only_the_memory_checks_run(tmp_path, fake_nvml, fake_cupti):
+    make_gpu_check_output(tmp_path, fake_nvml, fake_cupti, "_Z5sgemmPfi")
+    (tmp_path / "step.json").write_text(json.dumps({"event_ms": 1.0, "cupti": False, "cupti_error": "held"}))
+    rc, out = run_check(tmp_path)
+    assert rc == 0, "\n".join(out)
+    assert not any("device interval" in line for line in out)
+    assert sum(line.startswith("ok") and "device_memory samples of cuda:0" in line for line in out) == 2
