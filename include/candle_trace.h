@@ -365,6 +365,14 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                  CT_ERR_INVALID_ARGUMENT.
  *   "cupti_lib":   a libcupti file, or the folder holding one, to try
  *                  right after $CANDLE_TRACE_CUPTI_LIB.
+ *   "unspanned_launches": "root" (default) or "main_thread": where CUPTI
+ *                  attributes work launched from a thread with no open
+ *                  span. "root": s1, the span innermost on the launching
+ *                  thread. "main_thread": the span innermost at that moment
+ *                  on the session's main thread (the one that began the
+ *                  measured region, else the first to open a span); for
+ *                  PyTorch, whose autograd launches backward kernels from
+ *                  its own thread while the main thread waits in backward.
  *
  * Example: {"collect":["nvml"], "interval_ms":10, "devices":[0]}.
  *

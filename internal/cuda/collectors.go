@@ -92,6 +92,7 @@ func Start(t Target, o StartOptions, opts ...Option) (*Collectors, error) {
 		if o.CUPTILib != "" {
 			co.Library = o.CUPTILib
 		}
+		co.MainThreadFallback = o.UnspannedLaunches == UnspannedMainThread
 		cc, err := cupti.Start(t, co)
 		if err != nil {
 			if c.nvml != nil {

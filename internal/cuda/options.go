@@ -28,7 +28,23 @@ type StartOptions struct {
 	Interval time.Duration // NVML sampling period
 	Devices  []int         // CUDA ordinals; nil = every visible device
 	CUPTILib string        // "cupti_lib": a libcupti file or folder to try first
+	// UnspannedLaunches is "unspanned_launches": where device work launched
+	// from a thread with no open span goes: UnspannedRoot (s1, the default)
+	// or UnspannedMainThread.
+	UnspannedLaunches string
 }
+
+// Values of "unspanned_launches".
+const (
+	// UnspannedRoot attributes work launched from a thread with no open span
+	// to the root s1: the span innermost on the launching thread.
+	UnspannedRoot = "root"
+	// UnspannedMainThread attributes it to the span innermost, at launch, on
+	// the session's main thread (the one that began the measured region,
+	// else the first to open a span): PyTorch's autograd launches backward
+	// kernels from its own thread while the main thread waits in backward.
+	UnspannedMainThread = "main_thread"
+)
 
 // Wants reports whether collector name was requested.
 func (o StartOptions) Wants(name string) bool {
@@ -43,14 +59,15 @@ func (o StartOptions) Wants(name string) bool {
 // ParseStartOptions reads ct_device_start's options_json strictly:
 //
 //	{"collect":["nvml","cupti"], "interval_ms":10, "devices":[0],
-//	 "cupti_lib":"/path/to/libcupti.so.12"}
+//	 "cupti_lib":"/path/to/libcupti.so.12", "unspanned_launches":"main_thread"}
 //
 // Every key is optional; nil or empty data means all defaults. Unknown and
 // duplicate keys, unknown or repeated collectors, an empty "collect", an
 // interval_ms that is not an integer in [1, 60000], and device ordinals
 // that are not distinct non-negative integers are CT_ERR_INVALID_ARGUMENT.
 func ParseStartOptions(data []byte) (StartOptions, error) {
-	o := StartOptions{Collect: append([]string(nil), DefaultCollect...), Interval: DefaultInterval}
+	o := StartOptions{Collect: append([]string(nil), DefaultCollect...), Interval: DefaultInterval,
+		UnspannedLaunches: UnspannedRoot}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return o, nil
 	}
@@ -112,8 +129,14 @@ func ParseStartOptions(data []byte) (StartOptions, error) {
 				return o, optErr(`"cupti_lib" must be a non-empty string: a libcupti file or the folder holding it`)
 			}
 			o.CUPTILib = p
+		case "unspanned_launches":
+			var v string
+			if err := json.Unmarshal(f.val, &v); err != nil || (v != UnspannedRoot && v != UnspannedMainThread) {
+				return o, optErr(`"unspanned_launches" must be %q or %q, got %s`, UnspannedRoot, UnspannedMainThread, f.val)
+			}
+			o.UnspannedLaunches = v
 		default:
-			return o, optErr(`unknown key %q (known: "collect", "interval_ms", "devices", "cupti_lib")`, f.key)
+			return o, optErr(`unknown key %q (known: "collect", "interval_ms", "devices", "cupti_lib", "unspanned_launches")`, f.key)
 		}
 	}
 	return o, nil

@@ -128,6 +128,9 @@ uint64_t ct__slot_alloc(void) {
         s->t0 = ct__clock_ns();
         s->poison[0] = 0;
         STORE(&s->measured, 0);
+        STORE(&s->measure_ring, NULL);
+        STORE(&s->measure_top, 0);
+        STORE(&s->track_main, 0);
         STORE(&s->agg, 0);
         STORE(&s->agg_on, 0);
         STORE(&s->next_span, 1); /* the root is s1 */
@@ -405,6 +408,8 @@ static ct_status claim_measured(ct_slot *s) {
     return CT_OK;
 }
 
+static void track_begin(ct_slot *s, const ct_ring *r, uint64_t id);
+
 static inline __attribute__((always_inline)) uint64_t take_id(ct_slot *s, ct_tls_sess *ts) {
     /* Ids come in blocks per thread: one shared atomic per CT_ID_BLOCK spans
      * instead of a contended one per span. */
@@ -502,14 +507,45 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     ts->stack[ts->depth].id = id;
     ts->stack[ts->depth].start = start;
     STORE_RLX(&ts->depth, ts->depth + 1);
+    if (measured) STORE_RLX(&s->measure_ring, (const void *)t->ring);
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0)) track_begin(s, t->ring, id);
     *out = id;
     return CT_OK;
+}
+
+/* The main thread, for device work launched where no span is open: the one
+ * that began the measured region, else the first to open a span. */
+static __attribute__((noinline)) void track_begin(ct_slot *s, const ct_ring *r, uint64_t id) {
+    const void *main_ring = LOAD_RLX(&s->measure_ring);
+    if (!main_ring && __atomic_compare_exchange_n(&s->measure_ring, &main_ring, (const void *)r, 0,
+                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        main_ring = r;
+    if (main_ring == (const void *)r) STORE_RLX(&s->measure_top, id);
+}
+
+void ct__track_main_thread(ct_session h, int on) {
+    ct_slot *s = slot_get(h);
+    if (!s) return;
+    if (!on) STORE_RLX(&s->measure_top, 0);
+    STORE_RLX(&s->track_main, (uint32_t)(on != 0));
 }
 
 uint64_t ct__innermost_span(ct_session h) {
     if (!slot_get(h)) return 1;
     ct_tls_sess *ts = tls_sess(&tls, h);
     return ts && ts->depth ? ts->stack[ts->depth - 1].id : 1;
+}
+
+uint64_t ct__launch_span(ct_session h, int *borrowed) {
+    *borrowed = 0;
+    ct_slot *s = slot_get(h);
+    if (!s) return 1;
+    ct_tls_sess *ts = tls_sess(&tls, h);
+    if (ts && ts->depth) return ts->stack[ts->depth - 1].id;
+    uint64_t top = LOAD_RLX(&s->measure_top);
+    if (!top) return 1;
+    *borrowed = 1;
+    return top;
 }
 
 uint32_t ct__innermost_key(ct_session h) {
@@ -606,5 +642,7 @@ ct_status ct__span_end(ct_session h, ct_span span) {
     rec->ts = end - top.start;
     ring_commit(t->ring, sizeof *rec);
     STORE_RLX(&ts->depth, ts->depth - 1);
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)t->ring)
+        STORE_RLX(&s->measure_top, ts->depth ? ts->stack[ts->depth - 1].id : 0);
     return CT_OK;
 }

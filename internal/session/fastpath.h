@@ -31,7 +31,17 @@ typedef struct ct_slot {
     uint64_t next_span;   /* last span id handed out */
     uint32_t agg;         /* 1: an aggregate session (spans take the aggregate path) */
     uint32_t agg_on;      /* aggregate sessions: statistics switched on */
+    uint32_t track_main;  /* 1 while a collector wants measure_top kept (ct__track_main_thread) */
     uint64_t t0;                  /* CLOCK_MONOTONIC ns at open */
+    /* The session's main thread (its ring, compared, never followed): the
+     * one that began the measured region, else the first to open a span
+     * while tracked; and, while track_main, its innermost open span here (0:
+     * none), on a cache line of its own since that thread writes it at every
+     * span. Device work launched from a thread with no open span may be
+     * attributed to that span (ct__launch_span). */
+    const void *measure_ring;
+    uint64_t measure_top __attribute__((aligned(64)));
+    char measure_pad[56];
     char poison[CT_POISON_CAP];   /* why the session is poisoned */
 } ct_slot;
 
@@ -164,6 +174,21 @@ ct_status ct__agg_scalar(ct_session h, ct_span span, const char *label, double v
  * own span stack: any thread may call it, at any time (the CUPTI collector
  * calls it from CUDA API callbacks on the launching thread). */
 uint64_t ct__innermost_span(ct_session h);
+
+/* The span device work launched now from the calling thread belongs to: its
+ * innermost open span in h; when it has none, the span innermost at this
+ * moment on the session's main thread (the one that began the measured
+ * region, else the first to open a span; *borrowed set to 1: PyTorch's
+ * autograd launches backward kernels from its own device thread while the
+ * main thread waits inside backward); else 1. Lock-free, callable from any
+ * thread at any time (CUPTI's callbacks). */
+uint64_t ct__launch_span(ct_session h, int *borrowed);
+
+/* Starts (on = 1) or stops keeping the main thread's innermost span for
+ * ct__launch_span. Off, span begin and end pay one load and a branch for it.
+ * Started while the main thread has spans open, it is known from that
+ * thread's next span begin or end. */
+void ct__track_main_thread(ct_session h, int on);
 
 /* Frees the rings of exited threads once drained (and once no live session
  * has spans left open on them). Called by Go under the drain mutex. */

@@ -205,6 +205,27 @@ static void *producer(void *arg) {
     return NULL;
 }
 
+/* A CUDA launch on a thread with no span, as CUPTI's callback sees it,
+ * racing the producers' trace spans: the session's main thread (the first
+ * producer to open one) moves its innermost span while this reads it. */
+static int stop_launcher;
+static unsigned long launches, borrowed_launches;
+
+static void *launcher(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&stop_launcher, __ATOMIC_ACQUIRE)) {
+        int borrowed = 0;
+        uint64_t span = ct__launch_span(trace_handle, &borrowed);
+        uint64_t issued = __atomic_load_n(&ct__slot_of(trace_handle)->next_span, __ATOMIC_RELAXED);
+        CHECK(span >= 1 && span <= issued + 1, "launch attributed to s%llu, past the ids issued (%llu)",
+              (unsigned long long)span, (unsigned long long)issued);
+        CHECK(borrowed == (span != 1), "borrowed %d for s%llu", borrowed, (unsigned long long)span);
+        launches++;
+        borrowed_launches += (unsigned long)borrowed;
+    }
+    return NULL;
+}
+
 static void *leaver(void *arg) {
     (void)arg;
     ct_span sp;
@@ -228,12 +249,18 @@ int main(void) {
     trace_handle = ct__slot_alloc();
     CHECK(agg_handles[0] && agg_handles[1] && trace_handle, "slots");
 
-    pthread_t d, th[THREADS], lv;
+    pthread_t d, th[THREADS], lv, la;
     pthread_create(&d, NULL, drainer, NULL);
+    ct__track_main_thread(trace_handle, 1); /* as the CUPTI collector does with "main_thread" */
+    pthread_create(&la, NULL, launcher, NULL);
     for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, producer, (void *)(intptr_t)i);
     pthread_create(&lv, NULL, leaver, NULL);
     for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
     pthread_join(lv, NULL);
+    __atomic_store_n(&stop_launcher, 1, __ATOMIC_RELEASE);
+    pthread_join(la, NULL);
+    CHECK(launches > 0 && borrowed_launches > 0, "%lu launches, %lu on the main thread's span", launches,
+          borrowed_launches);
     __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
     pthread_join(d, NULL);
     ctgo_drain_rings();
@@ -290,7 +317,7 @@ int main(void) {
     for (ct_ring *r = ct__rings; r; r = r->next) rings++;
     CHECK(rings == 0, "%d rings left, want 0 (every thread that made spans has exited)", rings);
 
-    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %d failure(s)\n", total,
-           THREADS, intern_calls, failures);
+    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %d failure(s)\n", total,
+           THREADS, intern_calls, launches, borrowed_launches, failures);
     return failures != 0;
 }

@@ -14,9 +14,11 @@
 #      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
 #      --require-valid on every trace; with CUPTI: kernels present with
 #      names, every device interval inside the session and attributed to an
-#      existing span, kernels attributed to forward and optimizer (the span
-#      innermost on the launching thread; autograd launches backward kernels
-#      from its own thread, so they land on s1), the dropped-record count
+#      existing span, kernels attributed to forward, backward and optimizer
+#      (the span innermost on the launching thread; autograd launches
+#      backward kernels from its own thread, where none is open, and with
+#      "unspanned_launches":"main_thread" they go to the main thread's
+#      innermost, backward), the dropped-record count
 #      stated (cupti/dropped_records), kernel time within ±10% of
 #      torch.cuda.Event's; the libcandle_trace.so has no undefined cupti
 #      symbol (libcupti is dlopened);
@@ -122,7 +124,7 @@ s = ct.Session(trace, "gpu_check::step", phase="train", capture_step=6, device="
                run={"warmup_steps": 5})
 cupti, cupti_error = True, ""
 try:
-    s.device_start({"collect": ["nvml", "cupti"], "interval_ms": 10})
+    s.device_start({"collect": ["nvml", "cupti"], "interval_ms": 10, "unspanned_launches": "main_thread"})
 except ct.CandleTraceError as e:
     print("gpu-check: CUPTI not started:", e.message, flush=True)
     cupti, cupti_error = False, e.message

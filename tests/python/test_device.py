@@ -141,7 +141,7 @@ def test_options_are_strict_and_cupti_is_reported_missing(tmp_path, fake_nvml):
     # CUPTI's message goes on with the other places tried (the sonames, ...).
     got = [l.split(";")[0] if l.startswith("start 7 ct_device_start: CUPTI") else l for l in got]
     assert got == [
-        'start 1 ct_device_start: options_json: unknown key "interval" (known: "collect", "interval_ms", "devices", "cupti_lib")',
+        'start 1 ct_device_start: options_json: unknown key "interval" (known: "collect", "interval_ms", "devices", "cupti_lib", "unspanned_launches")',
         'start 1 ct_device_start: options_json: duplicate key "collect"',
         'start 1 ct_device_start: options_json: "interval_ms" must be an integer from 1 to 60000, got 0',
         'start 7 ct_device_start: CUPTI is unavailable: no libcupti could be loaded (/nonexistent/libcupti.so.12: '

@@ -5,8 +5,9 @@
  *   - subscribes to CUPTI's callback API and watches the entry of every CUDA
  *     runtime/driver function that launches device work (cbids.c). At entry,
  *     on the launching thread, it stores correlation id -> that thread's
- *     innermost span (read from the C fast path's thread-local span stack)
- *     in a bounded table;
+ *     innermost span (read from the C fast path's thread-local span stack;
+ *     for a thread with none, s1, or with "unspanned_launches":"main_thread"
+ *     the span innermost on the session's main thread) in a bounded table;
  *   - enables the activity kinds CONCURRENT_KERNEL, MEMCPY, MEMSET and, so
  *     that every API call carries a correlation id, RUNTIME and DRIVER;
  *   - hands CUPTI 1-10 MB buffers through the buffer callbacks and queues the
@@ -175,6 +176,7 @@ static uint64_t map_get(uint32_t cid) {
 
 static pthread_mutex_t state_mu = PTHREAD_MUTEX_INITIALIZER; /* start/stop */
 static uint64_t active_session;                                /* 0 = not collecting */
+static int borrow_main; /* unspanned launches: the main thread's span, not s1 */
 static CUpti_SubscriberHandle subscriber;
 static size_t buf_bytes;
 static int max_bufs;
@@ -200,8 +202,12 @@ static void api_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_Call
     if (!d || d->callbackSite != CUPTI_API_ENTER) return;
     uint64_t h = LOAD(&active_session);
     if (!h) return;
-    map_put(d->correlationId, ct__innermost_span(h));
+    int borrowed;
+    uint64_t span = ct__launch_span(h, &borrowed);
+    if (borrowed && !LOAD(&borrow_main)) span = 1, borrowed = 0;
+    map_put(d->correlationId, span);
     ADD(&counters.launches, 1);
+    if (borrowed) ADD(&counters.borrowed, 1);
 }
 
 static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
@@ -254,7 +260,8 @@ static void disable_all(int upto) {
     for (int i = 0; i < upto; i++) fn.activityDisable(kinds[i]);
 }
 
-int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, CUptiResult *res, int *kind) {
+int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, int borrow, CUptiResult *res,
+                   int *kind) {
     *res = CUPTI_SUCCESS;
     *kind = 0;
     if (!LOAD(&lib)) return CT_CUPTI_STAGE_NOT_LOADED;
@@ -274,6 +281,7 @@ int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, CUpti
     }
     STORE(&buf_bytes, buffer_bytes);
     STORE(&max_bufs, max_buffers);
+    STORE(&borrow_main, borrow);
 
     CUptiResult r = fn.subscribe(&subscriber, api_callback, NULL);
     if (r != CUPTI_SUCCESS) {
@@ -295,12 +303,14 @@ int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, CUpti
         stage = CT_CUPTI_STAGE_BUFFERS;
     } else {
         /* Attribute before enabling: no record may precede its session. */
+        if (borrow) ct__track_main_thread(session, 1);
         STORE(&active_session, session);
         for (int i = 0; i < NKINDS; i++) {
             if ((r = fn.activityEnable(kinds[i])) != CUPTI_SUCCESS) {
                 *kind = kinds[i];
                 disable_all(i);
                 STORE(&active_session, 0);
+                if (borrow) ct__track_main_thread(session, 0);
                 stage = CT_CUPTI_STAGE_ENABLE;
                 break;
             }
@@ -322,12 +332,14 @@ CUptiResult ct_cupti_flush(int forced) {
 
 void ct_cupti_stop(void) {
     pthread_mutex_lock(&state_mu);
-    if (LOAD(&active_session)) {
+    uint64_t session = LOAD(&active_session);
+    if (session) {
         fn.activityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         disable_all(NKINDS);
         fn.unsubscribe(subscriber);
         subscriber = NULL;
         STORE(&active_session, 0);
+        if (LOAD(&borrow_main)) ct__track_main_thread(session, 0);
         fn.activityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         ct_cupti_poll_dropped();
     }

@@ -22,9 +22,11 @@ CT_CUPTI_HIDDEN extern const int ct_cupti_n_runtime_cbids;
 CT_CUPTI_HIDDEN extern const ct_cupti_cbid ct_cupti_driver_cbids[];
 CT_CUPTI_HIDDEN extern const int ct_cupti_n_driver_cbids;
 
-/* internal/session/fastpath.c: the calling thread's innermost span in a
- * session, 1 when none. */
-uint64_t ct__innermost_span(uint64_t session);
+/* internal/session/fastpath.c: the span work launched now from the calling
+ * thread belongs to (its innermost; else the measuring thread's innermost,
+ * *borrowed = 1; else 1). */
+uint64_t ct__launch_span(uint64_t session, int *borrowed);
+void ct__track_main_thread(uint64_t session, int on);
 uint64_t ct__session_now(uint64_t session);
 
 /* demangle.c: the demangled form of an Itanium-mangled name (malloc'd, the
@@ -64,9 +66,11 @@ enum {
 };
 
 /* Subscribes, watches the launch APIs, registers the buffer callbacks and
- * enables the activity kinds. Returns a CT_CUPTI_STAGE_*; on failure nothing
- * stays enabled and *res / *kind say what CUPTI answered. */
-CT_CUPTI_HIDDEN int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers,
+ * enables the activity kinds. borrow_main: launches from a thread with no
+ * open span go to the session's main thread's innermost span, not s1.
+ * Returns a CT_CUPTI_STAGE_*; on failure nothing stays enabled and *res /
+ * *kind say what CUPTI answered. */
+CT_CUPTI_HIDDEN int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, int borrow_main,
                                    CUptiResult *res, int *kind);
 /* Forces out every buffer (cuptiActivityFlushAll(FLUSH_FORCED) when forced,
  * else only the buffers whose records are complete). */
@@ -125,6 +129,7 @@ typedef struct ct_cupti_counters {
     uint64_t incomplete;        /* device records without valid timestamps (skipped) */
     uint64_t bad_records;       /* cuptiActivityGetNextRecord errors (rest of buffer lost) */
     uint64_t unattributed;      /* device records whose correlation id was not recorded */
+    uint64_t borrowed;          /* launches from a thread with no open span given the main thread's span */
 } ct_cupti_counters;
 
 CT_CUPTI_HIDDEN void ct_cupti_read_counters(ct_cupti_counters *out);

@@ -504,3 +504,119 @@ func TestCandidatesOfThisPython(t *testing.T) {
 		})
 	}
 }
+
+// onThread runs functions one after another on one locked OS thread: a
+// thread of its own, as autograd's device thread is.
+type onThread chan func()
+
+func newThread(t *testing.T) onThread {
+	th := make(onThread)
+	go func() {
+		runtime.LockOSThread()
+		for f := range th {
+			f()
+		}
+	}()
+	t.Cleanup(func() { close(th) })
+	return th
+}
+
+func (th onThread) do(f func()) {
+	done := make(chan struct{})
+	th <- func() { f(); close(done) }
+	<-done
+}
+
+// Work launched from a thread with no open span: by default the root s1 (the
+// span innermost on the launching thread, as the trace format has it); with
+// "unspanned_launches":"main_thread" the span innermost at that moment on the
+// session's main thread (the one that began the measured region, else the
+// first to open a span: PyTorch's autograd launches backward kernels from
+// its own thread while the main thread waits in backward). A thread's own
+// span always wins; with nothing open on the main thread it is s1.
+func TestLaunchesFromAThreadWithoutSpans(t *testing.T) {
+	for _, fallback := range []bool{true, false} {
+		t.Run(map[bool]string{true: "main_thread", false: "root"}[fallback], func(t *testing.T) {
+			launchesFromAThreadWithoutSpans(t, fallback)
+		})
+	}
+}
+
+func launchesFromAThreadWithoutSpans(t *testing.T, fallback bool) {
+	o, f := fakeOptions(t)
+	o.MainThreadFallback = fallback
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	s, err := session.Open(path, []byte(`{"entrypoint":"test::cupti","phase":"train","capture_step":1,"device":"cuda:0"}`))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.FinishFailed("test cleanup") })
+	c, err := Start(s, o)
+	require.NoError(t, err)
+	main, helper := newThread(t), newThread(t)
+	var cids []uint32
+	launch := func() {
+		cid := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+		now := f.Now()
+		f.Kernel(cid, "k", 0, 7, now, now+100)
+		cids = append(cids, cid)
+	}
+	spanOf := map[uint32]uint64{}
+	var before, upd, bwd, opt, own uint64
+	// assert, not require: these run on the threads' own goroutines.
+	begin := func(name string, measured bool) uint64 {
+		var id uint64
+		var err error
+		if measured {
+			id, err = s.BeginMeasurement(name)
+		} else {
+			id, err = s.BeginSpan(name, events.SpanFunction, events.StepNone)
+		}
+		assert.NoError(t, err)
+		return id
+	}
+	end := func(id uint64) { assert.NoError(t, s.EndSpan(id)) }
+
+	helper.do(launch) // no span open anywhere: s1
+	spanOf[cids[len(cids)-1]] = 1
+	main.do(func() { before = begin("setup", false) }) // the first thread to open a span: the main thread
+	helper.do(launch)
+	spanOf[cids[len(cids)-1]] = before
+	main.do(func() { end(before); upd = begin("update", true); bwd = begin("backward", false) })
+	helper.do(launch)
+	spanOf[cids[len(cids)-1]] = bwd
+	main.do(func() { end(bwd); opt = begin("optimizer", false) })
+	helper.do(launch)
+	spanOf[cids[len(cids)-1]] = opt
+	helper.do(func() { own = begin("helper_work", false); launch(); end(own) })
+	spanOf[cids[len(cids)-1]] = own
+	main.do(func() { end(opt) })
+	helper.do(launch) // main is in the measured region itself
+	spanOf[cids[len(cids)-1]] = upd
+	main.do(func() { end(upd) })
+	helper.do(launch) // nothing open on main any more
+	spanOf[cids[len(cids)-1]] = 1
+
+	time.Sleep(time.Millisecond)
+	require.NoError(t, c.Stop())
+	st := c.Stats()
+	require.NoError(t, s.Finish())
+	assert.Equal(t, uint64(7), st.Launches)
+	ivs := testutil.OfKind(testutil.Lines(t, path), "device_interval")
+	require.Len(t, ivs, len(cids))
+	if !fallback {
+		// The trace format's rule: the span innermost on the launching thread.
+		assert.Zero(t, st.Borrowed)
+		for _, e := range ivs {
+			want := "s1"
+			if uint32(num(t, e["correlation_id"])) == cids[4] {
+				want = "s" + strconv.FormatUint(own, 10)
+			}
+			assert.Equal(t, want, e["span_id"])
+		}
+		return
+	}
+	assert.Equal(t, uint64(4), st.Borrowed)
+	for _, e := range ivs {
+		cid := uint32(num(t, e["correlation_id"]))
+		assert.Equal(t, "s"+strconv.FormatUint(spanOf[cid], 10), e["span_id"], "launch %d", cid)
+	}
+}

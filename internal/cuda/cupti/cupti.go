@@ -107,6 +107,10 @@ type Options struct {
 	Executable func() (string, error)
 	// Argv0 replaces reading the process's argv[0] (tests).
 	Argv0 func() string
+	// MainThreadFallback attributes work launched from a thread with no open
+	// span to the session's main thread's innermost span (counted in
+	// Stats.Borrowed) instead of the root s1.
+	MainThreadFallback bool
 }
 
 func (o *Options) defaults() {
@@ -145,6 +149,7 @@ type Stats struct {
 	Memcpys        uint64
 	Memsets        uint64
 	Launches       uint64 // launching API entries whose span was recorded
+	Borrowed       uint64 // of those, from a thread with no open span, given the main thread's innermost (MainThreadFallback)
 	Unattributed   uint64 // records whose launch was not recorded: written on s1
 	Reattributed   uint64 // records whose span the session no longer knew: written on s1
 	Dropped        uint64 // records CUPTI dropped (cuptiActivityGetNumDroppedRecords)
@@ -203,7 +208,11 @@ func Start(sink Sink, o Options) (*Collector, error) {
 	c.clock.add(a)
 	var res C.CUptiResult
 	var kind C.int
-	stage := C.ct_cupti_start(C.uint64_t(sink.Handle()), C.size_t(o.BufferBytes), C.int(o.MaxBuffers), &res, &kind)
+	borrow := C.int(0)
+	if o.MainThreadFallback {
+		borrow = 1
+	}
+	stage := C.ct_cupti_start(C.uint64_t(sink.Handle()), C.size_t(o.BufferBytes), C.int(o.MaxBuffers), borrow, &res, &kind)
 	if stage != C.CT_CUPTI_STAGE_OK {
 		return nil, startError(int(stage), int(res), int(kind), path)
 	}
@@ -305,6 +314,7 @@ func (c *Collector) statsLocked() Stats {
 	C.ct_cupti_read_counters(&k)
 	s := c.stats
 	s.Launches = uint64(k.launches)
+	s.Borrowed = uint64(k.borrowed)
 	s.Unattributed = uint64(k.unattributed)
 	s.Dropped = uint64(k.dropped)
 	s.Incomplete = uint64(k.incomplete)
