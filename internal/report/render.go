@@ -253,6 +253,43 @@ func writeDevice(w io.Writer, d *DeviceReport) {
 			FormatNS(float64(b.LargestGapNS)), FormatNS(float64(b.LargestGapAt)), FormatShare(b.Utilization))
 	}
 	t.Flush()
+	writeKernels(w, d)
+}
+
+// TextKernelRows is how many kernel names the text report lists (the JSON
+// report has up to MaxKernelRows).
+const TextKernelRows = 15
+
+func writeKernels(w io.Writer, d *DeviceReport) {
+	fmt.Fprintln(w)
+	t := table(w)
+	fmt.Fprintln(t, "DEVICE TIME BY SPAN\tINTERVALS\tTOTAL\tSHARE\t")
+	for _, s := range d.BySpan {
+		fmt.Fprintf(t, "%s\t%d\t%s\t%s\t\n", clip(s.Name, 60), s.Kernels, FormatNS(float64(s.TotalNS)), FormatShare(s.Share))
+	}
+	t.Flush()
+	fmt.Fprintln(w)
+	t = table(w)
+	fmt.Fprintln(t, "KERNEL\tCOUNT\tTOTAL\tMEAN\tMAX\tSHARE\t")
+	for i, k := range d.Kernels {
+		if i == TextKernelRows {
+			fmt.Fprintf(t, "(%d more names in --json)\t\t\t\t\t\t\n", len(d.Kernels)-i)
+			break
+		}
+		fmt.Fprintf(t, "%s\t%d\t%s\t%s\t%s\t%s\t\n", clip(k.Name, 80), k.Count, FormatNS(float64(k.TotalNS)),
+			FormatNS(k.MeanNS), FormatNS(float64(k.MaxNS)), FormatShare(k.Share))
+	}
+	t.Flush()
+}
+
+// clip shortens s to at most n runes, marking the cut (demangled C++ kernel
+// names run to hundreds of characters).
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 func writeGradients(w io.Writer, g *GradientReport) {

@@ -1,6 +1,7 @@
 package report
 
 import (
+	"fmt"
 	"math"
 	"sort"
 )
@@ -82,6 +83,34 @@ type DeviceMemoryStat struct {
 type DeviceReport struct {
 	Streams []StreamStat `json:"streams"`
 	Devices []DeviceBusy `json:"devices"`
+	// Kernels: device intervals by name, most device time first (the top
+	// MaxKernelRows; the rest summed into one "(other N names)" row).
+	Kernels []KernelStat `json:"kernels"`
+	// BySpan: device time by the name of the span that launched the work,
+	// most first: where a phase's device time went, not only its host time.
+	BySpan []SpanDeviceStat `json:"by_span"`
+}
+
+// MaxKernelRows bounds DeviceReport.Kernels.
+const MaxKernelRows = 50
+
+// KernelStat is the device intervals of one name (a kernel, "memcpy HtoD",
+// "memset"; "(unnamed)" for intervals without one).
+type KernelStat struct {
+	Name    string  `json:"name"`
+	Count   uint64  `json:"count"`
+	TotalNS uint64  `json:"total_ns"`
+	MeanNS  float64 `json:"mean_ns"`
+	MaxNS   uint64  `json:"max_ns"`
+	Share   float64 `json:"share"` // of all device intervals' time
+}
+
+// SpanDeviceStat is the device work attributed to the spans of one name.
+type SpanDeviceStat struct {
+	Name    string  `json:"name"`
+	Kernels uint64  `json:"kernels"`
+	TotalNS uint64  `json:"total_ns"`
+	Share   float64 `json:"share"` // of all device intervals' time
 }
 
 // StreamStat is the device work on one stream. Kernels are device intervals.
@@ -152,6 +181,9 @@ type reportBuilder struct {
 	opOrder []string
 	streams map[string]*streamAcc // device \0 clock \0 stream
 	devices map[string]*deviceAcc // device \0 clock
+	kernels map[string]*kernelAcc // by interval name
+	bySpan  map[string]*kernelAcc // by attributed span id
+	allNS   uint64                // every interval's duration, summed
 	devMem  map[string]*DeviceMemoryStat
 	stats   map[string]*TensorSummary
 	labels  []string
@@ -174,9 +206,20 @@ type deviceAcc struct {
 	blocks        blockList
 }
 
+type kernelAcc struct {
+	count, total, max uint64
+}
+
+func (k *kernelAcc) add(d uint64) {
+	k.count++
+	k.total = satAdd(k.total, d)
+	k.max = max(k.max, d)
+}
+
 func newReportBuilder() *reportBuilder {
 	return &reportBuilder{
 		ops: map[string]*opAcc{}, streams: map[string]*streamAcc{}, devices: map[string]*deviceAcc{},
+		kernels: map[string]*kernelAcc{}, bySpan: map[string]*kernelAcc{},
 		devMem: map[string]*DeviceMemoryStat{}, stats: map[string]*TensorSummary{},
 	}
 }
@@ -216,6 +259,19 @@ func (b *reportBuilder) interval(a *analyzer, e *deviceIntervalEvent) {
 	}
 	dv.kernels++
 	dv.blocks.add(e.start, end)
+	b.allNS = satAdd(b.allNS, e.duration)
+	k, ok := b.kernels[string(e.name)]
+	if !ok {
+		k = &kernelAcc{}
+		b.kernels[a.intern(e.name)] = k
+	}
+	k.add(e.duration)
+	k, ok = b.bySpan[string(e.spanID)]
+	if !ok {
+		k = &kernelAcc{}
+		b.bySpan[a.intern(e.spanID)] = k
+	}
+	k.add(e.duration)
 }
 
 func (b *reportBuilder) deviceMemory(a *analyzer, e *deviceMemoryEvent) {
@@ -298,6 +354,7 @@ func (b *reportBuilder) build(a *analyzer, lt *lifetimes) *Report {
 
 	r.Memory = b.memoryReport(a, lt)
 	r.Device = b.deviceReport(measured)
+	r.Device.Kernels, r.Device.BySpan = b.kernelReport(a)
 	r.Gradients = gradientReport(a.grads)
 	r.TensorStats = []TensorSummary{}
 	for _, l := range b.labels {
@@ -381,6 +438,66 @@ func (b *reportBuilder) memoryReport(a *analyzer, lt *lifetimes) MemoryReport {
 	}
 	sort.Slice(m.Devices, func(i, j int) bool { return m.Devices[i].Device < m.Devices[j].Device })
 	return m
+}
+
+// kernelReport ranks device time by interval name and by launching span name.
+func (b *reportBuilder) kernelReport(a *analyzer) ([]KernelStat, []SpanDeviceStat) {
+	share := func(ns uint64) float64 {
+		if b.allNS == 0 {
+			return 0
+		}
+		return float64(ns) / float64(b.allNS)
+	}
+	kernels := make([]KernelStat, 0, len(b.kernels))
+	for name, k := range b.kernels {
+		if name == "" {
+			name = "(unnamed)"
+		}
+		kernels = append(kernels, KernelStat{Name: name, Count: k.count, TotalNS: k.total,
+			MeanNS: float64(k.total) / float64(k.count), MaxNS: k.max, Share: share(k.total)})
+	}
+	sort.Slice(kernels, func(i, j int) bool {
+		if kernels[i].TotalNS != kernels[j].TotalNS {
+			return kernels[i].TotalNS > kernels[j].TotalNS
+		}
+		return kernels[i].Name < kernels[j].Name
+	})
+	if len(kernels) > MaxKernelRows {
+		rest := KernelStat{Name: fmt.Sprintf("(other %d names)", len(kernels)-MaxKernelRows+1)}
+		for _, k := range kernels[MaxKernelRows-1:] {
+			rest.Count += k.Count
+			rest.TotalNS = satAdd(rest.TotalNS, k.TotalNS)
+			rest.MaxNS = max(rest.MaxNS, k.MaxNS)
+		}
+		rest.MeanNS, rest.Share = float64(rest.TotalNS)/float64(rest.Count), share(rest.TotalNS)
+		kernels = append(kernels[:MaxKernelRows-1], rest)
+	}
+	byName := map[string]*SpanDeviceStat{}
+	for id, k := range b.bySpan {
+		name := "(unknown span " + id + ")"
+		if s, ok := a.spans[id]; ok {
+			name = s.name
+		}
+		st, ok := byName[name]
+		if !ok {
+			st = &SpanDeviceStat{Name: name}
+			byName[name] = st
+		}
+		st.Kernels += k.count
+		st.TotalNS = satAdd(st.TotalNS, k.total)
+	}
+	spans := make([]SpanDeviceStat, 0, len(byName))
+	for _, st := range byName {
+		st.Share = share(st.TotalNS)
+		spans = append(spans, *st)
+	}
+	sort.Slice(spans, func(i, j int) bool {
+		if spans[i].TotalNS != spans[j].TotalNS {
+			return spans[i].TotalNS > spans[j].TotalNS
+		}
+		return spans[i].Name < spans[j].Name
+	})
+	return kernels, spans
 }
 
 func (b *reportBuilder) deviceReport(measured *span) DeviceReport {

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -113,6 +114,73 @@ func TestReportDevice(t *testing.T) {
 		RegionBusyNS: 4930, IdleNS: 9800 - 4930, IdleGaps: 5, LargestGapNS: 2110, LargestGapAt: 5400,
 		Utilization: 4930.0 / 9800,
 	}, d.Devices[0])
+	assert.Equal(t, []KernelStat{
+		{Name: "sgemm_bwd", Count: 1, TotalNS: 1990, MeanNS: 1990, MaxNS: 1990, Share: 1990.0 / 4930},
+		{Name: "adam_kernel", Count: 1, TotalNS: 1480, MeanNS: 1480, MaxNS: 1480, Share: 1480.0 / 4930},
+		{Name: "sgemm", Count: 1, TotalNS: 980, MeanNS: 980, MaxNS: 980, Share: 980.0 / 4930},
+		{Name: "relu_kernel", Count: 1, TotalNS: 480, MeanNS: 480, MaxNS: 480, Share: 480.0 / 4930},
+	}, d.Kernels)
+	assert.Equal(t, []SpanDeviceStat{
+		{Name: "train/backward", Kernels: 1, TotalNS: 1990, Share: 1990.0 / 4930},
+		{Name: "train/optimizer", Kernels: 1, TotalNS: 1480, Share: 1480.0 / 4930},
+		{Name: "train/forward", Kernels: 2, TotalNS: 980 + 480, Share: 1460.0 / 4930},
+	}, d.BySpan)
+}
+
+// Past MaxKernelRows names the tail folds into one row; intervals without a
+// name are "(unnamed)"; spans of one name add up.
+func TestReportKernelsFold(t *testing.T) {
+	data := string(readCorpus(t, "valid-train.jsonl"))
+	var extra strings.Builder
+	for i := 0; i < 60; i++ {
+		name := fmt.Sprintf(`,"name":"k%02d"`, i)
+		if i == 59 {
+			name = "" // no name
+		}
+		fmt.Fprintf(&extra, `{"kind":"device_interval","span_id":"s3","device":"cuda:0","stream_id":"9","clock_id":"host-monotonic","backend":"cuda","start_ns":%d,"duration_ns":%d%s}`+"\n",
+			300+i, 100+i, name)
+	}
+	at := strings.Index(data, `{"kind":"span_start","id":"s4"`)
+	res := analyzeBytes(t, []byte(data[:at]+extra.String()+data[at:]), Options{Report: true})
+	require.True(t, res.Health.OK(false), "%v", res.Health.Issues)
+	d := res.Report.Device
+	require.Len(t, d.Kernels, MaxKernelRows)
+	assert.Equal(t, "sgemm_bwd", d.Kernels[0].Name)
+	// 64 names: the top 49 kept, 15 folded (the four corpus kernels are the largest).
+	rest := d.Kernels[MaxKernelRows-1]
+	assert.Equal(t, "(other 15 names)", rest.Name)
+	assert.Equal(t, uint64(15), rest.Count)
+	var total, folded uint64
+	for i := 0; i < 60; i++ {
+		total += uint64(100 + i)
+		if i < 15 {
+			folded += uint64(100 + i)
+		}
+	}
+	assert.Equal(t, folded, rest.TotalNS, "the 15 shortest")
+	assert.Equal(t, uint64(114), rest.MaxNS)
+	assert.Contains(t, names(d.Kernels), "(unnamed)")
+	var sum float64
+	for _, k := range d.Kernels {
+		sum += k.Share
+	}
+	assert.InDelta(t, 1, sum, 1e-9, "the rows cover all device time")
+	require.Len(t, d.BySpan, 3)
+	assert.Equal(t, SpanDeviceStat{Name: "train/forward", Kernels: 62, TotalNS: 1460 + total, Share: float64(1460+total) / float64(4930+total)}, d.BySpan[0])
+
+	var out bytes.Buffer
+	WriteReport(&out, "t.jsonl", res)
+	text := out.String()
+	assert.Contains(t, text, "DEVICE TIME BY SPAN")
+	assert.Contains(t, text, "(35 more names in --json)")
+}
+
+func names(ks []KernelStat) []string {
+	var out []string
+	for _, k := range ks {
+		out = append(out, k.Name)
+	}
+	return out
 }
 
 func TestReportGradientsAndTensorStats(t *testing.T) {
