@@ -470,6 +470,11 @@ func (d *lineDecoder) decodeDeviceInterval() error {
 			if m.val.kind == jString {
 				e.name = m.val.raw
 			}
+		case "correlation_id":
+			// Ours too: kept when it is an unsigned integer, else ignored.
+			if v, cerr := getU64(f.obj, k, m.val); cerr == nil {
+				e.correlation, e.hasCorrelation = v, true
+			}
 		}
 		if err != nil {
 			return err

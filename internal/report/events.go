@@ -133,6 +133,8 @@ type deviceIntervalEvent struct {
 	spanID, device, streamID, clockID, backend []byte
 	start, duration                            uint64
 	name                                       []byte // ours, best effort
+	correlation                                uint64 // ours, best effort: CUPTI's correlation id
+	hasCorrelation                             bool
 }
 
 type gradientEvent struct {

@@ -355,6 +355,10 @@ func (x *exporter) onInterval(e *deviceIntervalEvent) {
 	b = appendJSONString(b, e.streamID)
 	b = append(b, `,"clock_id":`...)
 	b = appendJSONString(b, e.clockID)
+	if e.hasCorrelation {
+		b = append(b, `,"correlation_id":`...)
+		b = strconv.AppendUint(b, e.correlation, 10)
+	}
 	x.w.done(append(b, '}'))
 }
 

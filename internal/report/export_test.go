@@ -216,6 +216,19 @@ func TestExportEdgeCases(t *testing.T) {
 				assert.Equal(t, "spans without tid", doc.metaName("thread_name", 1, UntrackedTID))
 				assert.True(t, res.Incomplete)
 			}},
+		{"kernels carry their correlation id when it is a number", meta + "\n" +
+			`{"kind":"span_start","id":"s1","name":"a","start_ns":5,"span_kind":"function"}` + "\n" +
+			`{"kind":"device_interval","span_id":"s1","device":"cuda:0","stream_id":"7","clock_id":"host-monotonic","backend":"cuda","start_ns":6,"duration_ns":2,"name":"k1","correlation_id":41}` + "\n" +
+			`{"kind":"device_interval","span_id":"s1","device":"cuda:0","stream_id":"7","clock_id":"host-monotonic","backend":"cuda","start_ns":8,"duration_ns":2,"name":"k2","correlation_id":"x"}` + "\n" +
+			`{"kind":"span_end","id":"s1","duration_ns":10}` + "\n", "",
+			func(t *testing.T, doc *chromeDoc, res *ExportResult) {
+				k1, k2 := doc.find("X", "k1"), doc.find("X", "k2")
+				require.Len(t, k1, 1)
+				require.Len(t, k2, 1)
+				assert.Equal(t, 41.0, k1[0].Args["correlation_id"])
+				assert.Equal(t, "s1", k1[0].Args["span_id"])
+				assert.NotContains(t, k2[0].Args, "correlation_id", "not ours to judge: left out")
+			}},
 		{"stops at a broken line, keeps what came before", meta + "\n" +
 			`{"kind":"span_start","id":"s1","name":"a","start_ns":5,"span_kind":"function"}` + "\n" +
 			`{"kind":"op","span_id":"s1"}` + "\n" +
