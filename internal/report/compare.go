@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // DefaultCompareThreshold is the relative change (5%) beyond which compare
@@ -30,6 +31,10 @@ type Comparison struct {
 	OnlyInB        NamesOnly      `json:"only_in_b"`
 	Memory         MemoryDelta    `json:"memory"`
 	Gradients      []GradientDiff `json:"gradients"`
+	// Device time (device intervals) by launching span name and by kernel
+	// name, as the report ranks it; absent on a side without intervals.
+	DeviceBySpan []NameDelta `json:"device_by_span"`
+	Kernels      []NameDelta `json:"kernels"`
 }
 
 // ComparedTrace names one side of a comparison.
@@ -66,6 +71,9 @@ type NamesOnly struct {
 	Spans     []NameStats `json:"spans"`
 	Ops       []NameStats `json:"ops"`
 	Gradients []string    `json:"gradients"` // "root/key"
+	// Kernels: interval names with device time on one side only (the
+	// report's folded "(other N names)" row is never compared).
+	Kernels []NameStats `json:"kernels"`
 }
 
 // MemoryDelta compares the logical-memory peaks and each device's peak
@@ -169,7 +177,28 @@ func Compare(pathA string, a *Result, pathB string, b *Result, threshold float64
 	c.Ops, c.OnlyInA.Ops, c.OnlyInB.Ops = compareNames(ra.Ops, rb.Ops, threshold)
 	c.Memory = compareMemory(&ra.Memory, &rb.Memory)
 	c.Gradients, c.OnlyInA.Gradients, c.OnlyInB.Gradients = compareGradients(ra.Gradients.All, rb.Gradients.All, threshold)
+	c.DeviceBySpan, _, _ = compareNames(spanDeviceRows(ra.Device.BySpan), spanDeviceRows(rb.Device.BySpan), threshold)
+	c.Kernels, c.OnlyInA.Kernels, c.OnlyInB.Kernels = compareNames(kernelRows(ra.Device.Kernels), kernelRows(rb.Device.Kernels), threshold)
 	return c
+}
+
+func spanDeviceRows(in []SpanDeviceStat) []NameStats {
+	out := make([]NameStats, 0, len(in))
+	for _, s := range in {
+		out = append(out, NameStats{Name: s.Name, Count: s.Kernels, TotalNS: s.TotalNS})
+	}
+	return out
+}
+
+func kernelRows(in []KernelStat) []NameStats {
+	out := make([]NameStats, 0, len(in))
+	for _, k := range in {
+		if strings.HasPrefix(k.Name, "(other ") {
+			continue // the folded tail: different names on each side
+		}
+		out = append(out, NameStats{Name: k.Name, Count: k.Count, TotalNS: k.TotalNS})
+	}
+	return out
 }
 
 func side(path string, r *Result) ComparedTrace {

@@ -143,3 +143,42 @@ func TestCheckIdentity(t *testing.T) {
 	assert.Contains(t, out.String(), "model_id")
 	assert.Contains(t, out.String(), "physical_batch")
 }
+
+// Device time is compared by launching span and by kernel name: backward's
+// kernel twice as long, adam's kernel replaced by a fused one.
+func TestCompareDeviceTime(t *testing.T) {
+	a := analyzeReport(t, readCorpus(t, "valid-train.jsonl"))
+	b := analyzeReport(t, trainVariant(t,
+		`"start_ns":3410,"duration_ns":1990,"name":"sgemm_bwd"`, `"start_ns":3410,"duration_ns":3980,"name":"sgemm_bwd"`,
+		`"name":"adam_kernel"`, `"name":"fused_adam"`))
+	c := Compare("a", a, "b", b, 0.05)
+
+	require.Len(t, c.DeviceBySpan, 3)
+	bwd := c.DeviceBySpan[0]
+	assert.Equal(t, "train/backward", bwd.Name, "the largest change first")
+	assert.Equal(t, int64(1990), bwd.DeltaNS)
+	assert.InDelta(t, 2.0, *bwd.Ratio, 1e-12)
+	assert.True(t, bwd.Significant)
+	for _, d := range c.DeviceBySpan[1:] {
+		assert.Equal(t, int64(0), d.DeltaNS, d.Name)
+		assert.False(t, d.Significant, d.Name)
+	}
+
+	var kernels []string
+	for _, k := range c.Kernels {
+		kernels = append(kernels, k.Name)
+	}
+	assert.ElementsMatch(t, []string{"sgemm_bwd", "sgemm", "relu_kernel"}, kernels)
+	assert.Equal(t, "sgemm_bwd", kernels[0], "the largest change first")
+	require.Len(t, c.OnlyInA.Kernels, 1)
+	assert.Equal(t, NameStats{Name: "adam_kernel", Count: 1, TotalNS: 1480}, c.OnlyInA.Kernels[0])
+	require.Len(t, c.OnlyInB.Kernels, 1)
+	assert.Equal(t, "fused_adam", c.OnlyInB.Kernels[0].Name)
+
+	var out bytes.Buffer
+	WriteComparison(&out, c)
+	for _, s := range []string{"Device time by span", "train/backward", "+1.99 µs", "Kernels", "sgemm_bwd",
+		"kernel adam_kernel: 1, 1.48 µs", "kernel fused_adam: 1, 1.48 µs"} {
+		assert.Contains(t, out.String(), s)
+	}
+}

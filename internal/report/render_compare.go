@@ -60,7 +60,30 @@ func WriteComparison(w io.Writer, c *Comparison) {
 	writeOnly(w, "A", &c.OnlyInA)
 	writeOnly(w, "B", &c.OnlyInB)
 	writeMemoryDelta(w, &c.Memory)
+	if len(c.DeviceBySpan)+len(c.Kernels)+len(c.OnlyInA.Kernels)+len(c.OnlyInB.Kernels) > 0 {
+		section(w, "Device time by span")
+		writeDeltas(w, c.DeviceBySpan)
+		section(w, "Kernels")
+		rows := c.Kernels
+		if len(rows) > TextKernelRows {
+			rows = rows[:TextKernelRows]
+		}
+		writeDeltas(w, clipNames(rows))
+		if n := len(c.Kernels) - len(rows); n > 0 {
+			fmt.Fprintf(w, "  (%d more in --json)\n", n)
+		}
+	}
 	writeGradientDiffs(w, c)
+}
+
+// clipNames shortens long (demangled C++) names for the text table.
+func clipNames(rows []NameDelta) []NameDelta {
+	out := make([]NameDelta, len(rows))
+	for i, r := range rows {
+		r.Name = clip(r.Name, 80)
+		out[i] = r
+	}
+	return out
 }
 
 func mark(significant bool) string {
@@ -110,7 +133,7 @@ func writeDeltas(w io.Writer, rows []NameDelta) {
 }
 
 func writeOnly(w io.Writer, tag string, o *NamesOnly) {
-	if len(o.Spans)+len(o.Ops)+len(o.Gradients) == 0 {
+	if len(o.Spans)+len(o.Ops)+len(o.Gradients)+len(o.Kernels) == 0 {
 		return
 	}
 	section(w, "Only in "+tag)
@@ -122,6 +145,9 @@ func writeOnly(w io.Writer, tag string, o *NamesOnly) {
 	}
 	for _, g := range o.Gradients {
 		fmt.Fprintf(w, "  gradient %s\n", g)
+	}
+	for _, k := range o.Kernels {
+		fmt.Fprintf(w, "  kernel %s: %d, %s\n", clip(k.Name, 80), k.Count, FormatNS(float64(k.TotalNS)))
 	}
 }
 
