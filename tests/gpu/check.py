@@ -26,6 +26,9 @@ Event = dict[str, Any]
 def check_trace(name: str, ev: list[Event], rep: dict[str, Any], check: Callable[[bool, str], None]) -> None:
     term = ev[-1]
     check(term.get("kind") == "terminal" and term.get("outcome") == "complete", f"{name}: complete")
+    if name == "profile.jsonl":
+        check_profile(ev, rep, check)
+        return
     mem = [e for e in ev if e["kind"] == "device_memory" and e["device"] == "cuda:0"]
     check(len(mem) >= 3, f"{name}: {len(mem)} device_memory samples of cuda:0 (>= 3)")
     check(all(e.get("used_bytes", 0) > 0 and e.get("capacity_bytes", 0) > 0 for e in mem),
@@ -79,6 +82,24 @@ def check_trace(name: str, ev: list[Event], rep: dict[str, Any], check: Callable
           f"step: device time {dev_ms:.3f} ms vs torch.cuda.Event {rep['event_ms']:.3f} ms (±10%)")
 
 
+def check_profile(ev: list[Event], rep: dict[str, Any], check: Callable[[bool, str], None]) -> None:
+    """profile.jsonl: candle_trace.torch.profile's captured update with its default
+    device_collect (CUPTI on CUDA): the update's kernels on the module spans that
+    launched them, backward's too (autograd's thread, main-thread fallback)."""
+    if not rep["cupti"]:
+        return
+    spans = {e["id"]: e for e in ev if e["kind"] == "span_start"}
+    kernels = [e for e in ev if e["kind"] == "device_interval" and e.get("name")]
+    check(len(kernels) > 0, f"profile: {len(kernels)} named device intervals")
+    check(all(e["span_id"] in spans for e in kernels), "profile: every device interval attributed to an existing span")
+    for step in ("forward", "backward", "optimizer"):
+        n = sum(1 for e in kernels if spans.get(e["span_id"], {}).get("step") == step)
+        check(n > 0, f"profile: {n} kernels on {step} spans")
+    on_modules = sum(1 for e in kernels if spans.get(e["span_id"], {}).get("span_kind") == "module")
+    n_root = sum(1 for e in kernels if e["span_id"] == "s1")
+    print(f"      profile: {on_modules} of {len(kernels)} kernels on module spans, {n_root} on the root s1")
+
+
 def main(out: str) -> int:
     failures: list[str] = []
 
@@ -91,6 +112,8 @@ def main(out: str) -> int:
         rep = json.load(f)
     paths = [os.path.join(out, "step.jsonl")] + sorted(glob.glob(os.path.join(out, "dropin-*.jsonl")))
     check(len(paths) >= 2, f"{len(paths) - 1} drop-in trace(s)")
+    if os.path.exists(os.path.join(out, "profile.jsonl")):
+        paths.append(os.path.join(out, "profile.jsonl"))
     for path in paths:
         with open(path) as f:
             ev = [json.loads(line) for line in f]

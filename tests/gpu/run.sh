@@ -145,6 +145,28 @@ s.finish()
 json.dump({"event_ms": event_ms, "cupti": cupti, "cupti_error": cupti_error}, open(report, "w"))
 PY
 
+# ---- 3b. the same model through candle_trace.torch.profile (CUPTI by default on CUDA) ---
+say "captured update (candle_trace.torch.profile, device_collect default)"
+timeout 180 "$PYTHON" - "$OUT/profile.jsonl" <<'PY' || die "the torch.profile run failed"
+import sys, warnings
+import torch
+import candle_trace.torch as ctt
+
+warnings.simplefilter("always")
+dev = torch.device("cuda:0")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(256, 1024, device=dev)
+with ctt.profile(model, opt, sys.argv[1], capture_step=3) as prof:
+    for _ in range(4):
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        prof.step()
+print("gpu-check: profile collected", prof.device_collect, "ops via", prof.op_mechanism, flush=True)
+PY
+
 # ---- 4. an uninstrumented script under the drop-in -----------------------------------
 say "uninstrumented script under the drop-in"
 cat >"$OUT/plain.py" <<'PY'

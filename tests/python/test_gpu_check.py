@@ -72,6 +72,27 @@ truth_ms = (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e6
 json.dump({"event_ms": truth_ms, "cupti": True, "cupti_error": ""}, open(report, "w"))
 """
 
+# What candle_trace.torch.profile writes, in the shape check.py reads: module spans,
+# backward's kernels from autograd's thread, the optimizer's.
+PROFILE = FAKE_LAUNCH + """
+import sys
+sys.path.insert(0, os.environ["BINDING"])
+import candle_trace as ct
+s = ct.Session(sys.argv[1], "Sequential::train", phase="train", capture_step=3, device="cuda:0")
+s.device_start({"collect": ["cupti"], "unspanned_launches": "main_thread"})
+with s.measure("update"):
+    with s.span("Sequential", kind="module", step="forward"):
+        with s.span("0", kind="module", step="forward"):
+            launch(b"_Z4gemmv", 1000)
+    with s.span("backward", step="backward"):
+        th = threading.Thread(target=lambda: launch(b"_Z8gemm_bwdv", 1000))
+        th.start(); th.join()
+    with s.span("SGD.step", step="optimizer"):
+        launch(b"_Z4axpyv", 500)
+time.sleep(0.002)
+s.finish()
+"""
+
 DROPIN = FAKE_LAUNCH + """
 for i in range(20):
     launch(b"_ZN2at6native29vectorized_elementwise_kernelILi4EEEvv", 10_000)
@@ -86,6 +107,9 @@ def make_gpu_check_output(out: Path, fake_nvml: Path, fake_cupti: Path, kernel: 
                CANDLE_TRACE_CUPTI_LIB=str(fake_cupti), FAKE_CUPTI=str(fake_cupti),
                BINDING=str(REPO / "bindings" / "python"))
     r = subprocess.run([sys.executable, "-c", STEP, str(out / "step.jsonl"), str(out / "step.json"), kernel],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", PROFILE, str(out / "profile.jsonl")],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     env.update(LD_PRELOAD=str(PRELOAD), CANDLE_TRACE_MATCH="python*",
@@ -121,6 +145,14 @@ def test_the_checks_pass_on_a_good_run(tmp_path, fake_nvml, fake_cupti):
                  "ok    step: 1 kernels attributed to the optimizer span"]:
         assert want in oks, "\n".join(out)
     assert "      kernels on the root s1: 0" in out
+    for want in ["ok    profile.jsonl: complete",
+                 "ok    profile: 3 named device intervals",
+                 "ok    profile: every device interval attributed to an existing span",
+                 "ok    profile: 1 kernels on forward spans",
+                 "ok    profile: 1 kernels on backward spans",
+                 "ok    profile: 1 kernels on optimizer spans"]:
+        assert want in oks, "\n".join(out)
+    assert "      profile: 1 of 3 kernels on module spans, 0 on the root s1" in out
     timing = next(line for line in oks if line.startswith("ok    step: device time"))
     assert "(±10%)" in timing
     dropin = [line for line in oks if line.startswith("ok    dropin-")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -328,3 +329,114 @@ def test_aggregate_path_without_a_writable_folder_is_refused(tmp_path):
             pass
     assert torch.autograd.backward is backward and "forward" not in model.__dict__
     assert read_trace(trace)[-1]["outcome"] == "failed"
+
+
+FAKE_CUPTI_SRC = REPO / "internal" / "cuda" / "testdata" / "fakecupti" / "fake_cupti.c"
+
+COLLECT_SCRIPT = r"""
+import ctypes, json, os, sys, warnings
+import torch
+from torch import nn
+import candle_trace.torch as ctt
+
+fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the libcupti the collector loads
+fake.fake_cupti_api.restype = ctypes.c_uint32
+fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
+fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                   ctypes.c_uint64, ctypes.c_uint64]
+fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+def launch(name):
+    cid = fake.fake_cupti_api(2, 211)            # cudaLaunchKernel, on this thread
+    t = ctypes.c_uint64(0)
+    fake.cuptiGetTimestamp(ctypes.byref(t))
+    fake.fake_cupti_kernel(cid, name, 0, 7, t.value + 1000, t.value + 6000)
+
+class Launch(torch.autograd.Function):     # a "CUDA" op: one kernel each way
+    @staticmethod
+    def forward(ctx, x):
+        launch(b"_Z10fwd_kernelv")
+        return x * 2
+    @staticmethod
+    def backward(ctx, g):
+        launch(b"_Z10bwd_kernelv")
+        return g * 2
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+    def forward(self, x):
+        return Launch.apply(self.fc(x))
+
+torch.manual_seed(0)
+m = M()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+collect = json.loads(sys.argv[2])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with ctt.profile(m, opt, sys.argv[1], capture_step=2, ops=False, device_collect=collect) as prof:
+        for _ in range(3):
+            loss = m(torch.randn(8, 4)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+print(json.dumps({"asked": prof.device_collect, "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_cupti(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.12"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(FAKE_CUPTI_SRC), "-lpthread"], check=True)
+    return out
+
+
+def run_collect(tmp_path, fake_cupti, collect, cupti_lib):
+    path = tmp_path / "collect.jsonl"
+    r = subprocess.run([sys.executable, "-c", COLLECT_SCRIPT, str(path), json.dumps(collect)],
+                       capture_output=True, text=True, timeout=300,
+                       env=example_env(FAKE_CUPTI=str(fake_cupti), CANDLE_TRACE_CUPTI_LIB=str(cupti_lib),
+                                       CANDLE_TRACE_TORCH_OPS="dispatch"))
+    assert r.returncode == 0, r.stderr
+    return path, json.loads(r.stdout.splitlines()[-1])
+
+
+def test_profile_collects_the_captured_updates_kernels(tmp_path, fake_cupti):
+    path, out = run_collect(tmp_path, fake_cupti, ["cupti"], fake_cupti)
+    assert out == {"asked": ["cupti"], "warnings": []}
+    lines = read_trace(path)
+    assert lines[0]["capture_contract"]["device_timing"] == "partial"
+    spans = {e["id"]: e for e in by_kind(lines, "span_start")}
+    ivs = by_kind(lines, "device_interval")
+    # Only the captured update's two kernels: the collector runs around it alone.
+    assert [e["name"] for e in ivs] == ["fwd_kernel()", "bwd_kernel()"]
+    fwd, bwd = (spans[e["span_id"]] for e in ivs)
+    assert (fwd["name"], fwd.get("step")) == ("M", "forward")
+    assert bwd.get("step") == "backward"
+    stats = {e["label"]: e for e in by_kind(lines, "tensor_stats")}
+    assert stats["cupti/dropped_records"]["mean"] == 0
+    assert lines[-1]["outcome"] == "complete"
+    candle_graph(path, tmp_path)
+
+
+def test_profile_goes_on_without_cupti(tmp_path, fake_cupti):
+    path, out = run_collect(tmp_path, fake_cupti, ["cupti"], "/nonexistent/libcupti.so.12")
+    assert len(out["warnings"]) == 1, out
+    assert out["warnings"][0].startswith(
+        "candle_trace.torch: device collectors ['cupti'] not started: ct_device_start: CUPTI is unavailable: "
+        "no libcupti could be loaded (/nonexistent/libcupti.so.12: cannot open shared object file")
+    lines = read_trace(path)
+    assert by_kind(lines, "device_interval") == []
+    assert lines[-1]["outcome"] == "complete"
+    candle_graph(path, tmp_path)
+
+
+def test_profile_device_collect_defaults_to_nothing_on_cpu():
+    m = nn.Linear(2, 2)
+    assert ctt.profile(m, None, "/dev/null").device_collect == []
+    assert ctt.profile(m, None, "/dev/null", device="cuda:0").device_collect == ["cupti"]
+    assert ctt.profile(m, None, "/dev/null", device_collect=None).device_collect == []
+    with pytest.raises(ctt.CandleTraceError, match='device_collect must be "auto", a list'):
+        ctt.profile(m, None, "/dev/null", device_collect="cupti")

@@ -61,7 +61,7 @@ import functools
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -207,7 +207,13 @@ class profile:
     ``device`` (default the device of the first parameter), ``tags``, ``identity`` (the
     comparison_identity), ``ops`` (capture aten ops), ``memory`` (op output
     allocations), ``stats`` (tensor statistics), ``gradient_families`` (family ->
-    (expectation, min_present); a parameter's family is its module's name), ``enabled``.
+    (expectation, min_present); a parameter's family is its module's name), ``enabled``,
+    ``device_collect`` (the device collectors run around the captured update: ``"auto"``,
+    the default, is ``["cupti"]`` -- every kernel, memcpy and memset, on the span that
+    launched it -- when the model is on CUDA, else none; or a list of ``"cupti"``,
+    ``"nvml"``; or None. They start at the ``prof.step()`` before the captured update, so
+    their start-up is not timed, and stop after it, once the device is synchronized. A
+    collector that cannot start is a warning, not an error).
     """
 
     def __init__(
@@ -231,6 +237,7 @@ class profile:
         aggregate_interval_ms: Optional[int] = None,
         aggregate_prefix: str = "train",
         aggregate_loss: bool = True,
+        device_collect: Union[str, Sequence[str], None] = "auto",
     ) -> None:
         if not isinstance(capture_step, int) or capture_step < 1:
             raise CandleTraceError(1, f"candle_trace.torch.profile: capture_step must be an "
@@ -252,6 +259,14 @@ class profile:
         self.want_stats = stats
         self.gradient_families = gradient_families
         self.enabled = enabled
+        if device_collect == "auto":
+            device_collect = ["cupti"] if device.startswith("cuda") else []
+        elif isinstance(device_collect, str):
+            raise CandleTraceError(1, f"candle_trace.torch.profile: device_collect must be "
+                                      f'"auto", a list of collectors or None, got {device_collect!r}')
+        #: the device collectors asked for; ``collecting`` says which started
+        self.device_collect: List[str] = list(device_collect or [])
+        self.collecting: List[str] = []
         self.session: Optional[Session] = None
         self.steps = 0  #: prof.step() calls so far
         self.state = "idle"  # idle -> waiting -> armed -> capturing -> done
@@ -303,7 +318,7 @@ class profile:
             "tensors": "partial",
             "logical_memory": "partial" if self.want_memory and self.want_ops else "none",
             "physical_memory": "partial" if cuda else "none",
-            "device_timing": "none",
+            "device_timing": "partial" if "cupti" in self.device_collect else "none",
         }
         if self._params:
             fam = lambda n: n.rsplit(".", 1)[0] if "." in n else self.name  # noqa: E731
@@ -510,6 +525,7 @@ class profile:
         self.state = "armed"
         if not self.enabled:
             return
+        self._start_collectors()
         for m in self._modules:
             self._handles.append(m.register_forward_pre_hook(self._fwd_pre))
             self._handles.append(m.register_forward_hook(self._fwd_post))
@@ -617,6 +633,7 @@ class profile:
         self._capturing = False
         self._stop_observer()  # before any span closes: every record stays inside one
         self._close_until(self._tl, self._measured)
+        self._stop_collectors()
         self.state = "done"
         self._disarm()
         self._emit()
@@ -814,6 +831,44 @@ class profile:
             else:
                 s.record_gradient(self.name, n, "present", v)
         del norms
+
+    # -- device collectors ---------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.synchronize(torch.device(self.device))
+
+    def _start_collectors(self) -> None:
+        """Starts the asked-for collectors before the captured update (CUPTI's start-up
+        takes tens of milliseconds). Work still running from the update before is waited
+        for first: it would come out unattributed. Autograd launches backward kernels
+        from its own thread: they go to the span the main thread is in."""
+        want = list(self.device_collect)
+        if not want:
+            return
+        s = self.session
+        assert s is not None
+        self._sync()
+        while want:
+            try:
+                s.device_start({"collect": want, "unspanned_launches": "main_thread"})
+                self.collecting = want
+                return
+            except CandleTraceError as e:
+                # Without CUPTI (another profiler holds it, no libcupti) keep the rest.
+                if "cupti" in want and len(want) > 1 and "CUPTI" in e.message:
+                    _warn_once("collect-cupti", f"device collector cupti not started: {e.message}")
+                    want = [c for c in want if c != "cupti"]
+                    continue
+                _warn_once("collect", f"device collectors {want} not started: {e.message}")
+                return
+
+    def _stop_collectors(self) -> None:
+        if not self.collecting:
+            return
+        self._sync()  # every kernel of the update has ended: none comes out incomplete
+        self.collecting = []
+        self.session.device_stop()  # type: ignore[union-attr]
 
     def _device_memory(self) -> None:
         if not (self.device.startswith("cuda") and torch.cuda.is_available()):
