@@ -27,6 +27,7 @@
 
 pub mod ffi;
 
+mod device;
 mod error;
 mod run;
 mod schedule;
@@ -38,6 +39,7 @@ pub mod candle;
 #[cfg(feature = "tracing")]
 pub mod layer;
 
+pub use device::{Collector, DeviceOptions, UnspannedLaunches};
 pub use error::{Error, Result, Status};
 pub use run::{
     family_of, CaptureContract, ComparisonIdentity, Expectation, ExpectedGradient, GradientContract, GradientFamily, Level,

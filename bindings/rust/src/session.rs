@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Arc, Mutex, Once};
 
+use crate::device::DeviceOptions;
 use crate::error::{check, Error, Result, Status};
 use crate::ffi;
 use crate::run::Run;
@@ -805,6 +806,13 @@ impl SessionRef {
         let norm_ptr = norm.as_ref().map_or(ptr::null(), |n| n as *const f64);
         // SAFETY: strings and norm live across the call.
         check(unsafe { ffi::ct_record_gradient(self.0.handle, root.as_ptr(), key.as_ptr(), state, norm_ptr) })
+    }
+
+    /// Starts device collectors. Without a GPU, driver or library the error's
+    /// status is [`Status::Unavailable`] and its message says what is missing;
+    /// the session goes on.
+    pub fn start_devices(&self, options: &DeviceOptions) -> Result<()> {
+        self.device_start(Some(&options.to_json()))
     }
 
     /// Starts device collectors (`options_json` as in the header, or `None`).
