@@ -526,7 +526,9 @@ static __attribute__((noinline)) void track_begin(ct_slot *s, const ct_ring *r, 
 void ct__track_main_thread(ct_session h, int on) {
     ct_slot *s = slot_get(h);
     if (!s) return;
-    if (!on) STORE_RLX(&s->measure_top, 0);
+    /* Either way, no span from an earlier tracking: the main thread's next
+     * span begin or end says where it is. */
+    STORE_RLX(&s->measure_top, 0);
     STORE_RLX(&s->track_main, (uint32_t)(on != 0));
 }
 
@@ -538,11 +540,10 @@ uint64_t ct__innermost_span(ct_session h) {
 
 uint64_t ct__launch_span(ct_session h, int *borrowed) {
     *borrowed = 0;
+    uint64_t own = ct__innermost_span(h); /* 1: none here (s1 is on no thread's stack) */
+    if (own != 1) return own;
     ct_slot *s = slot_get(h);
-    if (!s) return 1;
-    ct_tls_sess *ts = tls_sess(&tls, h);
-    if (ts && ts->depth) return ts->stack[ts->depth - 1].id;
-    uint64_t top = LOAD_RLX(&s->measure_top);
+    uint64_t top = s ? LOAD_RLX(&s->measure_top) : 0;
     if (!top) return 1;
     *borrowed = 1;
     return top;
