@@ -57,13 +57,19 @@ func NVIDIADriverLoaded() bool {
 
 const childEnv = "CANDLE_TRACE_TEST_CHILD"
 
-// InChild runs t again, alone, in a child process of the test binary and
-// reports false after checking that it passed; in that child it reports
-// true. For tests that load a library for the rest of the process (CUPTI,
-// NVML), next to tests that load a fake of it.
+// IsChild reports whether this process is the child InChild started for t:
+// what only the parent prepares (a library to put on LD_LIBRARY_PATH) is
+// skipped there.
+func IsChild(t *testing.T) bool { return os.Getenv(childEnv) == t.Name() }
+
+// InChild runs t again, alone, in a child process of the test binary, with
+// this process's environment, and reports false after checking that it
+// passed; in that child it reports true. For tests that load a library for
+// the rest of the process (CUPTI, NVML), next to tests that load a fake of
+// it, and for what the loader reads once per process (LD_LIBRARY_PATH).
 func InChild(t *testing.T) bool {
 	t.Helper()
-	if os.Getenv(childEnv) == t.Name() {
+	if IsChild(t) {
 		return true
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")

@@ -1,36 +1,16 @@
 package cupti
 
 import (
-	"path/filepath"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/candle-trace/candle-trace/internal/cuda/cupti/cuptitest"
 	"github.com/candle-trace/candle-trace/internal/events"
-	"github.com/candle-trace/candle-trace/internal/session"
 )
 
 // The collector's two hot paths, against the fake libcupti (no GPU here):
 // the callback CUPTI runs on the launching thread at every watched CUDA
 // call, and the decoding of each activity record into a device_interval.
-
-func benchSession(b *testing.B) *session.Session {
-	s, err := session.Open(filepath.Join(b.TempDir(), "trace.jsonl"), []byte(run))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.FinishFailed("benchmark done") })
-	return s
-}
-
-func benchFake(b *testing.B) (Options, *cuptitest.Fake) {
-	path := cuptitest.Build(b)
-	f := cuptitest.Open(b, path)
-	f.Hold(false, 0)
-	f.SetClock(0, 0, 0)
-	return Options{Library: path, Sonames: []string{}, LookupEnv: noEnv, DrainInterval: time.Hour}, f
-}
 
 // BenchmarkLaunch is one cudaLaunchKernel as the fake libcupti runs it,
 // inside a span, in one run: with nobody subscribed; with the collector
@@ -40,11 +20,11 @@ func benchFake(b *testing.B) (Options, *cuptitest.Fake) {
 // on, which adds the API record CUPTI writes for an enabled RUNTIME kind
 // (here the fake's cost for it, not CUPTI's).
 func BenchmarkLaunch(b *testing.B) {
-	o, f := benchFake(b)
+	o, f := fakeOptions(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	launch := func(b *testing.B) {
-		s := benchSession(b)
+		s, _ := openSession(b)
 		sp, err := s.BeginSpan("forward", events.SpanFunction, events.StepForward)
 		if err != nil {
 			b.Fatal(err)
@@ -63,7 +43,7 @@ func BenchmarkLaunch(b *testing.B) {
 			name = "collector-with-api-records"
 		}
 		b.Run(name, func(b *testing.B) {
-			s := benchSession(b)
+			s, _ := openSession(b)
 			c, err := Start(s, o)
 			if err != nil {
 				b.Fatal(err)
@@ -84,12 +64,12 @@ func BenchmarkLaunch(b *testing.B) {
 // run, is the same interval written straight through the session (what any
 // device_interval costs): the difference is the decoder's own share.
 func BenchmarkRecord(b *testing.B) {
-	o, f := benchFake(b)
+	o, f := fakeOptions(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const batch = 1000
 	b.Run("session-write", func(b *testing.B) {
-		s := benchSession(b)
+		s, _ := openSession(b)
 		d := events.DeviceInterval{Device: "cuda:0", StreamID: "7", ClockID: "host-monotonic", Backend: "cuda",
 			Name: "void at::native::vectorized_elementwise_kernel<4>", DurationNs: 1000, HasCorrelationID: true}
 		b.ResetTimer()
@@ -102,7 +82,7 @@ func BenchmarkRecord(b *testing.B) {
 		}
 	})
 	b.Run("collector", func(b *testing.B) {
-		s := benchSession(b)
+		s, _ := openSession(b)
 		c, err := Start(s, o)
 		if err != nil {
 			b.Fatal(err)

@@ -2,7 +2,6 @@ package cupti
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -26,7 +25,7 @@ const run = `{"entrypoint":"test::cupti","phase":"train","capture_step":1,"devic
 
 func noEnv(string) (string, bool) { return "", false }
 
-func fakeOptions(t *testing.T) (Options, *cuptitest.Fake) {
+func fakeOptions(t testing.TB) (Options, *cuptitest.Fake) {
 	path := cuptitest.Build(t)
 	f := cuptitest.Open(t, path)
 	f.Hold(false, 0)
@@ -34,7 +33,7 @@ func fakeOptions(t *testing.T) (Options, *cuptitest.Fake) {
 	return Options{Library: path, Sonames: []string{}, LookupEnv: noEnv, DrainInterval: time.Hour}, f
 }
 
-func openSession(t *testing.T) (*session.Session, string) {
+func openSession(t testing.TB) (*session.Session, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
 	s, err := session.Open(path, []byte(run))
@@ -405,12 +404,7 @@ func TestCandidates(t *testing.T) {
 // TestNoLibcupti runs in a child process: the first libcupti loaded stays
 // for the life of a process.
 func TestNoLibcupti(t *testing.T) {
-	if os.Getenv("CT_CUPTI_CHILD") == "" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestNoLibcupti$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "CT_CUPTI_CHILD=1")
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "PASS")
+	if !testutil.InChild(t) {
 		return
 	}
 	tests := []struct {

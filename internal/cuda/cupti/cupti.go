@@ -629,9 +629,10 @@ func Candidates(o Options) []string {
 
 // pythonSites are the site-packages folders of the Python running this
 // process, when it is one, in the order Python searches them (its
-// virtualenv's, then the user site): where a plain `pip install nvidia-cuda-cupti-cu12`, with no
-// virtualenv, puts libcupti. The drop-in starts CUPTI before the script
-// imports torch, so it must find that copy by itself.
+// virtualenv's, then the user site): where `pip install
+// nvidia-cuda-cupti-cu12` puts libcupti without an activated virtualenv.
+// The drop-in starts CUPTI before the script imports torch, so it must find
+// that copy by itself.
 func pythonSites(o Options) []string {
 	exe, err := o.Executable()
 	base := filepath.Base(exe)

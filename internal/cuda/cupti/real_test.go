@@ -350,28 +350,21 @@ func TestCUDAProblem(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			if tt.libcuda != "" {
-				src := filepath.Join(dir, "fake.c")
-				require.NoError(t, os.WriteFile(src, []byte(tt.libcuda), 0o644))
-				out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), src).CombinedOutput()
-				require.NoError(t, err, "%s", out)
-			}
 			// The loader reads LD_LIBRARY_PATH once per process: probe in a child.
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCUDAProblemChild$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, "CT_CUDA_PROBE_CHILD=1")
-			out, err := cmd.CombinedOutput()
-			require.NoError(t, err, "%s", out)
-			m := regexp.MustCompile(`(?m)^\s*real_test\.go:\d+: problem: (.*)$`).FindSubmatch(out)
-			require.NotNil(t, m, "%s", out)
-			assert.Regexp(t, tt.want, string(m[1]))
+			if !testutil.IsChild(t) {
+				dir := t.TempDir()
+				if tt.libcuda != "" {
+					src := filepath.Join(dir, "fake.c")
+					require.NoError(t, os.WriteFile(src, []byte(tt.libcuda), 0o644))
+					out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), src).CombinedOutput()
+					require.NoError(t, err, "%s", out)
+				}
+				t.Setenv("LD_LIBRARY_PATH", dir)
+			}
+			if !testutil.InChild(t) {
+				return
+			}
+			assert.Regexp(t, tt.want, cudaProblem())
 		})
 	}
-}
-
-func TestCUDAProblemChild(t *testing.T) {
-	if os.Getenv("CT_CUDA_PROBE_CHILD") == "" {
-		t.Skip("run by TestCUDAProblem")
-	}
-	t.Logf("problem: %s", cudaProblem())
 }
