@@ -21,6 +21,8 @@ import pytest
 from conftest import lines, require_valid
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "internal" / "cuda" / "testdata" / "fakecupti"))
+import fake_cupti as fake_cupti_helper  # noqa: E402 (the fake libcupti's driver, shared with the scripts)
 LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so")).resolve()
 FAKE_SRC = REPO / "internal" / "cuda" / "testdata" / "fakenvml" / "fake_nvml.c"
 CT_ERR_INVALID_ARGUMENT, CT_ERR_STATE, CT_ERR_UNAVAILABLE = 1, 4, 7
@@ -226,39 +228,24 @@ def test_dropin_without_nvml_says_so_and_still_traces(tmp_path):
     assert lines(trace)[-1]["outcome"] == "complete"
 
 
-FAKE_CUPTI_SRC = REPO / "internal" / "cuda" / "testdata" / "fakecupti" / "fake_cupti.c"
-
-
 @pytest.fixture(scope="module")
 def fake_cupti(tmp_path_factory) -> Path:
     cc = os.environ.get("CC", "cc")
     if not shutil.which(cc):
         pytest.skip("no C compiler for the fake libcupti")
-    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.12"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(out), str(FAKE_CUPTI_SRC), "-lpthread"], check=True)
-    return out
+    return fake_cupti_helper.build(tmp_path_factory.mktemp("fakecupti"), cc)
+
+
+def fake_cupti_env(lib: Path) -> dict:
+    """What a script driving the fake libcupti needs: the library for the
+    collector and for the script (one path, one library), and the helper."""
+    return {"CANDLE_TRACE_CUPTI_LIB": str(lib), "FAKE_CUPTI": str(lib), "PYTHONPATH": fake_cupti_helper.HERE}
 
 
 CUPTI_PRELUDE = """
-fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the same library the collector dlopens
-fake.fake_cupti_api.restype = ctypes.c_uint32
-fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
-fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
-                                   ctypes.c_uint64, ctypes.c_uint64]
-fake.fake_cupti_drop.argtypes = [ctypes.c_uint64]
-fake.fake_cupti_hold.argtypes = [ctypes.c_int, ctypes.c_int]
-fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
-
-def cupti_now():
-    t = ctypes.c_uint64(0)
-    fake.cuptiGetTimestamp(ctypes.byref(t))
-    return t.value
-
-def launch(name, stream, dur):
-    cid = fake.fake_cupti_api(2, 211)          # cudaLaunchKernel, on this thread
-    t = cupti_now()
-    fake.fake_cupti_kernel(cid, name, 0, stream, t + 1000, t + 1000 + dur)
-    return cid
+from fake_cupti import launch
+import fake_cupti
+fake = fake_cupti.lib()   # the same library the collector dlopens
 """
 
 
@@ -272,17 +259,17 @@ fake.fake_cupti_hold(0, 0)
 assert start('{"collect":["cupti"]}') == 0
 x = ctypes.c_uint64(0)
 assert lib.ct_span_begin(s, b"forward", 0, 0, ctypes.byref(x)) == 0
-launch(b"_Z5sgemmPfi", 7, 5000)                  # mangled: demangled in the trace
-launch(b"relu_kernel", 7, 700)
+launch(b"_Z5sgemmPfi", 5000, 7)                  # mangled: demangled in the trace
+launch(b"relu_kernel", 700, 7)
 assert lib.ct_span_end(s, x) == 0
-launch(b"outside_any_span", 13, 300)
+launch(b"outside_any_span", 300, 13)
 fake.fake_cupti_drop(2)
 time.sleep(0.01)
 print("span", x.value, flush=True)
 print("finish", lib.ct_finish(s), flush=True)   # flushes CUPTI before the terminal line
 """,
         trace,
-        env={"CANDLE_TRACE_CUPTI_LIB": str(fake_cupti), "FAKE_CUPTI": str(fake_cupti)},
+        env=fake_cupti_env(fake_cupti),
     )
     assert ("start 7 ct_device_start: CUPTI is held by another profiler in this process "
             "(torch.profiler, Nsight Systems") in r.stdout

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_device import LIB, REPO, fake_cupti, fake_nvml  # noqa: F401 (fixtures)
+from test_device import LIB, REPO, fake_cupti, fake_cupti_env, fake_nvml  # noqa: F401 (fixtures)
 
 CHECK = REPO / "tests" / "gpu" / "check.py"
 PRELOAD = REPO / "build" / "libcandle_trace_preload.so"
@@ -22,24 +22,8 @@ pytestmark = pytest.mark.skipif(not LIB.exists() or not PRELOAD.exists(),
                                 reason="build/libcandle_trace.so and the preload shim are not built")
 
 FAKE_LAUNCH = """
-import ctypes, os, threading, time
-fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the library the collector dlopened
-fake.fake_cupti_api.restype = ctypes.c_uint32
-fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
-fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
-                                   ctypes.c_uint64, ctypes.c_uint64]
-fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
-
-def now():
-    t = ctypes.c_uint64(0)
-    fake.cuptiGetTimestamp(ctypes.byref(t))
-    return t.value
-
-def launch(name, dur_ns, stream=7):
-    cid = fake.fake_cupti_api(2, 211)            # cudaLaunchKernel, on this thread
-    t = now()
-    fake.fake_cupti_kernel(cid, name, 0, stream, t + 1000, t + 1000 + dur_ns)
-    return t + 1000, t + 1000 + dur_ns
+import os, threading, time
+from fake_cupti import launch   # on the library the collector dlopened
 """
 
 STEP = FAKE_LAUNCH + """
@@ -59,7 +43,7 @@ with s.measure("update"):
         spans.append(launch(name, 300_000))
     with s.span("backward", step="backward"):
         # as autograd does: from its own thread, where no span is open
-        th = threading.Thread(target=lambda: spans.append(launch(name, 500_000, stream=13)))
+        th = threading.Thread(target=lambda: spans.append(launch(name, 500_000, 13)))
         th.start(); th.join()
     with s.span("optimizer", step="optimizer"):
         time.sleep(0.002)
@@ -68,7 +52,7 @@ with s.measure("update"):
 time.sleep(0.05)
 s.device_stop()
 s.finish()
-truth_ms = (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e6
+truth_ms = (max(e for _, _, e in spans) - min(b for _, b, _ in spans)) / 1e6
 json.dump({"event_ms": truth_ms, "cupti": True, "cupti_error": ""}, open(report, "w"))
 """
 
@@ -104,8 +88,7 @@ print("plain done")
 def make_gpu_check_output(out: Path, fake_nvml: Path, fake_cupti: Path, kernel: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLE_TRACE_")}
     env.update(CANDLE_TRACE_LIB=str(LIB), CANDLE_TRACE_NVML_LIB=str(fake_nvml),
-               CANDLE_TRACE_CUPTI_LIB=str(fake_cupti), FAKE_CUPTI=str(fake_cupti),
-               BINDING=str(REPO / "bindings" / "python"))
+               BINDING=str(REPO / "bindings" / "python"), **fake_cupti_env(fake_cupti))
     r = subprocess.run([sys.executable, "-c", STEP, str(out / "step.jsonl"), str(out / "step.json"), kernel],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -331,26 +331,15 @@ def test_aggregate_path_without_a_writable_folder_is_refused(tmp_path):
     assert read_trace(trace)[-1]["outcome"] == "failed"
 
 
-FAKE_CUPTI_SRC = REPO / "internal" / "cuda" / "testdata" / "fakecupti" / "fake_cupti.c"
+sys.path.insert(0, str(REPO / "internal" / "cuda" / "testdata" / "fakecupti"))
+import fake_cupti as fake_cupti_helper  # noqa: E402 (the fake libcupti's driver, shared with the scripts)
 
 COLLECT_SCRIPT = r"""
-import ctypes, json, os, sys, warnings
+import json, sys, warnings
 import torch
 from torch import nn
 import candle_trace.torch as ctt
-
-fake = ctypes.CDLL(os.environ["FAKE_CUPTI"])   # the libcupti the collector loads
-fake.fake_cupti_api.restype = ctypes.c_uint32
-fake.fake_cupti_api.argtypes = [ctypes.c_int, ctypes.c_uint32]
-fake.fake_cupti_kernel.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
-                                   ctypes.c_uint64, ctypes.c_uint64]
-fake.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
-
-def launch(name):
-    cid = fake.fake_cupti_api(2, 211)            # cudaLaunchKernel, on this thread
-    t = ctypes.c_uint64(0)
-    fake.cuptiGetTimestamp(ctypes.byref(t))
-    fake.fake_cupti_kernel(cid, name, 0, 7, t.value + 1000, t.value + 6000)
+from fake_cupti import launch   # on the libcupti the collector loads
 
 class Launch(torch.autograd.Function):     # a "CUDA" op: one kernel each way
     @staticmethod
@@ -388,9 +377,7 @@ print(json.dumps({"asked": prof.device_collect, "warnings": [str(w.message) for 
 
 @pytest.fixture(scope="module")
 def fake_cupti(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.12"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(FAKE_CUPTI_SRC), "-lpthread"], check=True)
-    return out
+    return fake_cupti_helper.build(tmp_path_factory.mktemp("fakecupti"))
 
 
 def run_collect(tmp_path, fake_cupti, collect, cupti_lib):
@@ -398,7 +385,9 @@ def run_collect(tmp_path, fake_cupti, collect, cupti_lib):
     r = subprocess.run([sys.executable, "-c", COLLECT_SCRIPT, str(path), json.dumps(collect)],
                        capture_output=True, text=True, timeout=300,
                        env=example_env(FAKE_CUPTI=str(fake_cupti), CANDLE_TRACE_CUPTI_LIB=str(cupti_lib),
-                                       CANDLE_TRACE_TORCH_OPS="dispatch"))
+                                       CANDLE_TRACE_TORCH_OPS="dispatch",
+                                       PYTHONPATH=os.pathsep.join([str(REPO / "bindings" / "python"),
+                                                                   fake_cupti_helper.HERE])))
     assert r.returncode == 0, r.stderr
     return path, json.loads(r.stdout.splitlines()[-1])
 

@@ -834,8 +834,12 @@ class profile:
 
     # -- device collectors ---------------------------------------------------------
 
+    def _on_cuda(self) -> bool:
+        """Whether the model's device is a CUDA device this process can use."""
+        return self.device.startswith("cuda") and torch.cuda.is_available()
+
     def _sync(self) -> None:
-        if self.device.startswith("cuda") and torch.cuda.is_available():
+        if self._on_cuda():
             torch.cuda.synchronize(torch.device(self.device))
 
     def _start_collectors(self) -> None:
@@ -871,7 +875,7 @@ class profile:
         self.session.device_stop()  # type: ignore[union-attr]
 
     def _device_memory(self) -> None:
-        if not (self.device.startswith("cuda") and torch.cuda.is_available()):
+        if not self._on_cuda():
             return
         dev = torch.device(self.device)
         self.session.record_device_memory(  # type: ignore[union-attr]
