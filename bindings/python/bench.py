@@ -142,15 +142,12 @@ def _torch_profiler(step, reps: int) -> dict:
     return {"in": med(ins), "total": med(totals), "ops": events}
 
 
-def bench_step(tmp: str, reps: int = 40) -> dict:
-    """One update of the MLP: untraced; candle_trace with the C++ observer, with the
-    Python dispatch mode, and with ops off (spans, stats, gradients only: the baseline
-    that isolates the per-op cost); torch.profiler with shapes and memory."""
+def _mlp_update():
+    """The benchmarked update: the example's 64-64-10 MLP, batch 32, SGD, one
+    thread, seeded. Returns (model, optimizer, step)."""
     import torch
     from torch import nn
 
-    import candle_trace.torch as ctt
-    from candle_trace.torch import _observer
     from train_mlp import MLP
 
     torch.manual_seed(0)
@@ -166,6 +163,18 @@ def bench_step(tmp: str, reps: int = 40) -> dict:
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+
+    return model, opt, step
+
+
+def bench_step(tmp: str, reps: int = 40) -> dict:
+    """One update of the MLP: untraced; candle_trace with the C++ observer, with the
+    Python dispatch mode, and with ops off (spans, stats, gradients only: the baseline
+    that isolates the per-op cost); torch.profiler with shapes and memory."""
+    import candle_trace.torch as ctt
+    from candle_trace.torch import _observer
+
+    model, opt, step = _mlp_update()
 
     t = time.perf_counter()
     have_observer = _observer.get() is not None  # the first build happens here, once
@@ -285,25 +294,9 @@ def print_ops(r: dict, n_ops: int = 2000) -> None:
 def bench_aggregate(tmp: str, blocks: int = 20, per_block: int = 200) -> dict:
     """Median update time of the MLP untraced vs under the aggregate schedule (after its
     capture, capture_step=1), in alternating blocks of ``per_block`` updates."""
-    import torch
-    from torch import nn
-
     import candle_trace.torch as ctt
-    from train_mlp import MLP
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(32, 64)
-    y = torch.randint(0, 10, (32,))
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+    model, opt, step = _mlp_update()
 
     for _ in range(100):
         step()
