@@ -41,7 +41,8 @@
  * - Record structs start with `size`: set it to sizeof(the struct). It lets the
  *   structs grow in later ABI versions without breaking compiled callers.
  * - Timestamps are nanoseconds on the session clock (CLOCK_MONOTONIC since
- *   ct_open); ct_now_ns reads it.
+ *   ct_open, less the tracer's own time: see ct_tracer_begin); ct_now_ns
+ *   reads it.
  * - A session whose trace write ever failed is poisoned: every later call
  *   returns CT_ERR_POISONED except ct_finish_failed, and `complete` is never
  *   written for it.
@@ -257,9 +258,46 @@ ct_status ct_span_end(ct_session session, ct_span span);
 ct_status ct_record_completed_span(ct_session session, const char *name, ct_span_kind kind,
                                    uint64_t start_ns, uint64_t duration_ns, ct_span *out);
 
-/* The session clock: nanoseconds since ct_open. 0 on a bad handle.
- * Thread-safe, never blocks. */
+/* The session clock: nanoseconds since ct_open, less the tracer's own time
+ * (ct_tracer_begin). 0 on a bad handle. Thread-safe, never blocks. */
 uint64_t ct_now_ns(ct_session session);
+
+/* ---- the tracer's own time ------------------------------------------------
+ * A binding that does work of its own inside the program it observes (hooks'
+ * bookkeeping, tensor statistics, gradient norms, encoding records) brackets
+ * that work with ct_tracer_begin / ct_tracer_end. While any thread is inside
+ * such an interval the session clock stands still, so the work is counted in
+ * no span's duration and no record's timestamp: spans measure the program,
+ * not the profiler. Records made inside an interval (a span begun by a hook)
+ * carry the time at which it began.
+ *
+ * The clock is the session's, not the thread's: tracer work on one thread
+ * also stops the clock for a thread running the program beside it. That is
+ * exact for the usual case, a tracer running inline on the program's critical
+ * path (PyTorch's hooks and autograd: one thread works while the other
+ * waits), and an under-count of concurrent program work otherwise.
+ *
+ * What was left out is stated, never hidden: the measured span's span_end
+ * carries "tracer_ns" (tracer time inside it) and the terminal line the
+ * session's total. Device intervals (CUPTI) are placed on this clock by
+ * interpolating between its clock anchors: one that ran between two anchors
+ * may be off by as much as the tracer time between them.
+ *
+ * Intervals nest and may overlap across threads (a count, not a stack);
+ * begin and end need not be on the same thread. Aggregate sessions refuse
+ * them (CT_ERR_STATE): their spans are timed by the cycle counter. Each call
+ * costs two clock reads and an uncontended atomic; thread-safe. */
+
+/* Opens a tracer interval. CT_ERR_INVALID_HANDLE, CT_ERR_POISONED, or
+ * CT_ERR_STATE (an aggregate or finishing session) on failure. */
+ct_status ct_tracer_begin(ct_session session);
+
+/* Closes a tracer interval; CT_ERR_STATE when none is open. */
+ct_status ct_tracer_end(ct_session session);
+
+/* The tracer time left out of the session clock so far (an open interval
+ * counts up to now). 0 on a bad handle. Thread-safe, never blocks. */
+uint64_t ct_tracer_ns(ct_session session);
 
 /* ---- records -------------------------------------------------------------
  * Each takes the span the record belongs to. The span must exist; records

@@ -53,6 +53,21 @@ uint64_t ct_now_ns(ct_session s) {
     return ct__session_now(s);
 }
 
+ct_status ct_tracer_begin(ct_session s) {
+    FORK_GUARD("ct_tracer_begin");
+    return ct__tracer_begin(s);
+}
+
+ct_status ct_tracer_end(ct_session s) {
+    FORK_GUARD("ct_tracer_end");
+    return ct__tracer_end(s);
+}
+
+uint64_t ct_tracer_ns(ct_session s) {
+    if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
+    return ct__tracer_ns(s);
+}
+
 ct_status ct_record_op(ct_session s, ct_span span, const ct_op *op) {
     FORK_GUARD("ct_record_op");
     return (ct_status)ctgo_record_op(s, span, (ct_op *)op);

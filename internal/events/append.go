@@ -53,6 +53,16 @@ func AppendSpanEnd(b []byte, id, durationNs uint64) []byte {
 	return append(b, "}\n"...)
 }
 
+// AppendMeasuredSpanEnd appends the measured span's span_end with "tracer_ns"
+// (ours): the tracer's own time inside it, which the session clock left out
+// of its duration.
+func AppendMeasuredSpanEnd(b []byte, id, durationNs, tracerNs uint64) []byte {
+	b = AppendSpanEnd(b, id, durationNs)
+	b = append(b[:len(b)-2], `,"tracer_ns":`...)
+	b = strconv.AppendUint(b, tracerNs, 10)
+	return append(b, "}\n"...)
+}
+
 // Op is one timed operation inside a span. Inputs and Output are tensor ids.
 type Op struct {
 	SpanID              uint64
@@ -374,10 +384,12 @@ func AppendDataEdge(b []byte, fromTensor, toTensor string) []byte {
 	return append(b, "}\n"...)
 }
 
-// AppendTerminal appends the terminal record. A complete terminal never carries a reason
+// AppendTerminal appends the terminal record, with "tracer_ns" (ours): the
+// tracer's own time over the whole session, left out of the session clock. A
+// complete terminal never carries a reason
 // (candle-graph rejects the trace if it does), so reason is written only when !complete;
 // see ValidateTerminal for the failed case.
-func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string) []byte {
+func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, tracerNs uint64) []byte {
 	if complete {
 		b = append(b, `{"kind":"terminal","outcome":"complete","timestamp_ns":`...)
 	} else {
@@ -388,5 +400,7 @@ func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string) 
 		b = append(b, `,"reason":`...)
 		b = appendString(b, reason)
 	}
+	b = append(b, `,"tracer_ns":`...)
+	b = strconv.AppendUint(b, tracerNs, 10)
 	return append(b, "}\n"...)
 }

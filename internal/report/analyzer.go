@@ -18,9 +18,11 @@ type analyzer struct {
 	schemaPrev bool
 	events     int
 	terminal   *terminalInfo
-	fatal      bool // reading stopped: candle-graph would have no document
-	cutLine    int  // the last line, cut short by a dying writer (0: none)
-	issues     []Issue
+	// measuredTracer: the tracer time the measured span's end states.
+	measuredTracer *uint64
+	fatal          bool // reading stopped: candle-graph would have no document
+	cutLine        int  // the last line, cut short by a dying writer (0: none)
+	issues         []Issue
 
 	spans    map[string]*span
 	spanList []*span // arrival order, for deterministic output
@@ -55,6 +57,7 @@ type terminalInfo struct {
 	reason    string
 	hasReason bool
 	line      int
+	tracer    *uint64 // the session's tracer time, when the trace states it
 }
 
 type pendingDataEdge struct {
@@ -167,6 +170,10 @@ func (a *analyzer) event(d *lineDecoder, k eventKind, line int) {
 	case kindTerminal:
 		t := &d.terminal
 		a.terminal = &terminalInfo{outcome: t.outcome, timestamp: t.timestamp, reason: string(t.reason), hasReason: t.hasReason, line: line}
+		if t.hasTracer {
+			v := t.tracer
+			a.terminal.tracer = &v
+		}
 	}
 }
 
@@ -227,6 +234,10 @@ func (a *analyzer) onSpanEnd(e *spanEndEvent, line int) {
 		return
 	}
 	s.closed, s.dur, s.endLine = true, e.duration, int32(line)
+	if s.measured && e.hasTracer {
+		v := e.tracer // e is the decoder's, reused by the next line
+		a.measuredTracer = &v
+	}
 	a.checkBounds(s)
 	for _, c := range a.callChecks[s] {
 		a.checkCallDuration(c.from, s, c.dur, c.line)

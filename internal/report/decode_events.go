@@ -163,6 +163,9 @@ func (d *lineDecoder) decodeSpanEnd() error {
 			if err = f.first(1, k); err == nil {
 				e.duration, err = getU64(f.obj, k, m.val)
 			}
+		case "tracer_ns": // ours: candle-graph ignores it, and so does a reader when it is no u64
+			e.tracer, e.hasTracer = parseU64(m.val.raw)
+			e.hasTracer = e.hasTracer && m.val.kind == jNumber
 		}
 		if err != nil {
 			return err
@@ -585,6 +588,9 @@ func (d *lineDecoder) decodeTerminal() error {
 			if err = f.first(2, k); err == nil {
 				e.reason, e.hasReason, err = getOptStr(f.obj, k, m.val)
 			}
+		case "tracer_ns": // ours, as on span_end
+			e.tracer, e.hasTracer = parseU64(m.val.raw)
+			e.hasTracer = e.hasTracer && m.val.kind == jNumber
 		}
 		if err != nil {
 			return err

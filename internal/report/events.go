@@ -80,6 +80,9 @@ type spanStartEvent struct {
 type spanEndEvent struct {
 	id       []byte
 	duration uint64
+	// tracer_ns (ours, on the measured span): tracer time left out of duration.
+	tracer    uint64
+	hasTracer bool
 }
 
 type opEvent struct {
@@ -155,6 +158,8 @@ type terminalEvent struct {
 	timestamp uint64
 	reason    []byte
 	hasReason bool
+	tracer    uint64 // tracer_ns (ours): the session's tracer time
+	hasTracer bool
 }
 
 // dtypeSize is events.ElementSize on a line's bytes; the conversion of a

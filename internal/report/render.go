@@ -75,6 +75,13 @@ func WriteReport(w io.Writer, name string, res *Result) {
 			state = "not closed"
 		}
 		fmt.Fprintf(w, "\nMeasured region: %s (%s), %s\n", mr.Name, mr.SpanID, state)
+		if mr.TracerNS != nil {
+			fmt.Fprintf(w, "Tracer's own time: %s inside the region, left out of every span", FormatNS(float64(*mr.TracerNS)))
+			if mr.SessionTracerNS != nil {
+				fmt.Fprintf(w, " (%s in the whole session)", FormatNS(float64(*mr.SessionTracerNS)))
+			}
+			fmt.Fprintln(w)
+		}
 	} else {
 		fmt.Fprintln(w, "\nMeasured region: none (shares are 0)")
 	}

@@ -27,6 +27,11 @@ type Region struct {
 	StartNS    uint64 `json:"start_ns"`
 	DurationNS uint64 `json:"duration_ns"`
 	Closed     bool   `json:"closed"`
+	// TracerNS is the tracer's own time inside the region, which DurationNS
+	// leaves out; SessionTracerNS the whole session's. Nil when the trace
+	// does not say (an older writer, or another one).
+	TracerNS        *uint64 `json:"tracer_ns,omitempty"`
+	SessionTracerNS *uint64 `json:"session_tracer_ns,omitempty"`
 }
 
 // NameStats aggregates the spans or ops sharing one name. Share is Total
@@ -330,7 +335,10 @@ func (b *reportBuilder) build(a *analyzer, lt *lifetimes) *Report {
 		}
 	}
 	if measured != nil {
-		r.MeasuredRegion = &Region{SpanID: measured.id, Name: measured.name, StartNS: measured.start, DurationNS: measured.dur, Closed: measured.closed}
+		r.MeasuredRegion = &Region{SpanID: measured.id, Name: measured.name, StartNS: measured.start, DurationNS: measured.dur, Closed: measured.closed, TracerNS: a.measuredTracer}
+		if a.terminal != nil {
+			r.MeasuredRegion.SessionTracerNS = a.terminal.tracer
+		}
 	}
 	share := func(ns uint64) float64 {
 		if measured == nil || !measured.closed || measured.dur == 0 {

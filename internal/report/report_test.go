@@ -280,3 +280,44 @@ func TestWriteReportHasUnits(t *testing.T) {
 		assert.Contains(t, s, want)
 	}
 }
+
+// The tracer's own time, stated by the writer, is shown next to the measured
+// region; a trace that does not state it shows nothing.
+func TestReportShowsTheTracersOwnTime(t *testing.T) {
+	base := string(readCorpus(t, "valid-train.jsonl"))
+	stated := strings.Replace(base, `{"kind":"span_end","id":"s2","duration_ns":9800}`,
+		`{"kind":"span_end","id":"s2","duration_ns":9800,"tracer_ns":4200}`, 1)
+	require.NotEqual(t, base, stated, "the corpus's measured span end changed: update this test")
+	lines := strings.Split(strings.TrimRight(stated, "\n"), "\n")
+	last := lines[len(lines)-1]
+	require.Contains(t, last, `"kind":"terminal"`)
+	lines[len(lines)-1] = strings.TrimSuffix(last, "}") + `,"tracer_ns":5100}`
+	tests := []struct {
+		name, trace      string
+		region, session  *uint64
+		want, wantAbsent string
+	}{
+		{"stated", strings.Join(lines, "\n"), ptr(uint64(4200)), ptr(uint64(5100)),
+			"Tracer's own time: 4.20 µs inside the region, left out of every span (5.10 µs in the whole session)", ""},
+		{"not stated", base, nil, nil, "", "Tracer's own time"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := analyzeBytes(t, []byte(tc.trace), Options{Report: true})
+			require.True(t, res.Health.OK(false), "%v", res.Health.Issues)
+			mr := res.Report.MeasuredRegion
+			assert.Equal(t, tc.region, mr.TracerNS)
+			assert.Equal(t, tc.session, mr.SessionTracerNS)
+			var out bytes.Buffer
+			WriteReport(&out, "t.jsonl", res)
+			if tc.want != "" {
+				assert.Contains(t, out.String(), tc.want)
+			}
+			if tc.wantAbsent != "" {
+				assert.NotContains(t, out.String(), tc.wantAbsent)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -109,6 +109,28 @@ func setPoison(s *C.ct_slot, msg string) {
 
 func clockNs() uint64 { return uint64(C.ct__clock_ns()) }
 
+func slotNow(s *C.ct_slot) uint64 { return uint64(C.ct__slot_now(s, nil)) }
+
+func slotTracerNs(s *C.ct_slot) uint64 {
+	var excluded C.uint64_t
+	C.ct__slot_now(s, &excluded)
+	return uint64(excluded)
+}
+
+func tracerBeginC(h uint64) error {
+	if st := C.ct__tracer_begin(C.ct_session(h)); st != C.CT_OK {
+		return &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return nil
+}
+
+func tracerEndC(h uint64) error {
+	if st := C.ct__tracer_end(C.ct_session(h)); st != C.CT_OK {
+		return &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return nil
+}
+
 func slotT0(s *C.ct_slot) uint64 { return uint64(s.t0) }
 
 func threadID() int64 { return int64(C.ct__gettid()) }

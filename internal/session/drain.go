@@ -74,7 +74,7 @@ func drainLocked() {
 							last.onSpanStart(uint64(h.id), uint64(h.parent), name, uint64(h.ts),
 								uint32(h.kind), uint32(h.step), h.measured != 0, tid)
 						case C.CT_REC_SPAN_END:
-							last.onSpanEnd(uint64(h.id), uint64(h.ts))
+							last.onSpanEnd(uint64(h.id), uint64(h.ts), h.measured != 0, uint64(h.parent))
 						}
 					}
 				}

@@ -126,6 +126,10 @@ uint64_t ct__slot_alloc(void) {
         uint64_t gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED) + 1;
         h = (gen << 8) | (uint64_t)(i + 1);
         s->t0 = ct__clock_ns();
+        STORE(&s->tracer_seq, 0);
+        s->tracer_total = s->tracer_since = 0;
+        s->tracer_depth = 0;
+        s->measure_id = s->measure_tracer0 = 0;
         s->poison[0] = 0;
         STORE(&s->measured, 0);
         STORE(&s->measure_ring, NULL);
@@ -159,11 +163,62 @@ static inline __attribute__((always_inline)) ct_slot *slot_get(uint64_t handle) 
 
 ct_slot *ct__slot_of(uint64_t handle) { return slot_get(handle); }
 
+/* ---- the session clock ---------------------------------------------------
+ * CLOCK_MONOTONIC since open, less the tracer's own time: while any thread is
+ * inside ct_tracer_begin/end the clock stands at the value it had when the
+ * first of them began, and it goes on from there once the last has ended.
+ * The tracer's work runs inline in the program it observes (a PyTorch hook,
+ * an op observer), so what it spends is taken out of every span around it
+ * rather than counted as the program's. *excluded gets the tracer ns so far. */
+static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, uint64_t *excluded) {
+    uint64_t seq = LOAD(&s->tracer_seq);
+    if (__builtin_expect(seq == 0, 1)) {
+        uint64_t now = clock_now();
+        /* A first interval that began meanwhile is seen by the next read. */
+        if (excluded) *excluded = 0;
+        return now - s->t0;
+    }
+    for (;;) {
+        if (seq & 1) {
+            seq = LOAD(&s->tracer_seq);
+            continue;
+        }
+        uint64_t mono = clock_now();
+        /* Acquire loads: the sequence's second read cannot move above them. */
+        uint64_t total = LOAD(&s->tracer_total);
+        uint64_t since = LOAD(&s->tracer_since);
+        uint32_t depth = LOAD(&s->tracer_depth);
+        uint64_t again = LOAD(&s->tracer_seq);
+        if (again != seq) {
+            seq = again;
+            continue;
+        }
+        uint64_t clock = (depth ? since : mono) - s->t0 - total;
+        if (excluded) *excluded = mono - s->t0 - clock;
+        return clock;
+    }
+}
+
+/* Writers of the tracer fields: the sequence number doubles as their lock. */
+static inline uint64_t tracer_lock(ct_slot *s) {
+    for (;;) {
+        uint64_t seq = LOAD_RLX(&s->tracer_seq);
+        if (!(seq & 1) && __atomic_compare_exchange_n(&s->tracer_seq, &seq, seq + 1, 1,
+                                                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return seq + 1;
+    }
+}
+
+static inline void tracer_unlock(ct_slot *s, uint64_t seq) { STORE(&s->tracer_seq, seq + 1); }
+
 uint64_t ct__session_now(uint64_t handle) {
     ct_slot *s = ct__slot_of(handle);
     if (!s) return 0;
-    return ct__clock_ns() - s->t0;
+    return session_clock(s, NULL);
 }
+
+uint64_t ct__slot_now(ct_slot *s, uint64_t *excluded) { return session_clock(s, excluded); }
+
 
 static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct_session h, const char *fn) {
     if (!s) {
@@ -180,6 +235,52 @@ static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct
                         "ct_finish_failed works now",
                         fn, (unsigned long long)h, s->poison);
     return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);
+}
+
+ct_status ct__tracer_begin(ct_session h) {
+    ct_slot *s = slot_get(h);
+    ct_status st = check_slot(s, h, "ct_tracer_begin");
+    if (st != CT_OK) return st;
+    if (s->agg)
+        return ct__fail(CT_ERR_STATE,
+                        "ct_tracer_begin: session %llu is an aggregate session; its spans are "
+                        "timed by the cycle counter, which tracer intervals do not correct",
+                        (unsigned long long)h);
+    uint64_t seq = tracer_lock(s);
+    if (s->tracer_depth == UINT32_MAX) {
+        tracer_unlock(s, seq);
+        return ct__fail(CT_ERR_STATE, "ct_tracer_begin: %u tracer intervals are open already",
+                        (unsigned)UINT32_MAX);
+    }
+    /* Release stores: no reader sees them before the odd sequence number. */
+    if (s->tracer_depth == 0) STORE(&s->tracer_since, clock_now());
+    STORE(&s->tracer_depth, s->tracer_depth + 1);
+    tracer_unlock(s, seq);
+    return CT_OK;
+}
+
+ct_status ct__tracer_end(ct_session h) {
+    ct_slot *s = slot_get(h);
+    ct_status st = check_slot(s, h, "ct_tracer_end");
+    if (st != CT_OK) return st;
+    uint64_t seq = tracer_lock(s);
+    if (s->tracer_depth == 0) {
+        tracer_unlock(s, seq);
+        return ct__fail(CT_ERR_STATE, "ct_tracer_end: no tracer interval is open in session %llu",
+                        (unsigned long long)h);
+    }
+    if (s->tracer_depth == 1) STORE(&s->tracer_total, s->tracer_total + (clock_now() - s->tracer_since));
+    STORE(&s->tracer_depth, s->tracer_depth - 1);
+    tracer_unlock(s, seq);
+    return CT_OK;
+}
+
+uint64_t ct__tracer_ns(ct_session h) {
+    ct_slot *s = slot_get(h);
+    if (!s) return 0;
+    uint64_t excluded;
+    session_clock(s, &excluded);
+    return excluded;
 }
 
 ct_status ct__session_usable(ct_session h, const char *fn) {
@@ -490,7 +591,12 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
 
     uint8_t *p = ring_reserve(t->ring, size);
     uint64_t id = take_id(s, ts);
-    uint64_t start = clock_now() - s->t0;
+    uint64_t tracer;
+    uint64_t start = session_clock(s, &tracer);
+    if (measured) {
+        s->measure_tracer0 = tracer;
+        STORE(&s->measure_id, id);
+    }
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
     rec->size = size;
     rec->type = CT_REC_SPAN_START;
@@ -634,13 +740,16 @@ ct_status ct__span_end(ct_session h, ct_span span) {
         return CT_OK;
     }
     uint8_t *p = ring_reserve(t->ring, sizeof(ct_rec_hdr));
-    uint64_t end = clock_now() - s->t0;
+    uint64_t tracer;
+    uint64_t end = session_clock(s, &tracer);
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
     rec->size = sizeof *rec;
     rec->type = CT_REC_SPAN_END;
     rec->session = h;
     rec->id = span;
     rec->ts = end - top.start;
+    rec->measured = span == LOAD_RLX(&s->measure_id);
+    rec->parent = rec->measured ? tracer - s->measure_tracer0 : 0;
     ring_commit(t->ring, sizeof *rec);
     STORE_RLX(&ts->depth, ts->depth - 1);
     if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)t->ring)

@@ -33,6 +33,18 @@ typedef struct ct_slot {
     uint32_t agg_on;      /* aggregate sessions: statistics switched on */
     uint32_t track_main;  /* 1 while a collector wants measure_top kept (ct__track_main_thread) */
     uint64_t t0;                  /* CLOCK_MONOTONIC ns at open */
+    /* The tracer's own time (ct_tracer_begin/ct_tracer_end): the session
+     * clock stands still while any thread is inside it. A seqlock: odd
+     * while a writer changes the fields after it; 0 until the first
+     * interval, so that a session that never has one reads its clock as
+     * before. */
+    uint64_t tracer_seq;
+    uint64_t tracer_total;        /* ns in closed tracer intervals */
+    uint64_t tracer_since;        /* CLOCK_MONOTONIC ns the open interval began at */
+    uint32_t tracer_depth;        /* intervals open, over all threads */
+    uint32_t pad_tracer;
+    uint64_t measure_id;          /* the measured span, once begun */
+    uint64_t measure_tracer0;     /* tracer ns excluded before it began */
     /* The session's main thread (its ring, compared, never followed): the
      * one that began the measured region, else the first to open a span
      * while tracked; and, while track_main, its innermost open span here (0:
@@ -99,10 +111,10 @@ typedef struct ct_rec_hdr {
     uint8_t type;
     uint8_t kind;
     uint8_t step;
-    uint8_t measured;
+    uint8_t measured;   /* span_end: 1 for the measured span's */
     uint64_t session;
     uint64_t id;
-    uint64_t parent;    /* span_start only */
+    uint64_t parent;    /* span_start; span_end of the measured span: tracer ns inside it */
     uint64_t ts;        /* span_start: start_ns; span_end: duration_ns */
     uint32_t name_len;  /* span_start only; name bytes follow the header */
     uint32_t pad;
@@ -134,6 +146,14 @@ void ct__slot_release(uint64_t handle);
 ct_slot *ct__slot_of(uint64_t handle);    /* NULL when not live */
 uint64_t ct__clock_ns(void);
 uint64_t ct__session_now(uint64_t handle);
+/* The tracer's own time (ct_tracer_begin/end/ns in the header). begin/end
+ * return CT_OK or fail with the message; tracer_ns is 0 on a bad handle. */
+ct_status ct__tracer_begin(ct_session h);
+ct_status ct__tracer_end(ct_session h);
+uint64_t ct__tracer_ns(ct_session h);
+/* The clock of slot s (session ns) and, in *excluded (may be NULL), the
+ * tracer ns left out of it so far; for Go, which holds its slot. */
+uint64_t ct__slot_now(ct_slot *s, uint64_t *excluded);
 int64_t ct__gettid(void);
 
 /* Errors: the calling thread's message buffer. */

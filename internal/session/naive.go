@@ -53,6 +53,6 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 		s.aggr.agg.Observe(k, s.Now()-o.start)
 		return nil
 	}
-	s.onSpanEnd(id, s.Now()-o.start)
+	s.onSpanEnd(id, s.Now()-o.start, false, 0)
 	return nil
 }

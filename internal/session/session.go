@@ -26,9 +26,12 @@ type Session struct {
 	handle uint64
 	slot   *cSlot
 	path   string
-	run    *events.Run
-	opts   options
-	sink   Sink
+	// measuredRoot: the root span is the measured region (its span_end
+	// states the tracer's time).
+	measuredRoot bool
+	run          *events.Run
+	opts         options
+	sink         Sink
 
 	aggr *aggState // aggregate sessions only
 
@@ -114,6 +117,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	}
 	if run.MeasuredRoot {
 		setSlotMeasured(s.slot)
+		s.measuredRoot = true
 	}
 	if aggr != nil {
 		setSlotAggregate(s.slot, aggr.agg.Enabled())
@@ -210,7 +214,18 @@ func errForked(fn string) error {
 }
 
 // Now is the session clock in nanoseconds since Open.
-func (s *Session) Now() uint64 { return clockNs() - slotT0(s.slot) }
+// It stands still while the tracer's own work runs (TracerBegin).
+func (s *Session) Now() uint64 { return slotNow(s.slot) }
+
+// TracerNs is the tracer's own time so far, left out of the session clock.
+func (s *Session) TracerNs() uint64 { return slotTracerNs(s.slot) }
+
+// TracerBegin and TracerEnd bracket the tracer's own work (ct_tracer_begin
+// and ct_tracer_end): the session clock stands still in between.
+func (s *Session) TracerBegin() error { return tracerBeginC(s.handle) }
+
+// TracerEnd closes an interval of TracerBegin.
+func (s *Session) TracerEnd() error { return tracerEndC(s.handle) }
 
 // usableLocked refuses calls on a poisoned or finishing session.
 func (s *Session) usableLocked(fn string) error {
@@ -254,14 +269,18 @@ func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind
 	s.maybeWrite()
 }
 
-func (s *Session) onSpanEnd(id, dur uint64) {
+func (s *Session) onSpanEnd(id, dur uint64, measured bool, tracer uint64) {
 	o, ok := s.open[id]
 	if !ok {
 		return
 	}
 	delete(s.open, id)
 	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur})
-	s.buf = events.AppendSpanEnd(s.buf, id, dur)
+	if measured {
+		s.buf = events.AppendMeasuredSpanEnd(s.buf, id, dur, tracer)
+	} else {
+		s.buf = events.AppendSpanEnd(s.buf, id, dur)
+	}
 	if froms, ok := s.pendingEdges[id]; ok {
 		for _, from := range froms {
 			s.buf = events.AppendCallEdge(s.buf, from, id, dur)
@@ -383,9 +402,13 @@ func (s *Session) Finish() error {
 		}
 		return nil
 	}
-	now := s.Now()
-	s.buf = events.AppendSpanEnd(s.buf, 1, now)
-	s.buf = events.AppendTerminal(s.buf, true, now, "")
+	now, tracer := s.Now(), s.TracerNs()
+	if s.measuredRoot {
+		s.buf = events.AppendMeasuredSpanEnd(s.buf, 1, now, tracer)
+	} else {
+		s.buf = events.AppendSpanEnd(s.buf, 1, now)
+	}
+	s.buf = events.AppendTerminal(s.buf, true, now, "", tracer)
 	err := s.writeLocked()
 	if cerr := s.sink.Close(); err == nil {
 		err = cerr
@@ -488,12 +511,12 @@ func (s *Session) FinishFailed(reason string) error {
 	}
 	if s.poison == nil {
 		drainLocked()
-		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason)
+		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason, s.TracerNs())
 		err = s.writeLocked()
 	} else {
 		// Whatever the poisoned stream holds, try to say why it ends here.
 		reason = fmt.Sprintf("%s (events after the last successful write are lost: %v)", reason, s.poison)
-		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason)
+		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason, s.TracerNs())
 		err = s.writeOut()
 	}
 	if cerr := s.sink.Close(); err == nil {

@@ -226,6 +226,38 @@ static void *launcher(void *arg) {
     return NULL;
 }
 
+/* Tracer intervals on the trace session racing its spans (producers) and a
+ * clock reader that must never see the clock run backwards. */
+static int stop_tracer;
+static unsigned long tracer_intervals, clock_reads;
+
+static void *tracer(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&stop_tracer, __ATOMIC_ACQUIRE)) {
+        ct_status st = ct__tracer_begin(trace_handle);
+        if (st == CT_OK) st = ct__tracer_end(trace_handle);
+        if (st != CT_OK) {
+            CHECK(0, "tracer interval: %s", ct__errbuf());
+            return NULL;
+        }
+        tracer_intervals++;
+    }
+    return NULL;
+}
+
+static void *clock_reader(void *arg) {
+    (void)arg;
+    uint64_t last = 0;
+    while (!__atomic_load_n(&stop_tracer, __ATOMIC_ACQUIRE)) {
+        uint64_t now = ct__session_now(trace_handle);
+        CHECK(now >= last, "the session clock went back from %llu to %llu", (unsigned long long)last,
+              (unsigned long long)now);
+        last = now;
+        clock_reads++;
+    }
+    return NULL;
+}
+
 static void *leaver(void *arg) {
     (void)arg;
     ct_span sp;
@@ -249,16 +281,23 @@ int main(void) {
     trace_handle = ct__slot_alloc();
     CHECK(agg_handles[0] && agg_handles[1] && trace_handle, "slots");
 
-    pthread_t d, th[THREADS], lv, la;
+    pthread_t d, th[THREADS], lv, la, tr, cr;
     pthread_create(&d, NULL, drainer, NULL);
     ct__track_main_thread(trace_handle, 1); /* as the CUPTI collector does with "main_thread" */
     pthread_create(&la, NULL, launcher, NULL);
+    pthread_create(&tr, NULL, tracer, NULL);
+    pthread_create(&cr, NULL, clock_reader, NULL);
     for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, producer, (void *)(intptr_t)i);
     pthread_create(&lv, NULL, leaver, NULL);
     for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
     pthread_join(lv, NULL);
     __atomic_store_n(&stop_launcher, 1, __ATOMIC_RELEASE);
     pthread_join(la, NULL);
+    __atomic_store_n(&stop_tracer, 1, __ATOMIC_RELEASE);
+    pthread_join(tr, NULL);
+    pthread_join(cr, NULL);
+    CHECK(tracer_intervals > 0 && clock_reads > 0, "%lu tracer intervals, %lu clock reads", tracer_intervals,
+          clock_reads);
     CHECK(launches > 0 && borrowed_launches > 0, "%lu launches, %lu on the main thread's span", launches,
           borrowed_launches);
     __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
@@ -317,7 +356,7 @@ int main(void) {
     for (ct_ring *r = ct__rings; r; r = r->next) rings++;
     CHECK(rings == 0, "%d rings left, want 0 (every thread that made spans has exited)", rings);
 
-    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %d failure(s)\n", total,
-           THREADS, intern_calls, launches, borrowed_launches, failures);
+    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %lu tracer intervals, %lu clock reads, %d failure(s)\n", total,
+           THREADS, intern_calls, launches, borrowed_launches, tracer_intervals, clock_reads, failures);
     return failures != 0;
 }

@@ -409,6 +409,8 @@ static void test_library(void) {
     CHECK(ct_now_ns(0) == 0, "ct_now_ns(0) != 0");
     CHECK(ct_now_ns(0x12345678ull) == 0, "ct_now_ns(unknown) != 0");
     CHECK(ct_now_ns(UINT64_MAX) == 0, "ct_now_ns(UINT64_MAX) != 0");
+    CHECK(ct_tracer_ns(0) == 0, "ct_tracer_ns(0) != 0");
+    CHECK(ct_tracer_ns(0x12345678ull) == 0, "ct_tracer_ns(unknown) != 0");
     CHECK(ct_ambient_session() == 0, "ct_ambient_session() != 0 without CANDLE_TRACE_PATH");
     pthread_t th;
     int fresh_ok = 0;
@@ -598,6 +600,8 @@ static ct_status h_gradient(ct_session s) {
 static ct_status h_device_start(ct_session s) { return ct_device_start(s, NULL); }
 static ct_status h_device_stop(ct_session s) { return ct_device_stop(s); }
 static ct_status h_flush(ct_session s) { return ct_flush(s); }
+static ct_status h_tracer_begin(ct_session s) { return ct_tracer_begin(s); }
+static ct_status h_tracer_end(ct_session s) { return ct_tracer_end(s); }
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 
@@ -623,6 +627,8 @@ static const struct {
     {"ct_device_start", h_device_start},
     {"ct_device_stop", h_device_stop},
     {"ct_flush", h_flush},
+    {"ct_tracer_begin", h_tracer_begin},
+    {"ct_tracer_end", h_tracer_end},
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
 };
@@ -1196,6 +1202,28 @@ static void test_measured(ct_session s) {
 
 /* ---- records on spans: times, lifetimes, edges ----------------------------- */
 
+/* The tracer's own time: the clock stands still inside an interval, and a
+ * span around one does not count it. */
+static void test_tracer(ct_session s) {
+    g_section = "tracer time";
+    CHECK_STATUS(ct_tracer_end(s), CT_ERR_STATE, "no tracer interval is open");
+    uint64_t excluded0 = ct_tracer_ns(s);
+    ct_span sp;
+    MUST(ct_span_begin(s, "tracer/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp));
+    MUST(ct_tracer_begin(s));
+    uint64_t frozen = ct_now_ns(s);
+    sleep_ms(30);
+    CHECK(ct_now_ns(s) == frozen, "the clock moved inside a tracer interval (%llu -> %llu)",
+          (unsigned long long)frozen, (unsigned long long)ct_now_ns(s));
+    MUST(ct_tracer_end(s));
+    uint64_t after = ct_now_ns(s);
+    CHECK(after >= frozen && after - frozen < 20000000ull,
+          "the clock jumped by %llu ns over a tracer interval", (unsigned long long)(after - frozen));
+    CHECK(ct_tracer_ns(s) - excluded0 >= 30000000ull, "ct_tracer_ns grew by %llu ns, want >= 30 ms",
+          (unsigned long long)(ct_tracer_ns(s) - excluded0));
+    MUST(ct_span_end(s, sp));
+}
+
 static void test_times(ct_session s) {
     g_section = "op/memory inside span";
     uint64_t before = ct_now_ns(s);
@@ -1424,6 +1452,7 @@ static void test_errors_session(void) {
     test_spans(s, m);
     test_measured(s);
     test_times(s);
+    test_tracer(s);
     test_edges(s, w);
     test_completed(s);
     g_watch = 0;

@@ -233,6 +233,9 @@ PROTOTYPES = {
     "ct_span_end": (_st, [c_session, c_span]),
     "ct_record_completed_span": (_st, [c_session, _p_char, _enum, _u64, _u64, _P(c_span)]),
     "ct_now_ns": (_u64, [c_session]),
+    "ct_tracer_begin": (_st, [c_session]),
+    "ct_tracer_end": (_st, [c_session]),
+    "ct_tracer_ns": (_u64, [c_session]),
     "ct_record_op": (_st, [c_session, c_span, _P(Op)]),
     "ct_record_tensor": (_st, [c_session, c_span, _P(Tensor)]),
     "ct_record_tensor_stats": (_st, [c_session, c_span, _P(TensorStats)]),
@@ -317,6 +320,7 @@ class Library:
         # halves the cost of a call. They keep the GIL (PyDLL).
         self.raw = ctypes.PyDLL(str(path))
         self.raw.ct_now_ns.restype = ctypes.c_uint64
+        self.raw.ct_tracer_ns.restype = ctypes.c_uint64
 
     def last_error(self) -> str:
         msg = self.c.ct_last_error()

@@ -179,6 +179,41 @@ class _NoopSpan:
 
 
 _NOOP_SPAN = _NoopSpan()
+
+
+class TracerWork:
+    """The tracer's own work (``session.tracer_work()``): a context manager and a
+    decorator. Inside, the session clock stands still (``ct_tracer_begin``), so a binding's
+    bookkeeping, statistics or record writing is counted in no span; the trace states the
+    total (``tracer_ns`` on the measured span's end and on the terminal). Nests; a
+    disabled session makes it a no-op."""
+
+    __slots__ = ("_sess",)
+
+    def __init__(self, session: "Session") -> None:
+        self._sess = session
+
+    def __enter__(self) -> "TracerWork":
+        s = self._sess
+        if s.enabled:
+            s._call(s._c.ct_tracer_begin(s.handle))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        s = self._sess
+        if s.enabled:
+            st = s._c.ct_tracer_end(s.handle)
+            if st and exc_type is None:
+                _raise(st)
+        return False
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
 _NAME_CACHE_MAX = 4096
 
 
@@ -311,6 +346,17 @@ class Session:
         if not self.enabled:
             return 0
         return self._c.ct_now_ns(self.handle)
+
+    def tracer_ns(self) -> int:
+        """The tracer's own time left out of the session clock so far (ns; ``ct_tracer_ns``)."""
+        if not self.enabled:
+            return 0
+        return self._c.ct_tracer_ns(self.handle)
+
+    def tracer_work(self) -> "TracerWork":
+        """Brackets the tracer's own work (``with session.tracer_work(): ...``): the session
+        clock stands still inside, so no span counts it (``ct_tracer_begin``/``ct_tracer_end``)."""
+        return TracerWork(self)
 
     # -- spans -----------------------------------------------------------------
 

@@ -62,7 +62,7 @@ def test_complete_trace_with_every_record(tmp_path):
     assert {"meta", "span_start", "span_end", "op", "tensor", "tensor_stats", "memory",
             "device_memory", "device_interval", "gradient", "edge", "terminal"} <= kinds
     assert lines[-1] == {"kind": "terminal", "outcome": "complete",
-                         "timestamp_ns": lines[-1]["timestamp_ns"]}
+                         "timestamp_ns": lines[-1]["timestamp_ns"], "tracer_ns": 0}
     candle_graph(path, tmp_path)
     validate(path)
 
@@ -281,3 +281,42 @@ def test_pip_cupti_dir_follows_the_import_path(tmp_path, monkeypatch, layout, fo
         (tmp_path / layout).parent.mkdir(parents=True)
         (tmp_path / layout).write_bytes(b"")
     assert pip_cupti_dir() == (str(tmp_path / found) if found else None)
+
+
+def _busy(seconds: float) -> None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
+@pytest.mark.parametrize("use", ["context manager", "decorator"])
+def test_tracer_work_is_left_out_of_spans_and_stated(tmp_path, use):
+    path = tmp_path / "tracer.jsonl"
+    with open_session(tmp_path, "tracer.jsonl") as s:
+        work = s.tracer_work()(lambda: _busy(0.05))
+        with s.measure("update"):
+            with s.span("forward", kind="module", step="forward"):
+                _busy(0.01)
+                if use == "decorator":
+                    work()
+                else:
+                    with s.tracer_work():
+                        _busy(0.05)
+        assert s.tracer_ns() >= 50_000_000
+    lines = read_trace(path)
+    ends = {e["id"]: e for e in lines if e["kind"] == "span_end"}
+    fwd, upd = ends["s3"], ends["s2"]
+    assert 10_000_000 <= fwd["duration_ns"] < 35_000_000, "the tracer's 50 ms is not the forward's"
+    assert upd["tracer_ns"] >= 50_000_000
+    assert lines[-1]["tracer_ns"] >= upd["tracer_ns"]
+    candle_graph(path, tmp_path)
+    validate(path)
+
+
+def test_tracer_work_refuses_an_end_without_begin(tmp_path):
+    with open_session(tmp_path) as s:
+        with s.measure("update"):
+            with pytest.raises(CandleTraceError) as e:
+                s._call(s._c.ct_tracer_end(s.handle))
+            assert e.value.status == Status.CT_ERR_STATE
+            assert "ct_tracer_end: no tracer interval is open" in str(e.value)
