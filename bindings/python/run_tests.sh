@@ -20,6 +20,7 @@ TORCH_PY="${TORCH_PYTHON:-/usr/bin/python3}"
 
 if "$TORCH_PY" -c "import torch, pytest" 2>/dev/null; then
   "$TORCH_PY" -m pytest -q -p no:cacheprovider bindings/python/tests/test_torch.py \
+    bindings/python/tests/test_torch_trust.py \
     bindings/python/tests/test_torch_observer.py
 else
   echo "run_tests.sh: $TORCH_PY has no torch or pytest (apt-get install python3-torch python3-pytest)" >&2

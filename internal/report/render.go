@@ -169,8 +169,12 @@ func writeStats(w io.Writer, rows []NameStats, ops bool) {
 				FormatShare(r.Share), FormatBytes(r.InputBytes), FormatBytes(r.OutputBytes), FormatBytes(uint64(r.BytesPerOp)))
 			continue
 		}
+		share := FormatShare(r.Share)
+		if r.Encloses {
+			share = "-" // the session around the capture: no share of the region
+		}
 		fmt.Fprintf(t, "%-*s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", width, displayName(r), r.Count, FormatNS(float64(r.TotalNS)), FormatNS(float64(r.SelfNS)),
-			FormatNS(r.MeanNS), FormatNS(float64(r.P50NS)), FormatNS(float64(r.P95NS)), FormatNS(float64(r.MaxNS)), FormatShare(r.Share))
+			FormatNS(r.MeanNS), FormatNS(float64(r.P50NS)), FormatNS(float64(r.P95NS)), FormatNS(float64(r.MaxNS)), share)
 	}
 	t.Flush()
 	if approx {

@@ -53,6 +53,10 @@ type NameStats struct {
 	BytesPerOp  float64 `json:"bytes_per_op,omitempty"`
 	// Spans only: closed spans (only these have a duration).
 	Open uint64 `json:"open,omitempty"`
+	// Spans only: every span of the name encloses the measured region (the
+	// session's root around a capture): a share of it would say nothing, so
+	// Share is 0 and the table shows "-".
+	Encloses bool `json:"encloses_measured_region,omitempty"`
 }
 
 // MemoryPeak is the simultaneous logical-memory peak.
@@ -417,14 +421,41 @@ func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64) []Nam
 		x.d.add(s.dur)
 		x.self = satAdd(x.self, s.dur-min(s.dur, s.childDur))
 	}
+	enclosing := enclosingNames(a)
 	out := []NameStats{}
 	for _, name := range order {
 		x := byName[name]
 		st := statsOf(name, &x.d, share)
 		st.SelfNS, st.Open = x.self, x.open
+		if enclosing[name] == x.d.n+x.open {
+			st.Encloses, st.Share = true, 0
+		}
 		out = append(out, st)
 	}
 	sortStats(out)
+	return out
+}
+
+// enclosingNames counts, per span name, the spans that are ancestors of the
+// measured span (none without one).
+func enclosingNames(a *analyzer) map[string]uint64 {
+	out := map[string]uint64{}
+	var measured *span
+	for _, s := range a.spanList {
+		if s.measured {
+			measured = s
+			break
+		}
+	}
+	// At most one step per span: a parent cycle (an invalid trace) ends the walk.
+	for s, steps := measured, 0; s != nil && s.hasParent && steps < len(a.spanList); steps++ {
+		p, ok := a.spans[s.parent]
+		if !ok {
+			break
+		}
+		out[p.name]++
+		s = p
+	}
 	return out
 }
 

@@ -35,12 +35,13 @@ func TestReportSpans(t *testing.T) {
 	tests := []struct {
 		name        string
 		total, self uint64
+		encloses    bool // the measured region: no share of it
 	}{
-		{"demo::train", 10000, 200},
-		{"train/step", 9800, 9800 - 3000 - 4000 - 2000},
-		{"train/forward", 3000, 3000},
-		{"train/backward", 4000, 4000},
-		{"train/optimizer", 2000, 2000},
+		{"demo::train", 10000, 200, true},
+		{"train/step", 9800, 9800 - 3000 - 4000 - 2000, false},
+		{"train/forward", 3000, 3000, false},
+		{"train/backward", 4000, 4000, false},
+		{"train/optimizer", 2000, 2000, false},
 	}
 	for _, tc := range tests {
 		s := spans[tc.name]
@@ -49,7 +50,12 @@ func TestReportSpans(t *testing.T) {
 		assert.Equal(t, tc.self, s.SelfNS, tc.name)
 		assert.Equal(t, tc.total, s.P50NS, tc.name)
 		assert.Equal(t, tc.total, s.MaxNS, tc.name)
-		assert.InDelta(t, float64(tc.total)/9800, s.Share, 1e-12, tc.name)
+		assert.Equal(t, tc.encloses, s.Encloses, tc.name)
+		if tc.encloses {
+			assert.Zero(t, s.Share, tc.name)
+		} else {
+			assert.InDelta(t, float64(tc.total)/9800, s.Share, 1e-12, tc.name)
+		}
 	}
 }
 
@@ -279,6 +285,8 @@ func TestWriteReportHasUnits(t *testing.T) {
 	} {
 		assert.Contains(t, s, want)
 	}
+	assert.Regexp(t, `(?m)^  demo::train +1 .* -$`, s, "the root around the region has no share")
+	assert.Regexp(t, `(?m)^  train/step +1 .* 100\.0%$`, s)
 }
 
 // The tracer's own time, stated by the writer, is shown next to the measured

@@ -96,19 +96,22 @@ typedef struct ct_memory {
 
 namespace {
 
-constexpr int kProtocol = 1;  // _observer.py checks ct_obs_protocol()
+constexpr int kProtocol = 2;  // _observer.py checks ct_obs_protocol()
 constexpr int kCategoryActivation = 2;
 constexpr int kMemoryAlloc = 0;
 constexpr int kMemoryFree = 1;
 constexpr size_t kPendingMax = 256;  // allocations remembered inside one op
 
 using now_fn = uint64_t (*)(ct_session);
+using tracer_fn = int (*)(ct_session);
 using record_op_fn = int (*)(ct_session, ct_span, const ct_op *);
 using record_memory_fn = int (*)(ct_session, ct_span, int, const ct_memory *);
 using record_data_edge_fn = int (*)(ct_session, const char *, const char *);
 using last_error_fn = const char *(*)();
 
 now_fn p_now = nullptr;
+tracer_fn p_tracer_begin = nullptr;
+tracer_fn p_tracer_end = nullptr;
 record_op_fn p_record_op = nullptr;
 record_memory_fn p_record_memory = nullptr;
 record_data_edge_fn p_record_data_edge = nullptr;
@@ -174,6 +177,7 @@ std::atomic<bool> g_forked{false};
 ct_session g_session = 0;
 ct_span g_measured = 0;
 at::CallbackHandle g_handle = 0;
+at::CallbackHandle g_user_handle = 0;  // USER_SCOPE starts (see on_user_start)
 bool g_memory = false;
 std::string g_error;  // the last failure of a control call
 uint64_t g_errors = 0;
@@ -192,6 +196,8 @@ struct Thread {
     int rec_depth = -1;  // depth of the op being recorded, -1 when none
     bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
     int suspended = 0;   // ct_obs_suspend nesting
+    bool after_user_scope = false;  // a USER_SCOPE record function just began
+    bool maybe_handle = false;      // the op being recorded came right after one
     bool rf_was_enabled = true;
     uint64_t t0 = 0, op_span = 0, in_bytes = 0;
     const char *name = nullptr;
@@ -235,6 +241,17 @@ Buf &buffer(Thread &t) {
 inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; }
 
 inline uint64_t now() { return p_now(g_session); }
+
+// The observer's own work on a recorded op (gathering inputs, buffering the record) is
+// the tracer's, not the model's: the session clock stands still while it runs
+// (ct_tracer_begin/end), so an op's start is taken as the callback is entered and its end
+// as the op returns, and neither the op nor its span counts the bookkeeping.
+struct TracerWork {
+    TracerWork() { p_tracer_begin(g_session); }
+    ~TracerWork() { p_tracer_end(g_session); }
+    TracerWork(const TracerWork &) = delete;
+    TracerWork &operator=(const TracerWork &) = delete;
+};
 
 // The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
 // pointer lives as long as the operator, so it keys the caches) are recorded, except
@@ -315,10 +332,28 @@ inline void pin(Buf &b, const Impl *impl) {
     b.pinned.push_back(i);
 }
 
+// torch.autograd.profiler.record_function (torch 1.x, which every optimizer's step uses)
+// begins a USER_SCOPE record function and then keeps it in a byte tensor of
+// sizeof(at::RecordFunction) made by aten::empty -- the profiler's handle, not the
+// model's op. The op right after a user scope begins is checked for that shape.
+std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &) {
+    tl.after_user_scope = true;
+    return nullptr;
+}
+
+bool is_scope_handle(const Thread &t, const at::Tensor *out) {
+    return t.maybe_handle && out && std::strcmp(t.name, "aten::empty") == 0 &&
+           out->scalar_type() == c10::ScalarType::Byte && out->dim() == 1 &&
+           out->numel() == static_cast<int64_t>(sizeof(at::RecordFunction));
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     Thread &t = thread_state();
+    bool after_user_scope = t.after_user_scope;
+    t.after_user_scope = false;
     int d = t.depth++;
     if (t.rec_depth >= 0 || !g_active.load(std::memory_order_relaxed)) return nullptr;
+    TracerWork work;
     try {
         const char *name = fn.name();
         if (!name) return nullptr;
@@ -334,6 +369,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         for (const c10::IValue &v : fn.inputs()) gather(t, v);
         t.name = name;
         t.op_span = span_of(t);
+        t.maybe_handle = after_user_scope;
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
@@ -347,6 +383,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
 void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     at::Tensor holder;
     const at::Tensor *out = first_tensor(fn.outputs(), holder);
+    if (is_scope_handle(t, out)) {
+        t.pending.clear();
+        return;
+    }
     Buf &b = buffer(t);
     std::lock_guard<std::mutex> lock(b.mu);
     OpRec r;
@@ -400,6 +440,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
         t.opaque = false;
         return;
     }
+    TracerWork work;
     uint64_t t1 = now();
     if (!g_active.load(std::memory_order_relaxed)) return;
     try {
@@ -671,9 +712,12 @@ CT_OBS_EXPORT int ct_obs_protocol() { return kProtocol; }
 
 CT_OBS_EXPORT const char *ct_obs_error() { return g_error.c_str(); }
 
-CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *record_op, void *record_memory,
+CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin, void *tracer_end,
+                                  void *record_op, void *record_memory,
                                   void *record_data_edge, void *last_error) {
     p_now = reinterpret_cast<now_fn>(now);
+    p_tracer_begin = reinterpret_cast<tracer_fn>(tracer_begin);
+    p_tracer_end = reinterpret_cast<tracer_fn>(tracer_end);
     p_record_op = reinterpret_cast<record_op_fn>(record_op);
     p_record_memory = reinterpret_cast<record_memory_fn>(record_memory);
     p_record_data_edge = reinterpret_cast<record_data_edge_fn>(record_data_edge);
@@ -701,7 +745,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
             g_error = "candle_trace observer: a capture is already running";
             return 1;
         }
-        if (!p_now || !p_record_op) {
+        if (!p_now || !p_tracer_begin || !p_tracer_end || !p_record_op) {
             g_error = "candle_trace observer: ct_obs_set_abi was not called";
             return 1;
         }
@@ -743,6 +787,8 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
                 .needsInputs(true)
                 .needsOutputs(true)
                 .scopes({at::RecordScope::FUNCTION}));
+        g_user_handle = at::addGlobalCallback(
+            at::RecordFunctionCallback(on_user_start).scopes({at::RecordScope::USER_SCOPE}));
         return 0;
     } catch (const std::exception &e) {
         g_active.store(false);
@@ -777,6 +823,10 @@ CT_OBS_EXPORT int ct_obs_stop() {
         if (g_handle != 0) {
             at::removeCallback(g_handle);
             g_handle = 0;
+        }
+        if (g_user_handle != 0) {
+            at::removeCallback(g_user_handle);
+            g_user_handle = 0;
         }
         quiet_logs(false);
         if (g_reporter_pushed) {

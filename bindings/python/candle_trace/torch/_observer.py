@@ -27,7 +27,7 @@ import torch
 from .. import _lib
 
 SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
-PROTOCOL = 1  # kProtocol of _observer.cpp
+PROTOCOL = 2  # kProtocol of _observer.cpp
 MODES = ("auto", "observer", "dispatch")
 
 _lock = threading.Lock()
@@ -104,7 +104,7 @@ class Observer:
         if proto != PROTOCOL:
             raise ObserverUnavailable(f"{path} speaks protocol {proto}, expected {PROTOCOL}")
         dll.ct_obs_error.restype = ctypes.c_char_p
-        dll.ct_obs_set_abi.argtypes = [ctypes.c_void_p] * 5
+        dll.ct_obs_set_abi.argtypes = [ctypes.c_void_p] * 7
         dll.ct_obs_set_abi.restype = None
         dll.ct_obs_begin.argtypes = [
             ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
@@ -123,7 +123,8 @@ class Observer:
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
-        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_record_op), addr(c.ct_record_memory),
+        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin), addr(c.ct_tracer_end),
+                           addr(c.ct_record_op), addr(c.ct_record_memory),
                            addr(c.ct_record_data_edge), addr(c.ct_last_error))
         self.set_span = dll.ct_obs_set_span
         self.suspend = dll.ct_obs_suspend

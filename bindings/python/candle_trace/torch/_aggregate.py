@@ -1,0 +1,130 @@
+"""Whole-run statistics beside the capture: an aggregate session (``"mode":
+"aggregate"``) that folds every update's phases into O(1)-memory statistics through
+three cheap wrappers (the model's forward, ``torch.autograd.backward``, the optimizer's
+step) and the profile's ``step()``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ..session import CandleTraceError, Session
+from ._common import exception_reason, patch, restore
+
+__all__ = ["WholeRun"]
+
+
+class WholeRun:
+    """The aggregate session of one profile, open from its start to its end."""
+
+    def __init__(self, path: str, entrypoint: str, phase: str, capture_step: int, device: str,
+                 tags: Dict[str, str], interval_ms: Optional[int], prefix: str,
+                 want_loss: bool) -> None:
+        run: Dict[str, Any] = {"mode": "aggregate"}
+        if interval_ms is not None:
+            run["aggregate_interval_ms"] = int(interval_ms)
+        self.session = a = Session(path, entrypoint, phase, capture_step, device, tags=tags,
+                                   run=run)
+        self._undo: List[Callable[[], None]] = []
+        self._want_loss = want_loss
+        self._loss: Optional[torch.Tensor] = None
+        self._fwd = a.span(f"{prefix}/forward", "module", "forward")
+        self._bwd = a.span(f"{prefix}/backward", "function", "backward")
+        self._opt = a.span(f"{prefix}/optimizer", "function", "optimizer")
+        # The update span opens at the update's first forward (the trace's measured region
+        # starts there too) and closes at step(); the data span covers the rest, from
+        # step() (or the start) to the next forward. Both are plain begin/end spans of this
+        # thread (ct_record_completed_span is not folded by aggregate sessions).
+        self._step_span = a.span(f"{prefix}/step")
+        self._data_span = a.span(f"{prefix}/data")
+        self._open: List[Any] = []  # the open update (None) or data span (at most one)
+        self._update: Any = None
+        self._open_data()
+
+    def install(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        spanned_forward = self._fwd(model.forward)  # a Span per call, closed on exceptions too
+        open_ = self._open
+
+        @functools.wraps(spanned_forward)
+        def forward(*args: Any, **kw: Any) -> Any:
+            if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
+                self._begin_update()
+            return spanned_forward(*args, **kw)
+
+        prev = patch(model, "forward", forward)
+        self._undo.append(lambda: restore(model, "forward", prev))
+
+        orig_backward = torch.autograd.backward
+        spanned_backward = self._bwd(orig_backward)
+        want_loss = self._want_loss
+
+        @functools.wraps(orig_backward)
+        def backward(tensors: Any, *args: Any, **kw: Any) -> Any:
+            if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                self._loss = tensors.detach()
+            return spanned_backward(tensors, *args, **kw)
+
+        torch.autograd.backward = backward  # Tensor.backward calls it too
+        self._undo.append(lambda: setattr(torch.autograd, "backward", orig_backward))
+
+        if optimizer is not None:
+            prev_step = patch(optimizer, "step", self._opt(optimizer.step))
+            self._undo.append(lambda: restore(optimizer, "step", prev_step))
+
+    def _span(self, proto: Any) -> Any:
+        sp = type(proto)()
+        sp._sess, sp._name, sp._kind, sp._step, sp._measured = (
+            proto._sess, proto._name, proto._kind, proto._step, False)
+        return sp
+
+    def _open_data(self) -> None:
+        data = self._span(self._data_span)
+        data.__enter__()
+        self._open.append(data)  # a data span is not None: see forward()
+
+    def _begin_update(self) -> None:
+        """Closes the data span (if open) and opens the update span."""
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+        upd = self._span(self._step_span)
+        upd.__enter__()
+        self._open.append(None)  # marks "update open"
+        self._update = upd
+
+    def step(self) -> None:
+        """The end of one update (the profile's ``step()``)."""
+        if not self._open or self._open[-1] is not None:  # no forward in this update
+            self._begin_update()
+        self._open.pop()
+        self._update.__exit__(None, None, None)
+        self._update = None
+        loss, self._loss = self._loss, None
+        if loss is not None:
+            self.session.record_scalar(1, "loss", float(loss))
+        self._open_data()
+
+    def close(self, exc_type: Any, exc: Any) -> None:
+        for u in reversed(self._undo):
+            u()
+        self._undo.clear()
+        a = self.session
+        if a.finished:
+            return
+        try:
+            if self._open:
+                # The span after the last update (data, or an update without step()) is no
+                # update: it ends with statistics off, so it is not counted.
+                a.aggregate_enable(False)
+                span = self._open.pop()
+                (span if span is not None else self._update).__exit__(None, None, None)
+        except CandleTraceError:
+            pass
+        if exc_type is None:
+            a.finish()
+        else:
+            try:
+                a.finish_failed(exception_reason(exc_type, exc))
+            except CandleTraceError:
+                pass

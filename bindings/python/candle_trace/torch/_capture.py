@@ -1,0 +1,403 @@
+"""One captured update (or inference step) of a PyTorch program, in one trace.
+
+:class:`Capture` owns the trace session and the hooks of the captured update. Its life:
+``open()`` (the trace exists, its provenance checked), ``arm()`` (hooks in, before the
+update), the update begins at the first forward of a top module -- with gradients on, in
+phase train -- (``begin()``), and ends at ``end()`` (complete) or ``fail(reason)``
+(failed, keeping everything recorded up to the failure: ops, memory, module spans,
+stats, a device-memory sample). Whoever schedules it (:class:`profile`, or a trigger)
+calls those; the capture calls nothing back.
+
+Honest timing: every hook runs as tracer work (:meth:`guard`: the session clock stands
+still), so span durations, op times and the measured region are the program's. An error
+inside the tracer ends the capture as failed with the reason and never reaches the
+program; an exception of the program inside the update (an out-of-memory, a
+KeyboardInterrupt) ends it as failed with the exception's type and message, and goes on
+to the program unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ..session import CandleTraceError, Session
+from . import _gradients, _ops
+from ._common import dtype_name, exception_reason, patch, restore, warn_once
+from ._device import Device
+from ._modules import ModuleSpans
+from ._spans import Spans
+from ._stats import StatsRecorder
+
+__all__ = ["Capture", "Config"]
+
+
+@dataclass
+class Config:
+    """What to capture and how (the keywords of :class:`profile`)."""
+
+    path: str
+    name: str
+    entrypoint: str
+    phase: str
+    capture_step: int
+    device: str
+    tags: Dict[str, str] = field(default_factory=dict)
+    identity: Optional[Mapping[str, Any]] = None
+    ops: bool = True
+    memory: bool = True
+    stats: bool = True
+    gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None
+    device_collect: List[str] = field(default_factory=list)
+
+
+class Capture:
+    """The capture of one update: see the module's doc."""
+
+    def __init__(self, cfg: Config, tops: Sequence[Tuple[str, torch.nn.Module]],
+                 optimizer: Optional[torch.optim.Optimizer]) -> None:
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self._tops = [m for _, m in tops]
+        self.modules: List[Tuple[str, torch.nn.Module]] = _named(tops, "modules")
+        self.params = _named(tops, "parameters")
+        self.grad_params = [(n, p) for n, p in self.params if p.requires_grad]
+        _gradients.check_families(cfg.gradient_families,
+                                  [_gradients.family_of(cfg.name, n) for n, _ in self.grad_params])
+        self.state = "new"  # new -> open -> armed -> capturing -> done | failed
+        self.session: Optional[Session] = None
+        self.ops: Optional[_ops.OpSource] = None
+        self.device = Device(cfg.device, cfg.device_collect)
+        self.stats: Optional[StatsRecorder] = None
+        self.reason: Optional[str] = None
+        #: key -> gradient state of the captured update, once recorded
+        self.gradients: Dict[str, str] = {}
+        #: the contract's violations found at the end (also warned)
+        self.violations: List[str] = []
+        self._grads_done = False
+        self._undo: List[Callable[[], None]] = []
+        self._measured = 0
+        self._module_spans: Optional[ModuleSpans] = None
+
+    # -- what the hooks see -----------------------------------------------------------
+
+    @property
+    def capturing(self) -> bool:
+        return self.state == "capturing"
+
+    @property
+    def op_mechanism(self) -> str:
+        return self.ops.mechanism if self.ops is not None else "none"
+
+    def guard(self, fn: Callable, when: str = "capturing") -> Callable:
+        """``fn`` as a hook: it runs only while the capture is ``when`` (or capturing),
+        as tracer work, and an error inside it fails the capture instead of the program."""
+        states = ("armed", "capturing") if when == "armed" else ("capturing",)
+
+        @functools.wraps(fn)
+        def hook(*args: Any) -> None:
+            if self.state not in states:
+                return None
+            spans = self.spans
+            spans.pause()
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+                self.abort(e)
+            finally:
+                spans.resume()
+            return None
+
+        return hook
+
+    def ops_suspend(self, on: bool) -> None:
+        if self.ops is not None:
+            self.ops.suspend(on)
+
+    def on_top_forward(self, module: torch.nn.Module) -> None:
+        """A top module's forward starts while armed: the update starts with the first
+        that runs with gradients on (phase train) or the first of all (phase infer)."""
+        if self.state == "armed" and (self.cfg.phase == "infer" or torch.is_grad_enabled()):
+            self.begin()
+
+    # -- life -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Creates the trace (its path and provenance are checked now)."""
+        self.ops = _ops.choose(self.params, self.cfg.ops, self.cfg.memory)
+        c = self.cfg
+        self.session = Session(c.path, c.entrypoint, c.phase, c.capture_step, c.device,
+                               tags=c.tags, contract=self._contract(), identity=c.identity)
+        self.spans = Spans(self.session)
+        if c.stats:
+            self.stats = StatsRecorder(self.session)
+        self.state = "open"
+
+    def _contract(self) -> dict:
+        c = self.cfg
+        have_ops = self.ops is not None
+        out: Dict[str, Any] = {
+            "measurement_scope": "profiled_work",
+            "operations": "complete" if have_ops else "none",
+            "activations": "partial" if have_ops else "none",
+            "tensors": "partial",
+            "logical_memory": "partial" if c.memory and have_ops else "none",
+            "physical_memory": "partial" if c.device.startswith("cuda") else "none",
+            "device_timing": "partial" if "cupti" in c.device_collect else "none",
+        }
+        if self.grad_params and c.phase == "train":
+            out["gradients"] = "complete"
+            out["gradient_contract"] = _gradients.contract(
+                c.name, [n for n, _ in self.grad_params], c.gradient_families)
+        return out
+
+    def arm(self) -> None:
+        """Installs the update's hooks (the update before has just ended)."""
+        assert self.state == "open", self.state
+        self.state = "armed"
+        self.spans.pause()
+        try:
+            self.device.start(self.session)  # type: ignore[arg-type]
+            self._module_spans = ModuleSpans(self, self.modules, self._tops, self.cfg.name)
+            self._module_spans.install()
+            for m in self._tops:
+                self._wrap_forward(m)
+            if self.cfg.phase == "train":
+                self._wrap_backward()
+                if self.optimizer is not None:
+                    self._wrap_optimizer(self.optimizer)
+        finally:
+            self.spans.resume()
+
+    def begin(self) -> None:
+        """The measured region opens (called as tracer work, from a hook)."""
+        s = self.session
+        assert s is not None
+        self.state = "capturing"
+        self._measured = self.spans.push_measured("update")
+        for n, p in self.params:
+            s.record_tensor(self._measured, n, dtype=dtype_name(p), device=str(p.device),
+                            shape=tuple(p.shape), label=n, requires_grad=p.requires_grad,
+                            category="parameter")
+        self.device.sample(s)
+        if self.ops is not None:
+            try:
+                self.ops.begin(s, self.spans, self._measured, self.params)
+            except _observer_unavailable() as e:  # e.g. another capture holds it
+                self.ops = _ops.fallback_to_dispatch(e, self.cfg.memory)
+                if self.ops is None:
+                    raise
+                self.ops.begin(s, self.spans, self._measured, self.params)
+
+    def end(self) -> None:
+        """The update ended (``step()``): everything closes and the trace is complete."""
+        if self.state not in ("armed", "capturing"):
+            return
+        self.spans.pause()
+        try:
+            if self.state == "armed":  # no forward ran: an empty update
+                self.begin()
+            if self.cfg.phase == "train" and not self._grads_done:
+                self._record_gradients()
+            self.device.sample(self.session)  # type: ignore[arg-type]
+            if self.ops is not None:
+                self.ops.stop()  # before any span closes: every record stays inside one
+            self.spans.close_until(self._measured)
+            self.device.stop(self.session)  # type: ignore[arg-type]
+            self._disarm()
+            if self.ops is not None:
+                self.ops.emit()
+            self.session.finish()  # type: ignore[union-attr]
+            self.state = "done"
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            self.abort(e)
+        finally:
+            self.spans.resume()
+        self._warn_violations()
+
+    def fail(self, reason: str) -> None:
+        """Ends the capture as failed, keeping what it recorded (idempotent)."""
+        if self.state in ("done", "failed", "new"):
+            return
+        self.state = "failed"
+        self.reason = reason
+        s = self.session
+        assert s is not None
+        try:
+            if self.ops is not None and self._measured:
+                self.ops.stop()
+            try:
+                self.device.sample(s)
+                self.device.stop(s)
+            except Exception:  # noqa: BLE001 - e.g. CUDA itself is what failed
+                pass
+        finally:
+            self._disarm()
+        try:
+            if self.ops is not None and self._measured:
+                self.ops.emit()
+        finally:
+            try:
+                s.finish_failed(reason)
+            except CandleTraceError:
+                pass
+
+    def abort(self, e: BaseException) -> None:
+        """An error inside the tracer: the capture fails, the program goes on."""
+        reason = f"candle_trace internal error: {exception_reason(type(e), e)}"
+        warn_once(f"abort-{type(e).__name__}", f"{reason}; the capture ends as failed and "
+                                               "the program goes on")
+        try:
+            self.fail(reason)
+        except Exception:  # noqa: BLE001 - never into the program
+            pass
+
+    def _disarm(self) -> None:
+        if self._module_spans is not None:
+            self._module_spans.remove()
+            self._module_spans = None
+        for u in reversed(self._undo):
+            u()
+        self._undo.clear()
+
+    # -- the update's phases ----------------------------------------------------------
+
+    def _failing(self, exc: BaseException) -> None:
+        """The program raised inside the update: the capture fails with its exception."""
+        if self.state == "capturing":
+            self.spans.pause()
+            try:
+                self.fail(exception_reason(type(exc), exc))
+            finally:
+                self.spans.resume()
+
+    def _wrap_forward(self, module: torch.nn.Module) -> None:
+        orig = module.forward
+
+        @functools.wraps(orig)
+        def forward(*args: Any, **kw: Any) -> Any:
+            try:
+                return orig(*args, **kw)
+            except BaseException as e:
+                self._failing(e)
+                raise
+
+        prev = patch(module, "forward", forward)
+        self._undo.append(lambda: restore(module, "forward", prev))
+
+    def _wrap_backward(self) -> None:
+        orig = torch.autograd.backward
+
+        @functools.wraps(orig)
+        def backward(tensors: Any, *a: Any, **k: Any) -> Any:
+            if self.state != "capturing":
+                return orig(tensors, *a, **k)
+            sid = self.guard_call(self._backward_begin, tensors)
+            try:
+                return orig(tensors, *a, **k)
+            except BaseException as e:
+                self._failing(e)
+                raise
+            finally:
+                if sid:
+                    self.guard_call(self._backward_end, sid)
+
+        torch.autograd.backward = backward  # Tensor.backward calls it too
+        self._undo.append(lambda: setattr(torch.autograd, "backward", orig))
+
+    def _backward_begin(self, tensors: Any) -> int:
+        sid = self.spans.push("backward", "backward", "function", "backward")
+        if isinstance(tensors, torch.Tensor) and self.stats is not None and \
+                tensors.numel() == 1 and tensors.is_floating_point():
+            self.ops_suspend(True)
+            try:
+                self.stats.record(sid, "loss", tensors)
+            finally:
+                self.ops_suspend(False)
+        return sid
+
+    def _backward_end(self, sid: int) -> None:
+        self.spans.close_until(sid)
+        self.device.sample(self.session)  # type: ignore[arg-type]
+
+    def _wrap_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        orig = opt.step
+        name = f"{type(opt).__name__}.step"
+
+        @functools.wraps(orig)
+        def step(*a: Any, **k: Any) -> Any:
+            if self.state != "capturing":
+                return orig(*a, **k)
+            sid = self.guard_call(self._optimizer_begin, name)
+            try:
+                return orig(*a, **k)
+            except BaseException as e:
+                self._failing(e)
+                raise
+            finally:
+                if sid:
+                    self.guard_call(self.spans.close_until, sid)
+
+        prev = patch(opt, "step", step)
+        self._undo.append(lambda: restore(opt, "step", prev))
+
+    def _optimizer_begin(self, name: str) -> int:
+        if not self._grads_done:
+            self._record_gradients()
+        return self.spans.push("optimizer", name, "function", "optimizer")
+
+    def guard_call(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` as tracer work; an error in it fails the capture (returns None)."""
+        if self.state != "capturing":
+            return None
+        self.spans.pause()
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            self.abort(e)
+            return None
+        finally:
+            self.spans.resume()
+
+    def _record_gradients(self) -> None:
+        self._grads_done = True
+        if not self.grad_params:
+            return
+        self.ops_suspend(True)
+        try:
+            vals = _gradients.norms(self.grad_params)
+        finally:
+            self.ops_suspend(False)
+        self.gradients = _gradients.record(self.session, self.cfg.name, vals)  # type: ignore[arg-type]
+
+    def _warn_violations(self) -> None:
+        if self.state != "done" or not self.gradients:
+            return
+        self.violations = _gradients.violations(self.cfg.name, self.gradients,
+                                                self.cfg.gradient_families)
+        if self.violations:
+            warnings.warn("candle_trace.torch: the captured update breaks the gradient "
+                          f"contract ({self.cfg.path}): " + "; ".join(self.violations),
+                          RuntimeWarning, stacklevel=4)
+
+
+def _observer_unavailable() -> type:
+    from . import _observer
+    return _observer.ObserverUnavailable
+
+
+def _named(tops: Sequence[Tuple[str, torch.nn.Module]], what: str) -> List[Tuple[str, Any]]:
+    """(qualified name, item) of every module (``what`` "modules") or parameter
+    ("parameters") of the top modules, each once; a top module named "" is the model."""
+    out, seen = [], set()
+    for prefix, top in tops:
+        for q, x in getattr(top, f"named_{what}")():
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            out.append((".".join(p for p in (prefix, q) if p), x))
+    return out

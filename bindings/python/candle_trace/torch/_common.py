@@ -1,0 +1,86 @@
+"""Small helpers shared by the capture's parts: dtype spellings, tensor walks, instance
+attribute patches and one-time warnings."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+#: torch dtype -> the trace's dtype spelling.
+DTYPES: Dict[torch.dtype, str] = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+    torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
+    torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool",
+    torch.complex64: "c64", torch.complex128: "c128",
+}
+
+_warned: set = set()
+
+
+def warn_once(key: str, msg: str, stacklevel: int = 3) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"candle_trace.torch: {msg}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return DTYPES.get(t.dtype) or str(t.dtype).replace("torch.", "")
+
+
+def first_tensor(out: Any) -> Optional[torch.Tensor]:
+    """The first tensor in a module's output (a tensor, or nested lists/tuples/dicts)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            t = first_tensor(o)
+            if t is not None:
+                return t
+    if isinstance(out, Mapping):
+        for o in out.values():
+            t = first_tensor(o)
+            if t is not None:
+                return t
+    return None
+
+
+def tensors(args: Any) -> List[torch.Tensor]:
+    """Every tensor in ``args`` (nested lists/tuples/dicts), in order."""
+    out: List[torch.Tensor] = []
+    stack = [args]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            stack.extend(reversed(a))
+        elif isinstance(a, Mapping):
+            stack.extend(reversed(list(a.values())))
+    return out
+
+
+MISSING = object()
+
+
+def patch(obj: Any, attr: str, value: Any) -> Any:
+    """Sets an instance attribute and returns what restores it (see :func:`restore`)."""
+    prev = obj.__dict__.get(attr, MISSING)
+    setattr(obj, attr, value)
+    return prev
+
+
+def restore(obj: Any, attr: str, prev: Any) -> None:
+    """Puts back an instance attribute a wrapper replaced (removes it when there was none)."""
+    if prev is MISSING:
+        obj.__dict__.pop(attr, None)
+    else:
+        obj.__dict__[attr] = prev
+
+
+def exception_reason(exc_type: Any, exc: Any) -> str:
+    """``Type: message`` (the terminal's reason of a capture an exception ended)."""
+    name = getattr(exc_type, "__name__", str(exc_type))
+    text = str(exc).strip() if exc is not None else ""
+    return f"{name}: {text}" if text else name

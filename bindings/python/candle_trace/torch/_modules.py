@@ -1,0 +1,134 @@
+"""Module spans of the captured update: forward spans from module hooks, backward spans
+from autograd hooks on the modules' outputs and inputs.
+
+A forward span is named after the module (its qualified name, the model's name for the
+model itself), kind module, step forward -- or, for a forward that runs with gradients
+off inside the update (an eval pass), ``<name> [no_grad]`` with no step.
+
+A backward span opens when the gradient of the module's output arrives and closes when
+the gradients of its inputs are computed (or, for a module whose inputs need none, when
+another module's backward starts outside it or the backward call returns) -- always on
+the thread that runs the hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from ._common import first_tensor, tensors
+
+__all__ = ["ModuleSpans"]
+
+
+class ModuleSpans:
+    """The module hooks of one capture. ``capture`` provides ``active`` (hooks do
+    anything at all), ``capturing``, ``spans``, ``stats`` (a StatsRecorder or None),
+    ``on_top_forward(module)`` and ``guard(fn)`` (runs fn as tracer work, turning an
+    internal error into a failed capture)."""
+
+    def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
+                 tops: Sequence[torch.nn.Module], root: str) -> None:
+        self._cap = capture
+        self._root = root
+        #: module -> (span name, qualified name)
+        self._names: Dict[torch.nn.Module, Tuple[str, str]] = {
+            m: (q or root, q) for q, m in modules}
+        self._tops = set(tops)
+        self._handles: List[Any] = []
+
+    def install(self) -> None:
+        pre = self._cap.guard(self._fwd_pre, when="armed")
+        post = self._cap.guard(self._fwd_post)
+        for m in self._names:
+            self._handles.append(m.register_forward_pre_hook(pre))
+            self._handles.append(m.register_forward_hook(post))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # -- forward ------------------------------------------------------------------------
+
+    def _fwd_pre(self, module: torch.nn.Module, args: Any) -> None:
+        cap = self._cap
+        if not cap.capturing:
+            if module in self._tops:
+                cap.on_top_forward(module)
+            if not cap.capturing:
+                return
+        name = self._names[module][0]
+        if torch.is_grad_enabled():
+            cap.spans.push("f:" + name, name, "module", "forward")
+        else:
+            cap.spans.push("f:" + name, f"{name} [no_grad]", "module", None)
+
+    def _fwd_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        cap = self._cap
+        name = self._names[module][0]
+        sid = cap.spans.find("f:" + name)
+        if sid is None:
+            return
+        t = first_tensor(out)
+        if t is not None and cap.stats is not None and t.is_floating_point():
+            cap.ops_suspend(True)
+            try:
+                cap.stats.record(sid, f"{name}/output", t)
+            finally:
+                cap.ops_suspend(False)
+        if t is not None and t.requires_grad and torch.is_grad_enabled():
+            self._hook_backward(module, args, t)
+        cap.spans.close_until(sid)
+
+    # -- backward -----------------------------------------------------------------------
+
+    def _contains(self, outer: str, qual: str) -> bool:
+        """Whether module ``qual`` is (inside) the module whose span is named ``outer``."""
+        return outer == self._root or qual == outer or qual.startswith(outer + ".")
+
+    def _hook_backward(self, module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        cap = self._cap
+        name, qual = self._names[module]
+        owner = "b:" + name
+        spans = cap.spans
+
+        def begin(grad: torch.Tensor) -> None:
+            # Close spans of this thread that do not contain this module.
+            stack = spans.stack
+            while stack and stack[-1][0].startswith("b:") and not self._contains(
+                    stack[-1][0][2:], qual):
+                spans.pop_top()
+            spans.push(owner, name, "module", "backward")
+
+        def end(grad: torch.Tensor) -> None:
+            sid = spans.find(owner)
+            if sid is not None:
+                spans.close_until(sid)
+
+        self._tensor_hook(out, cap.guard(begin), True)
+        for a in tensors(args):
+            if a.requires_grad:
+                self._tensor_hook(a, cap.guard(end), False)
+
+    @staticmethod
+    def _tensor_hook(t: torch.Tensor, fn: Callable, begin: bool) -> None:
+        """One autograd hook per tensor that runs, when its gradient arrives, the span
+        ends of the modules that consumed it first, then the span begins of the modules
+        that produced it, outermost first (an outer module's forward hook runs last)."""
+        lists = getattr(t, "_candle_trace_hooks", None)
+        if lists is None:
+            ends: List[Callable] = []
+            begins: List[Callable] = []
+            lists = (ends, begins)
+
+            def run(grad: torch.Tensor) -> None:
+                for f in ends:
+                    f(grad)
+                for f in reversed(begins):
+                    f(grad)
+
+            t.register_hook(run)
+            t._candle_trace_hooks = lists  # type: ignore[attr-defined]
+        lists[1 if begin else 0].append(fn)

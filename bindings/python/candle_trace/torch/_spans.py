@@ -1,0 +1,99 @@
+"""The capture's open spans, per thread, and the brackets around the tracer's own work.
+
+Spans nest per thread (autograd runs backward hooks on its own threads on CUDA), so each
+thread keeps its own stack of (owner, span id), innermost last. The owner is a tag
+("f:<module>", "b:<module>", "backward", "optimizer", "update") by which a hook finds the
+span it opened.
+
+Everything the capture does inside the program -- hooks' bookkeeping, statistics,
+gradient norms, writing records -- runs between :meth:`Spans.pause` and
+:meth:`Spans.resume` (``ct_tracer_begin``/``ct_tracer_end``): the session clock stands
+still there, so no span counts it, and the trace states the total.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, List, Optional, Tuple
+
+from ..session import Session
+
+__all__ = ["Spans"]
+
+
+class _Thread(threading.local):
+    def __init__(self) -> None:
+        self.stack: List[Tuple[str, int]] = []
+
+
+class Spans:
+    """The open spans of one capture's session."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        raw = session._lib.raw
+        hc = session._hc
+        self._tb, self._te, self._hc = raw.ct_tracer_begin, raw.ct_tracer_end, hc
+        self._tl = _Thread()
+        #: told the new innermost span of the calling thread (the op observer's span)
+        self.on_innermost: Callable[[int], None] = lambda sid: None
+
+    # -- the tracer's own time --------------------------------------------------------
+
+    def pause(self) -> None:
+        """The session clock stops: what follows is the tracer's work."""
+        self._tb(self._hc)
+
+    def resume(self) -> None:
+        self._te(self._hc)
+
+    # -- spans ------------------------------------------------------------------------
+
+    @property
+    def stack(self) -> List[Tuple[str, int]]:
+        """The calling thread's open spans, innermost last."""
+        return self._tl.stack
+
+    def current(self) -> int:
+        st = self._tl.stack
+        return st[-1][1] if st else 1
+
+    def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
+        sid = self.session.begin_span(name, kind, step)
+        self._tl.stack.append((owner, sid))
+        self.on_innermost(sid)
+        return sid
+
+    def push_measured(self, name: str) -> int:
+        sid = self.session.begin_measurement(name)
+        self._tl.stack.append(("update", sid))
+        self.on_innermost(sid)
+        return sid
+
+    def find(self, owner: str) -> Optional[int]:
+        """The calling thread's innermost open span of ``owner``, if any."""
+        stack = self._tl.stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == owner:
+                return stack[i][1]
+        return None
+
+    def pop_top(self) -> None:
+        """Closes the calling thread's innermost span."""
+        stack = self._tl.stack
+        _, top = stack.pop()
+        # The observer learns the new innermost span before the old one closes, so an
+        # event between the two calls still lands in an open span.
+        self.on_innermost(stack[-1][1] if stack else 0)
+        self.session.end_span(top)
+
+    def close_until(self, sid: int) -> None:
+        """Closes this thread's spans down to and including ``sid`` (if it is open)."""
+        stack = self._tl.stack
+        if not any(s == sid for _, s in stack):
+            return
+        while stack:
+            top = stack[-1][1]
+            self.pop_top()
+            if top == sid:
+                return
