@@ -292,12 +292,30 @@ uint64_t ct_now_ns(ct_session session);
  * CT_ERR_STATE (an aggregate or finishing session) on failure. */
 ct_status ct_tracer_begin(ct_session session);
 
+/* Opens a tracer interval that began up to earlier_ns before the call: for the
+ * tracer's work that no call can bracket because it runs before the tracer
+ * gets control -- an interpreter dispatching a hook, a framework boxing an
+ * op's arguments for a profiling callback -- whose cost the binding measured
+ * beforehand (a calibration). The clock stops at the later of (now -
+ * earlier_ns) and the latest value it has handed out, so it never runs
+ * backwards; inside an open interval there is nothing to backdate. What is
+ * backdated is counted apart as estimated (ct_tracer_estimated_ns; the
+ * terminal's "tracer_estimated_ns"), so a reader can tell measured tracer
+ * time from calibrated. earlier_ns 0 is ct_tracer_begin. Errors as
+ * ct_tracer_begin. */
+ct_status ct_tracer_begin_earlier(ct_session session, uint64_t earlier_ns);
+
 /* Closes a tracer interval; CT_ERR_STATE when none is open. */
 ct_status ct_tracer_end(ct_session session);
 
 /* The tracer time left out of the session clock so far (an open interval
  * counts up to now). 0 on a bad handle. Thread-safe, never blocks. */
 uint64_t ct_tracer_ns(ct_session session);
+
+/* The part of ct_tracer_ns that intervals begun earlier than their call
+ * added (ct_tracer_begin_earlier): calibrated, not measured. 0 on a bad
+ * handle. Thread-safe, never blocks. */
+uint64_t ct_tracer_estimated_ns(ct_session session);
 
 /* ---- records -------------------------------------------------------------
  * Each takes the span the record belongs to. The span must exist; records

@@ -58,6 +58,16 @@ ct_status ct_tracer_begin(ct_session s) {
     return ct__tracer_begin(s);
 }
 
+ct_status ct_tracer_begin_earlier(ct_session s, uint64_t earlier_ns) {
+    FORK_GUARD("ct_tracer_begin_earlier");
+    return ct__tracer_begin_earlier(s, earlier_ns);
+}
+
+uint64_t ct_tracer_estimated_ns(ct_session s) {
+    if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
+    return ct__tracer_estimated_ns(s);
+}
+
 ct_status ct_tracer_end(ct_session s) {
     FORK_GUARD("ct_tracer_end");
     return ct__tracer_end(s);

@@ -384,12 +384,18 @@ func AppendDataEdge(b []byte, fromTensor, toTensor string) []byte {
 	return append(b, "}\n"...)
 }
 
-// AppendTerminal appends the terminal record, with "tracer_ns" (ours): the
-// tracer's own time over the whole session, left out of the session clock. A
+// AppendTerminal appends the terminal record, with "tracer_ns" and
+// "tracer_estimated_ns" (ours): the tracer's own time over the whole session,
+// left out of the session clock, and the calibrated part of it. A
 // complete terminal never carries a reason
 // (candle-graph rejects the trace if it does), so reason is written only when !complete;
 // see ValidateTerminal for the failed case.
-func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, tracerNs uint64) []byte {
+// TracerTime is the tracer's own time a session left out of its clock: Ns in
+// all, EstimatedNs of it calibrated rather than measured (intervals begun
+// earlier than their call).
+type TracerTime struct{ Ns, EstimatedNs uint64 }
+
+func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, tracer TracerTime) []byte {
 	if complete {
 		b = append(b, `{"kind":"terminal","outcome":"complete","timestamp_ns":`...)
 	} else {
@@ -401,6 +407,8 @@ func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, 
 		b = appendString(b, reason)
 	}
 	b = append(b, `,"tracer_ns":`...)
-	b = strconv.AppendUint(b, tracerNs, 10)
+	b = strconv.AppendUint(b, tracer.Ns, 10)
+	b = append(b, `,"tracer_estimated_ns":`...)
+	b = strconv.AppendUint(b, tracer.EstimatedNs, 10)
 	return append(b, "}\n"...)
 }

@@ -53,9 +53,9 @@ func TestAppendSpanEndAndEdges(t *testing.T) {
 		{"span_end", AppendSpanEnd(nil, 9, 1500), map[string]any{"kind": "span_end", "id": "s9", "duration_ns": num("1500")}},
 		{"call edge", AppendCallEdge(nil, 2, 3, 400), map[string]any{"kind": "edge", "edge_kind": "call", "from_span": "s2", "to_span": "s3", "host_duration_ns": num("400")}},
 		{"data edge", AppendDataEdge(nil, "t0", "t\"2"), map[string]any{"kind": "edge", "edge_kind": "data", "from_tensor": "t0", "to_tensor": "t\"2"}},
-		{"terminal complete drops reason", AppendTerminal(nil, true, 800, "ignored", 0), map[string]any{"kind": "terminal", "outcome": "complete", "timestamp_ns": num("800"), "tracer_ns": num("0")}},
-		{"terminal failed", AppendTerminal(nil, false, 90, "oom\nat step 3", 12), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "reason": "oom\nat step 3", "tracer_ns": num("12")}},
-		{"terminal failed without reason", AppendTerminal(nil, false, 90, "", 0), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "tracer_ns": num("0")}},
+		{"terminal complete drops reason", AppendTerminal(nil, true, 800, "ignored", TracerTime{}), map[string]any{"kind": "terminal", "outcome": "complete", "timestamp_ns": num("800"), "tracer_ns": num("0"), "tracer_estimated_ns": num("0")}},
+		{"terminal failed", AppendTerminal(nil, false, 90, "oom\nat step 3", TracerTime{12, 5}), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "reason": "oom\nat step 3", "tracer_ns": num("12"), "tracer_estimated_ns": num("5")}},
+		{"terminal failed without reason", AppendTerminal(nil, false, 90, "", TracerTime{}), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "tracer_ns": num("0"), "tracer_estimated_ns": num("0")}},
 		{"measured span end states the tracer's time", AppendMeasuredSpanEnd(nil, 2, 600, 45), map[string]any{"kind": "span_end", "id": "s2", "duration_ns": num("600"), "tracer_ns": num("45")}},
 	}
 	for _, tt := range tests {

@@ -116,7 +116,7 @@ func buildTrace(t *testing.T) []byte {
 	b = AppendDataEdge(b, "t0", "t2")
 	b = AppendSpanEnd(b, 1, 1300)
 	require.NoError(t, ValidateTerminal(true, ""))
-	return AppendTerminal(b, true, 1300, "", 0)
+	return AppendTerminal(b, true, 1300, "", TracerTime{})
 }
 
 func nanF64() float64 { var z float64; return z / z }

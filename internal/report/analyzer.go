@@ -58,6 +58,7 @@ type terminalInfo struct {
 	hasReason bool
 	line      int
 	tracer    *uint64 // the session's tracer time, when the trace states it
+	estimated uint64  // the calibrated part of it
 }
 
 type pendingDataEdge struct {
@@ -172,7 +173,7 @@ func (a *analyzer) event(d *lineDecoder, k eventKind, line int) {
 		a.terminal = &terminalInfo{outcome: t.outcome, timestamp: t.timestamp, reason: string(t.reason), hasReason: t.hasReason, line: line}
 		if t.hasTracer {
 			v := t.tracer
-			a.terminal.tracer = &v
+			a.terminal.tracer, a.terminal.estimated = &v, t.estimated
 		}
 	}
 }

@@ -591,6 +591,10 @@ func (d *lineDecoder) decodeTerminal() error {
 		case "tracer_ns": // ours, as on span_end
 			e.tracer, e.hasTracer = parseU64(m.val.raw)
 			e.hasTracer = e.hasTracer && m.val.kind == jNumber
+		case "tracer_estimated_ns":
+			if m.val.kind == jNumber {
+				e.estimated, _ = parseU64(m.val.raw)
+			}
 		}
 		if err != nil {
 			return err

@@ -160,6 +160,7 @@ type terminalEvent struct {
 	hasReason bool
 	tracer    uint64 // tracer_ns (ours): the session's tracer time
 	hasTracer bool
+	estimated uint64 // tracer_estimated_ns (ours): the calibrated part of it
 }
 
 // dtypeSize is events.ElementSize on a line's bytes; the conversion of a

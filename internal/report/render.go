@@ -78,7 +78,11 @@ func WriteReport(w io.Writer, name string, res *Result) {
 		if mr.TracerNS != nil {
 			fmt.Fprintf(w, "Tracer's own time: %s inside the region, left out of every span", FormatNS(float64(*mr.TracerNS)))
 			if mr.SessionTracerNS != nil {
-				fmt.Fprintf(w, " (%s in the whole session)", FormatNS(float64(*mr.SessionTracerNS)))
+				fmt.Fprintf(w, " (%s in the whole session", FormatNS(float64(*mr.SessionTracerNS)))
+				if mr.SessionEstimatedNS > 0 {
+					fmt.Fprintf(w, ", %s of it calibrated rather than measured", FormatNS(float64(mr.SessionEstimatedNS)))
+				}
+				fmt.Fprint(w, ")")
 			}
 			fmt.Fprintln(w)
 		}

@@ -32,6 +32,9 @@ type Region struct {
 	// does not say (an older writer, or another one).
 	TracerNS        *uint64 `json:"tracer_ns,omitempty"`
 	SessionTracerNS *uint64 `json:"session_tracer_ns,omitempty"`
+	// SessionEstimatedNS: the calibrated part of SessionTracerNS (work the
+	// tracer could not bracket, such as a framework's per-op callback setup).
+	SessionEstimatedNS uint64 `json:"session_tracer_estimated_ns,omitempty"`
 }
 
 // NameStats aggregates the spans or ops sharing one name. Share is Total
@@ -342,6 +345,7 @@ func (b *reportBuilder) build(a *analyzer, lt *lifetimes) *Report {
 		r.MeasuredRegion = &Region{SpanID: measured.id, Name: measured.name, StartNS: measured.start, DurationNS: measured.dur, Closed: measured.closed, TracerNS: a.measuredTracer}
 		if a.terminal != nil {
 			r.MeasuredRegion.SessionTracerNS = a.terminal.tracer
+			r.MeasuredRegion.SessionEstimatedNS = a.terminal.estimated
 		}
 	}
 	share := func(ns uint64) float64 {

@@ -124,6 +124,15 @@ func tracerBeginC(h uint64) error {
 	return nil
 }
 
+func tracerBeginEarlierC(h, earlierNs uint64) error {
+	if st := C.ct__tracer_begin_earlier(C.ct_session(h), C.uint64_t(earlierNs)); st != C.CT_OK {
+		return &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return nil
+}
+
+func slotTracerEstimated(s *C.ct_slot) uint64 { return uint64(C.ct__slot_tracer_estimated(s)) }
+
 func tracerEndC(h uint64) error {
 	if st := C.ct__tracer_end(C.ct_session(h)); st != C.CT_OK {
 		return &Error{Code: Status(st), Msg: lastCError()}

@@ -127,7 +127,7 @@ uint64_t ct__slot_alloc(void) {
         h = (gen << 8) | (uint64_t)(i + 1);
         s->t0 = ct__clock_ns();
         STORE(&s->tracer_seq, 0);
-        s->tracer_total = s->tracer_since = 0;
+        s->tracer_total = s->tracer_since = s->tracer_hw = s->tracer_estimated = 0;
         s->tracer_depth = 0;
         s->measure_id = s->measure_tracer0 = 0;
         s->poison[0] = 0;
@@ -188,12 +188,20 @@ static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, 
         uint64_t total = LOAD(&s->tracer_total);
         uint64_t since = LOAD(&s->tracer_since);
         uint32_t depth = LOAD(&s->tracer_depth);
-        uint64_t again = LOAD(&s->tracer_seq);
+        uint64_t clock = (depth ? since : mono) - s->t0 - total;
+        /* The value is published as handed out before the sequence is read again
+         * (both sequentially consistent, as the writer's lock and its read of
+         * the mark): a writer either sees it, or changed the sequence and this
+         * read starts over (leaving the mark a little high: harmless). */
+        uint64_t hw = __atomic_load_n(&s->tracer_hw, __ATOMIC_RELAXED);
+        while (clock > hw && !__atomic_compare_exchange_n(&s->tracer_hw, &hw, clock, 1, __ATOMIC_SEQ_CST,
+                                                          __ATOMIC_RELAXED)) {
+        }
+        uint64_t again = __atomic_load_n(&s->tracer_seq, __ATOMIC_SEQ_CST);
         if (again != seq) {
             seq = again;
             continue;
         }
-        uint64_t clock = (depth ? since : mono) - s->t0 - total;
         if (excluded) *excluded = mono - s->t0 - clock;
         return clock;
     }
@@ -204,7 +212,7 @@ static inline uint64_t tracer_lock(ct_slot *s) {
     for (;;) {
         uint64_t seq = LOAD_RLX(&s->tracer_seq);
         if (!(seq & 1) && __atomic_compare_exchange_n(&s->tracer_seq, &seq, seq + 1, 1,
-                                                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+                                                      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
             return seq + 1;
     }
 }
@@ -237,23 +245,37 @@ static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct
     return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);
 }
 
-ct_status ct__tracer_begin(ct_session h) {
+ct_status ct__tracer_begin(ct_session h) { return ct__tracer_begin_earlier(h, 0); }
+
+ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns) {
     ct_slot *s = slot_get(h);
-    ct_status st = check_slot(s, h, "ct_tracer_begin");
+    const char *fn = earlier_ns ? "ct_tracer_begin_earlier" : "ct_tracer_begin";
+    ct_status st = check_slot(s, h, fn);
     if (st != CT_OK) return st;
     if (s->agg)
         return ct__fail(CT_ERR_STATE,
-                        "ct_tracer_begin: session %llu is an aggregate session; its spans are "
+                        "%s: session %llu is an aggregate session; its spans are "
                         "timed by the cycle counter, which tracer intervals do not correct",
-                        (unsigned long long)h);
+                        fn, (unsigned long long)h);
     uint64_t seq = tracer_lock(s);
     if (s->tracer_depth == UINT32_MAX) {
         tracer_unlock(s, seq);
-        return ct__fail(CT_ERR_STATE, "ct_tracer_begin: %u tracer intervals are open already",
+        return ct__fail(CT_ERR_STATE, "%s: %u tracer intervals are open already", fn,
                         (unsigned)UINT32_MAX);
     }
-    /* Release stores: no reader sees them before the odd sequence number. */
-    if (s->tracer_depth == 0) STORE(&s->tracer_since, clock_now());
+    if (s->tracer_depth == 0) {
+        uint64_t now = clock_now();
+        uint64_t clock = now - s->t0 - s->tracer_total;
+        /* The first interval: every value read before it came from the plain
+         * clock, at most this one. */
+        uint64_t hw = seq == 1 ? clock : __atomic_load_n(&s->tracer_hw, __ATOMIC_SEQ_CST);
+        uint64_t back = clock > hw ? clock - hw : 0;
+        if (back > earlier_ns) back = earlier_ns;
+        if (seq == 1) STORE(&s->tracer_hw, hw);
+        /* Release stores: no reader sees them before the odd sequence number. */
+        STORE(&s->tracer_since, now - back);
+        STORE(&s->tracer_estimated, s->tracer_estimated + back);
+    }
     STORE(&s->tracer_depth, s->tracer_depth + 1);
     tracer_unlock(s, seq);
     return CT_OK;
@@ -273,6 +295,13 @@ ct_status ct__tracer_end(ct_session h) {
     STORE(&s->tracer_depth, s->tracer_depth - 1);
     tracer_unlock(s, seq);
     return CT_OK;
+}
+
+uint64_t ct__slot_tracer_estimated(ct_slot *s) { return LOAD(&s->tracer_estimated); }
+
+uint64_t ct__tracer_estimated_ns(ct_session h) {
+    ct_slot *s = slot_get(h);
+    return s ? ct__slot_tracer_estimated(s) : 0;
 }
 
 uint64_t ct__tracer_ns(ct_session h) {

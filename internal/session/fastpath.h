@@ -43,6 +43,11 @@ typedef struct ct_slot {
     uint64_t tracer_since;        /* CLOCK_MONOTONIC ns the open interval began at */
     uint32_t tracer_depth;        /* intervals open, over all threads */
     uint32_t pad_tracer;
+    /* The highest clock value handed out since the first interval: an
+     * interval that begins earlier than its call (ct_tracer_begin_earlier)
+     * never goes back past it, so the clock never runs backwards. */
+    uint64_t tracer_hw;
+    uint64_t tracer_estimated;    /* ns of tracer time begun earlier than its call */
     uint64_t measure_id;          /* the measured span, once begun */
     uint64_t measure_tracer0;     /* tracer ns excluded before it began */
     /* The session's main thread (its ring, compared, never followed): the
@@ -149,6 +154,9 @@ uint64_t ct__session_now(uint64_t handle);
 /* The tracer's own time (ct_tracer_begin/end/ns in the header). begin/end
  * return CT_OK or fail with the message; tracer_ns is 0 on a bad handle. */
 ct_status ct__tracer_begin(ct_session h);
+ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns);
+uint64_t ct__tracer_estimated_ns(ct_session h);
+uint64_t ct__slot_tracer_estimated(ct_slot *s);
 ct_status ct__tracer_end(ct_session h);
 uint64_t ct__tracer_ns(ct_session h);
 /* The clock of slot s (session ns) and, in *excluded (may be NULL), the

@@ -224,6 +224,19 @@ func (s *Session) TracerNs() uint64 { return slotTracerNs(s.slot) }
 // and ct_tracer_end): the session clock stands still in between.
 func (s *Session) TracerBegin() error { return tracerBeginC(s.handle) }
 
+// TracerBeginEarlier opens an interval that began up to earlierNs before the
+// call (ct_tracer_begin_earlier): never before a clock value already read.
+func (s *Session) TracerBeginEarlier(earlierNs uint64) error {
+	return tracerBeginEarlierC(s.handle, earlierNs)
+}
+
+// TracerEstimatedNs is the part of TracerNs that backdated intervals added.
+func (s *Session) TracerEstimatedNs() uint64 { return slotTracerEstimated(s.slot) }
+
+func (s *Session) tracerTime(ns uint64) events.TracerTime {
+	return events.TracerTime{Ns: ns, EstimatedNs: s.TracerEstimatedNs()}
+}
+
 // TracerEnd closes an interval of TracerBegin.
 func (s *Session) TracerEnd() error { return tracerEndC(s.handle) }
 
@@ -408,7 +421,7 @@ func (s *Session) Finish() error {
 	} else {
 		s.buf = events.AppendSpanEnd(s.buf, 1, now)
 	}
-	s.buf = events.AppendTerminal(s.buf, true, now, "", tracer)
+	s.buf = events.AppendTerminal(s.buf, true, now, "", s.tracerTime(tracer))
 	err := s.writeLocked()
 	if cerr := s.sink.Close(); err == nil {
 		err = cerr
@@ -511,12 +524,12 @@ func (s *Session) FinishFailed(reason string) error {
 	}
 	if s.poison == nil {
 		drainLocked()
-		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason, s.TracerNs())
+		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason, s.tracerTime(s.TracerNs()))
 		err = s.writeLocked()
 	} else {
 		// Whatever the poisoned stream holds, try to say why it ends here.
 		reason = fmt.Sprintf("%s (events after the last successful write are lost: %v)", reason, s.poison)
-		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason, s.TracerNs())
+		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason, s.tracerTime(s.TracerNs()))
 		err = s.writeOut()
 	}
 	if cerr := s.sink.Close(); err == nil {

@@ -106,6 +106,47 @@ func TestTracerIntervalFreezesTheClock(t *testing.T) {
 	assert.Less(t, s.Now()-frozen, uint64(5*time.Millisecond))
 }
 
+// An interval begun earlier than its call takes the time back, but never past
+// a clock value already read, and counts it as estimated.
+func TestTracerBeginEarlierNeverGoesBackPastARead(t *testing.T) {
+	tests := []struct {
+		name             string
+		idle, earlier    time.Duration // program time since the last read; the claim
+		minBack, maxBack time.Duration
+	}{
+		{"claim inside the idle time", 20 * time.Millisecond, 5 * time.Millisecond, 5 * time.Millisecond, 5 * time.Millisecond},
+		{"claim beyond the last read", 2 * time.Millisecond, time.Second, 2 * time.Millisecond, 15 * time.Millisecond},
+		{"no claim", 5 * time.Millisecond, 0, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := openT(t, trainRun)
+			require.NoError(t, s.TracerBegin()) // tracking of read values starts here
+			require.NoError(t, s.TracerEnd())
+			read := s.Now()
+			spin(tc.idle)
+			before := s.TracerEstimatedNs()
+			require.NoError(t, s.TracerBeginEarlier(uint64(tc.earlier)))
+			frozen := s.Now()
+			require.NoError(t, s.TracerEnd())
+			assert.GreaterOrEqual(t, frozen, read, "the clock went back past a value already read")
+			back := time.Duration(s.TracerEstimatedNs() - before)
+			assert.GreaterOrEqual(t, back, tc.minBack)
+			assert.LessOrEqual(t, back, tc.maxBack)
+			assert.GreaterOrEqual(t, s.TracerNs(), uint64(back))
+		})
+	}
+}
+
+// On a session's first interval, values read before it bound the backdating.
+func TestTracerBeginEarlierOnTheFirstInterval(t *testing.T) {
+	s, _ := openT(t, trainRun)
+	read := s.Now()
+	require.NoError(t, s.TracerBeginEarlier(uint64(time.Hour)))
+	assert.GreaterOrEqual(t, s.Now(), read)
+	require.NoError(t, s.TracerEnd())
+}
+
 // Whatever other threads do with tracer intervals, the clock never runs
 // backwards for a reader.
 func TestTracerClockIsMonotonicAcrossThreads(t *testing.T) {
@@ -124,7 +165,8 @@ func TestTracerClockIsMonotonicAcrossThreads(t *testing.T) {
 					return
 				default:
 				}
-				if s.TracerBegin() == nil {
+				// Intervals begun as early as they may be: the bound is what is read.
+				if s.TracerBeginEarlier(uint64(time.Millisecond)) == nil {
 					spin(20 * time.Microsecond)
 					_ = s.TracerEnd()
 				}
@@ -159,6 +201,8 @@ func TestTracerIntervalsRefuseBadUse(t *testing.T) {
 		{"finished session begin", done.TracerBegin, InvalidHandle, "ct_tracer_begin: session"},
 		{"finished session end", done.TracerEnd, InvalidHandle, "ct_tracer_end: session"},
 		{"handle 0", func() error { return tracerBeginC(0) }, InvalidHandle, "ct_tracer_begin: session handle is 0"},
+		{"earlier, aggregate session", func() error { return agg.TracerBeginEarlier(5) }, State, "ct_tracer_begin_earlier: session"},
+		{"earlier, finished session", func() error { return done.TracerBeginEarlier(5) }, InvalidHandle, "ct_tracer_begin_earlier: session"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -411,6 +411,7 @@ static void test_library(void) {
     CHECK(ct_now_ns(UINT64_MAX) == 0, "ct_now_ns(UINT64_MAX) != 0");
     CHECK(ct_tracer_ns(0) == 0, "ct_tracer_ns(0) != 0");
     CHECK(ct_tracer_ns(0x12345678ull) == 0, "ct_tracer_ns(unknown) != 0");
+    CHECK(ct_tracer_estimated_ns(0) == 0, "ct_tracer_estimated_ns(0) != 0");
     CHECK(ct_ambient_session() == 0, "ct_ambient_session() != 0 without CANDLE_TRACE_PATH");
     pthread_t th;
     int fresh_ok = 0;
@@ -602,6 +603,7 @@ static ct_status h_device_stop(ct_session s) { return ct_device_stop(s); }
 static ct_status h_flush(ct_session s) { return ct_flush(s); }
 static ct_status h_tracer_begin(ct_session s) { return ct_tracer_begin(s); }
 static ct_status h_tracer_end(ct_session s) { return ct_tracer_end(s); }
+static ct_status h_tracer_begin_earlier(ct_session s) { return ct_tracer_begin_earlier(s, 1000); }
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 
@@ -629,6 +631,7 @@ static const struct {
     {"ct_flush", h_flush},
     {"ct_tracer_begin", h_tracer_begin},
     {"ct_tracer_end", h_tracer_end},
+    {"ct_tracer_begin_earlier", h_tracer_begin_earlier},
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
 };
@@ -1221,6 +1224,18 @@ static void test_tracer(ct_session s) {
           "the clock jumped by %llu ns over a tracer interval", (unsigned long long)(after - frozen));
     CHECK(ct_tracer_ns(s) - excluded0 >= 30000000ull, "ct_tracer_ns grew by %llu ns, want >= 30 ms",
           (unsigned long long)(ct_tracer_ns(s) - excluded0));
+    /* Begun earlier than the call, but never before a value already read. */
+    uint64_t read = ct_now_ns(s);
+    sleep_ms(5);
+    uint64_t est0 = ct_tracer_estimated_ns(s);
+    MUST(ct_tracer_begin_earlier(s, 1000000000ull));
+    uint64_t back_frozen = ct_now_ns(s);
+    MUST(ct_tracer_end(s));
+    CHECK(back_frozen >= read, "ct_tracer_begin_earlier took the clock back past a read (%llu < %llu)",
+          (unsigned long long)back_frozen, (unsigned long long)read);
+    uint64_t est = ct_tracer_estimated_ns(s) - est0;
+    CHECK(est >= 5000000ull && est < 1000000000ull, "ct_tracer_estimated_ns grew by %llu ns, want [5 ms, 1 s)",
+          (unsigned long long)est);
     MUST(ct_span_end(s, sp));
 }
 

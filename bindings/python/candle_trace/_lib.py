@@ -234,8 +234,10 @@ PROTOTYPES = {
     "ct_record_completed_span": (_st, [c_session, _p_char, _enum, _u64, _u64, _P(c_span)]),
     "ct_now_ns": (_u64, [c_session]),
     "ct_tracer_begin": (_st, [c_session]),
+    "ct_tracer_begin_earlier": (_st, [c_session, _u64]),
     "ct_tracer_end": (_st, [c_session]),
     "ct_tracer_ns": (_u64, [c_session]),
+    "ct_tracer_estimated_ns": (_u64, [c_session]),
     "ct_record_op": (_st, [c_session, c_span, _P(Op)]),
     "ct_record_tensor": (_st, [c_session, c_span, _P(Tensor)]),
     "ct_record_tensor_stats": (_st, [c_session, c_span, _P(TensorStats)]),
@@ -321,6 +323,7 @@ class Library:
         self.raw = ctypes.PyDLL(str(path))
         self.raw.ct_now_ns.restype = ctypes.c_uint64
         self.raw.ct_tracer_ns.restype = ctypes.c_uint64
+        self.raw.ct_tracer_estimated_ns.restype = ctypes.c_uint64
 
     def last_error(self) -> str:
         msg = self.c.ct_last_error()

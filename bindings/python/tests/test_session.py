@@ -62,7 +62,8 @@ def test_complete_trace_with_every_record(tmp_path):
     assert {"meta", "span_start", "span_end", "op", "tensor", "tensor_stats", "memory",
             "device_memory", "device_interval", "gradient", "edge", "terminal"} <= kinds
     assert lines[-1] == {"kind": "terminal", "outcome": "complete",
-                         "timestamp_ns": lines[-1]["timestamp_ns"], "tracer_ns": 0}
+                         "timestamp_ns": lines[-1]["timestamp_ns"], "tracer_ns": 0,
+                         "tracer_estimated_ns": 0}
     candle_graph(path, tmp_path)
     validate(path)
 

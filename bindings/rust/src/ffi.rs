@@ -259,8 +259,10 @@ ct_fns! {
     pub fn ct_record_completed_span(session: ct_session, name: *const c_char, kind: ct_span_kind, start_ns: u64, duration_ns: u64, out: *mut ct_span) -> ct_status;
     pub fn ct_now_ns(session: ct_session) -> u64;
     pub fn ct_tracer_begin(session: ct_session) -> ct_status;
+    pub fn ct_tracer_begin_earlier(session: ct_session, earlier_ns: u64) -> ct_status;
     pub fn ct_tracer_end(session: ct_session) -> ct_status;
     pub fn ct_tracer_ns(session: ct_session) -> u64;
+    pub fn ct_tracer_estimated_ns(session: ct_session) -> u64;
     pub fn ct_record_op(session: ct_session, span: ct_span, op: *const ct_op) -> ct_status;
     pub fn ct_record_tensor(session: ct_session, span: ct_span, tensor: *const ct_tensor) -> ct_status;
     pub fn ct_record_tensor_stats(session: ct_session, span: ct_span, stats: *const ct_tensor_stats) -> ct_status;
