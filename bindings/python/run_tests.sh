@@ -16,7 +16,7 @@ PY="${PYTHON:-python3}"
 TORCH_PY="${TORCH_PYTHON:-/usr/bin/python3}"
 
 "$PY" -m pytest -q -p no:cacheprovider bindings/python/tests/test_abi_mirror.py \
-  bindings/python/tests/test_session.py
+  bindings/python/tests/test_session.py bindings/python/tests/test_session_misuse.py
 
 if "$TORCH_PY" -c "import torch, pytest" 2>/dev/null; then
   "$TORCH_PY" -m pytest -q -p no:cacheprovider bindings/python/tests/test_torch.py \

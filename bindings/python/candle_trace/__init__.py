@@ -24,6 +24,8 @@ from ._lib import (
 from .session import (
     ROOT_SPAN,
     CandleTraceError,
+    CandleTraceTypeError,
+    CandleTraceValueError,
     Session,
     Span,
     abi_version,
@@ -35,6 +37,8 @@ __all__ = [
     "CT_ABI_VERSION",
     "Category",
     "CandleTraceError",
+    "CandleTraceTypeError",
+    "CandleTraceValueError",
     "GradientState",
     "LibraryNotFound",
     "MemoryAction",
