@@ -425,7 +425,8 @@ ct_status ct_flush(ct_session session);
 
 /* Closes the root, writes the terminal `complete` line, flushes, closes the
  * file and invalidates the handle. Refused with CT_ERR_STATE (the session
- * stays usable) when spans are still open, when no measured region exists,
+ * stays usable, and a refusal never refuses other threads' calls) when spans
+ * are still open, when no measured region exists,
  * when a required semantic label was not seen exactly once, or when a
  * gradient contract's keys were not all recorded. It does not refuse what
  * describes the run rather than the calls — a non-finite gradient family, an

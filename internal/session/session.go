@@ -365,9 +365,18 @@ func (s *Session) Finish() error {
 	if err := s.usableLocked("ct_finish"); err != nil {
 		return err
 	}
-	// New fast-path calls are refused from here on; what is already in the
-	// rings is drained below.
-	setSlotState(s.slot, slotFinishing)
+	// Check before refusing anyone: a refused ct_finish must leave the
+	// session as it was, other threads' span calls included.
+	drainLocked()
+	if err := s.finishCheckLocked(); err != nil {
+		return err
+	}
+	// New fast-path calls are refused from here on; what reached the rings
+	// since the check is drained and checked again (a span begun in between
+	// still refuses the finish, and the session opens again).
+	if s.poison == nil {
+		setSlotState(s.slot, slotFinishing)
+	}
 	drainLocked()
 	if err := s.finishCheckLocked(); err != nil {
 		if s.poison == nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -421,4 +422,70 @@ func TestInnermostSpanPerThread(t *testing.T) {
 	require.NoError(t, s.Finish())
 	assert.Equal(t, uint64(1), s.InnermostSpan(), "a finished session: the root")
 	assert.NotZero(t, s.MonotonicStart())
+}
+
+// A refused ct_finish leaves the session as it was: another thread's spans
+// go on without a single refusal while finish is refused over and over.
+func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
+	tests := []struct {
+		name, file, run string
+	}{
+		{"trace", "trace.jsonl", measuredRootRun},
+		{"aggregate", "summary.json", aggregateRun},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			s, err := Open(filepath.Join(t.TempDir(), tc.file), []byte(tc.run))
+			require.NoError(t, err)
+			open := begin(t, s, "held/open")
+
+			stop := make(chan struct{})
+			started := make(chan struct{})
+			type result struct {
+				pairs, refused int
+				first          error
+			}
+			done := make(chan result)
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				var r result
+				for {
+					id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
+					if err == nil {
+						err = s.EndSpan(id)
+					}
+					if err != nil {
+						if r.first == nil {
+							r.first = err
+						}
+						r.refused++
+					} else {
+						r.pairs++
+					}
+					if r.pairs+r.refused == 1 {
+						close(started)
+					}
+					select {
+					case <-stop:
+						done <- r
+						return
+					default:
+					}
+				}
+			}()
+			<-started
+			for i := 0; i < 2000; i++ {
+				requireCode(t, s.Finish(), State, "spans still open")
+			}
+			close(stop)
+			r := <-done
+			assert.Zero(t, r.refused, "the worker's span calls were refused %d times (first: %v)", r.refused, r.first)
+			assert.NotZero(t, r.pairs)
+			end(t, s, open)
+			require.NoError(t, s.Finish(), "the session stayed usable")
+		})
+	}
 }

@@ -1770,6 +1770,67 @@ static void test_threads(void) {
     free(buf);
 }
 
+/* A refused ct_finish leaves the session usable for every thread: a worker
+ * keeps beginning and ending spans while ct_finish is refused again and again
+ * (the calling thread holds a span open); not one of its calls is refused. */
+typedef struct {
+    ct_session s;
+    int stop, started;
+    long pairs, refused;
+    char first[1024];
+} finish_race_arg;
+
+static void *finish_race_worker(void *p) {
+    finish_race_arg *a = p;
+    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
+        ct_span x;
+        ct_status st = ct_span_begin(a->s, "worker/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &x);
+        if (st == CT_OK) st = ct_span_end(a->s, x);
+        if (st == CT_OK) {
+            a->pairs++;
+        } else if (a->refused++ == 0) {
+            snprintf(a->first, sizeof a->first, "%s: %s", status_name(st), ct_last_error());
+        }
+        __atomic_store_n(&a->started, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void test_finish_refused_concurrently(void) {
+    g_section = "refused ct_finish";
+    const char *path = outpath("valid-finish-refused.jsonl");
+    ct_session s;
+    ct_span held;
+    MUST(ct_open(path,
+                 "{\"entrypoint\":\"test_abi::finish_refused\",\"phase\":\"infer\",\"capture_step\":1,"
+                 "\"device\":\"cpu\",\"measured_root\":true}",
+                 &s));
+    MUST(ct_span_begin(s, "held/open", CT_SPAN_FUNCTION, CT_STEP_NONE, &held));
+    finish_race_arg a;
+    memset(&a, 0, sizeof a);
+    a.s = s;
+    pthread_t th;
+    pthread_create(&th, NULL, finish_race_worker, &a);
+    while (!__atomic_load_n(&a.started, __ATOMIC_ACQUIRE)) sleep_ms(1);
+    int wrong = 0;
+    char msg[1024] = "";
+    for (int i = 0; i < 2000; i++) {
+        ct_status st = ct_finish(s);
+        if (st != CT_ERR_STATE || !strstr(ct_last_error(), "spans still open")) {
+            if (wrong++ == 0) snprintf(msg, sizeof msg, "%s: %s", status_name(st), ct_last_error());
+        }
+    }
+    __atomic_store_n(&a.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    CHECK(wrong == 0, "ct_finish with a span open answered otherwise %d times (first: %s)", wrong, msg);
+    CHECK(a.refused == 0, "the worker's span calls were refused %ld times during refused ct_finish calls (first: %s)",
+          a.refused, a.first);
+    CHECK(a.pairs > 0, "the worker ran no span");
+    CHECK_STATUS(ct_span_end(s, held), CT_OK, NULL);
+    CHECK_STATUS(ct_finish(s), CT_OK, NULL);
+    check_trace_file(path, "complete");
+}
+
 /* ---- poisoning ---------------------------------------------------------------- */
 
 /* After the first write error: the failing call says CT_ERR_IO, everything
@@ -2279,6 +2340,7 @@ int main(int argc, char **argv) {
     test_gradients_valid();
     test_failed();
     test_threads();
+    test_finish_refused_concurrently();
     test_many_sessions();
     test_escapes();
     test_thread_exit_open_span();
