@@ -399,7 +399,11 @@ ct_status ct_device_stop(ct_session session);
  * and p50/p95/p99 from a fixed log-scale histogram; per scalar label: count,
  * mean, min, max, last — rewritten atomically every "aggregate_interval_ms"
  * (default 10 s) and at ct_finish / ct_flush, in memory that does not grow
- * with the number of steps. "capture_step" is optional there. Spans use the
+ * with the number of steps. Since the summary is renamed over `path`, ct_open
+ * refuses (CT_ERR_IO, nothing replaced) a path where anything but a regular
+ * file stands: a device, a FIFO, a socket, a directory or a symbolic link
+ * (the rename would replace the link itself); each later rewrite checks
+ * again. "capture_step" is optional there. Spans use the
  * same calls as in a trace session and cost less (about a third: no start
  * record, and durations timed by the CPU's cycle counter where it runs at a
  * constant rate — CANDLE_TRACE_AGG_CLOCK=monotonic forces CLOCK_MONOTONIC;
