@@ -223,12 +223,23 @@ typedef struct ct_device_interval {
  * "binding" (e.g. "python": meta.producer.binding, ours). Unknown
  * keys are refused (typos would otherwise vanish). The gradient manifest
  * digest of a gradient contract is computed here; do not pass one.
- * Parent folders of `path` are created; an existing file is replaced.
+ * Parent folders of `path` are created. Nothing but the library's own files
+ * is ever truncated or replaced: a final symbolic link is never followed
+ * (refused, also when it points at a trace); an existing regular file is
+ * reused, truncated, only when it is empty or one of candle-trace's traces
+ * or aggregate summaries (told by its first bytes: a trace's meta line
+ * `{"kind":"meta","schema":"candle-graph/trace/10"`, a summary's "schema"
+ * "candle-trace/aggregate/1"), so a rerun overwrites its previous output
+ * and any other file (a mistyped `train.py`) is refused with CT_ERR_IO, the
+ * message naming the path and why. A character device or a FIFO is written
+ * into as it is (a trace session only: an aggregate summary needs a regular
+ * file, see aggregate mode); a directory, a socket or a block device is
+ * refused.
  *
  * Thread-safe. Returns CT_OK and stores the handle in *out;
  * CT_ERR_INVALID_ARGUMENT for bad JSON or provenance (nothing is created);
- * CT_ERR_IO when the file cannot be created or written (no file that claims
- * to be a trace is left). */
+ * CT_ERR_IO when the file cannot be created or written, or may not be
+ * (above; no file that claims to be a trace is left). */
 ct_status ct_open(const char *path, const char *run_json, ct_session *out);
 
 /* Opens a span nested in the calling thread's innermost open span (the root
@@ -403,7 +414,7 @@ ct_status ct_device_stop(ct_session session);
  * refuses (CT_ERR_IO, nothing replaced) a path where anything but a regular
  * file stands: a device, a FIFO, a socket, a directory or a symbolic link
  * (the rename would replace the link itself); each later rewrite checks
- * again. "capture_step" is optional there. Spans use the
+ * again, and the ct_open rules for regular files hold too. "capture_step" is optional there. Spans use the
  * same calls as in a trace session and cost less (about a third: no start
  * record, and durations timed by the CPU's cycle counter where it runs at a
  * constant rate — CANDLE_TRACE_AGG_CLOCK=monotonic forces CLOCK_MONOTONIC;

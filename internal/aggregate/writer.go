@@ -99,8 +99,9 @@ var ErrFinished = errors.New("aggregate: writer already finished")
 // removes its temporary file, and is reported by Err; later writes try
 // again, because a full disk may clear while training goes on. What stands
 // at the path must be a regular file (or nothing): a device, a FIFO, a
-// socket, a directory or a symbolic link there is never renamed over, and
-// each write fails instead (outfile.CheckReplace).
+// socket, a directory or a symbolic link there is never renamed over, nor a
+// file that is not empty, a summary or a trace (OwnFile); each write fails
+// instead (outfile.CheckReplace).
 type Writer struct {
 	path, dir, pattern string
 	agg                *Aggregator
@@ -268,8 +269,8 @@ func (w *Writer) replace(data []byte) (renamed bool, err error) {
 		return fail(err)
 	}
 	// Only a regular file (or nothing) is ever replaced: never a device, a
-	// FIFO or a symbolic link that stands at the path.
-	if err = outfile.CheckReplace(w.path); err != nil {
+	// FIFO or a symbolic link that stands at the path, nor anyone else's file.
+	if err = outfile.CheckReplace(w.path, OwnFile); err != nil {
 		return fail(err)
 	}
 	if err = w.fs.Rename(tmp, w.path); err != nil {

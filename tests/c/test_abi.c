@@ -510,14 +510,12 @@ static void test_open(void) {
     struct stat sb;
     CHECK(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), "ct_open removed the folder at its path");
 
-    /* Parent folders are created; an existing file is replaced. */
+    /* Parent folders are created; a previous trace at the path is replaced. */
     const char *nested = outpath("valid-nested/deeper/open.jsonl");
-    f = fopen(outpath("valid-replaced.jsonl"), "w");
-    if (f) {
-        fputs("old content that is not a trace\n", f);
-        fclose(f);
-    }
     ct_session a = 0, b = 0;
+    CHECK_STATUS(ct_open(outpath("valid-replaced.jsonl"), RUN_INFER("test_abi::previous"), &b), CT_OK, NULL);
+    if (b) CHECK_STATUS(ct_finish_failed(b, "the previous run"), CT_OK, NULL);
+    b = 0;
     ct_span m;
     CHECK_STATUS(ct_open(nested, RUN_INFER("test_abi::nested"), &a), CT_OK, NULL);
     CHECK_STATUS(ct_open(outpath("valid-replaced.jsonl"),
@@ -536,12 +534,71 @@ static void test_open(void) {
     if (b) {
         CHECK_STATUS(ct_finish(b), CT_OK, NULL);
         char *rb = slurp(outpath("valid-replaced.jsonl"), NULL);
-        CHECK(rb && !strstr(rb, "old content"), "ct_open did not replace the existing file");
+        CHECK(rb && !strstr(rb, "test_abi::previous"), "ct_open did not replace the previous trace");
         free(rb);
         check_trace_file(outpath("valid-replaced.jsonl"), "complete");
     }
     /* "nested" is in a folder: move the trace next to the others for run.sh. */
     rename(nested, outpath("valid-nested.jsonl"));
+}
+
+/* ct_open never follows a final symbolic link, and never truncates a file
+ * that is not empty, a trace or a summary: those are refused and left as they
+ * were. In a folder of its own (run.sh checks only OUT_DIR's valid-*.jsonl). */
+static void test_open_targets(void) {
+    g_section = "ct_open targets";
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", outpath("targets"));
+    mkdir(dir, 0755);
+    char victim[4200], link[4200], script[4200], empty[4200];
+    snprintf(victim, sizeof victim, "%s/victim.txt", dir);
+    snprintf(link, sizeof link, "%s/link.jsonl", dir);
+    snprintf(script, sizeof script, "%s/train.py", dir);
+    snprintf(empty, sizeof empty, "%s/empty.jsonl", dir);
+    unlink(link);
+    FILE *f = fopen(victim, "w");
+    if (f) {
+        fputs("victim\n", f);
+        fclose(f);
+    }
+    f = fopen(script, "w");
+    if (f) {
+        fputs("import torch\n", f);
+        fclose(f);
+    }
+    f = fopen(empty, "w");
+    if (f) fclose(f);
+    CHECK(symlink(victim, link) == 0, "symlink %s: %s", link, strerror(errno));
+
+    ct_session s = 0;
+    CHECK_STATUS(ct_open(link, RUN_INFER("test_abi::link"), &s), CT_ERR_IO,
+                 "is a symbolic link, which candle-trace does not follow");
+    CHECK(strstr(ct_last_error(), link) != NULL, "the message does not name %s: %s", link, ct_last_error());
+    CHECK(s == 0, "a refused ct_open stored a handle");
+    CHECK_STATUS(ct_open(script, RUN_INFER("test_abi::script"), &s), CT_ERR_IO,
+                 "is not a candle-trace trace or summary");
+    CHECK(strstr(ct_last_error(), script) != NULL, "the message does not name %s: %s", script, ct_last_error());
+    char *v = slurp(victim, NULL);
+    CHECK(v && strcmp(v, "victim\n") == 0, "the link's target was overwritten: \"%.80s\"", v ? v : "(unreadable)");
+    free(v);
+    char target[4200] = "";
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n > 0) target[n] = 0;
+    CHECK(strcmp(target, victim) == 0, "the symbolic link was replaced (readlink: \"%s\")", target);
+    v = slurp(script, NULL);
+    CHECK(v && strcmp(v, "import torch\n") == 0, "train.py was overwritten: \"%.80s\"", v ? v : "(unreadable)");
+    free(v);
+
+    /* An empty file is reused. */
+    CHECK_STATUS(ct_open(empty,
+                         "{\"entrypoint\":\"test_abi::empty\",\"phase\":\"infer\",\"capture_step\":1,"
+                         "\"device\":\"cpu\",\"measured_root\":true}",
+                         &s),
+                 CT_OK, NULL);
+    if (s) {
+        CHECK_STATUS(ct_finish(s), CT_OK, NULL);
+        check_trace_file(empty, "complete");
+    }
 }
 
 /* ---- handles ------------------------------------------------------------- */
@@ -2333,6 +2390,7 @@ int main(int argc, char **argv) {
 
     test_library();
     test_open();
+    test_open_targets();
     test_handles();
     test_errors_session();
     test_poison_free_finish_checks();
