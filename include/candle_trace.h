@@ -48,6 +48,8 @@
  * - In a child created by fork(), every call on any session returns
  *   CT_ERR_STATE without touching the parent's trace (the Go runtime inside
  *   the library does not survive fork). Open a new session after exec instead.
+ * - The library exports exactly the functions declared here; every other
+ *   symbol inside it (the Go runtime's included) is local.
  * - Events are written by a background flusher at most
  *   CT_DEFAULT_FLUSH_INTERVAL_MS after they are recorded (environment
  *   CANDLE_TRACE_FLUSH_MS changes it), so a killed process leaves a readable
