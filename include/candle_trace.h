@@ -38,8 +38,17 @@
  *   per OS thread: ct_span_begin's parent is the innermost open span of the
  *   calling thread (the root when it has none), and ct_span_end must close that
  *   innermost span.
- * - Record structs start with `size`: set it to sizeof(the struct). It lets the
- *   structs grow in later ABI versions without breaking compiled callers.
+ * - Record structs are versioned: they start with `size` (set it to
+ *   sizeof(the struct) of the header you compile against), then `flags` or
+ *   `reserved`. The library reads `size` bytes. A smaller struct (a caller of
+ *   an older header) is read with the default of every field it lacks: zero,
+ *   NULL, not flagged. A larger one (a newer header) is accepted only when
+ *   every byte past this library's struct is zero; otherwise it carries a
+ *   field this library does not know. `size` must be at least 8, a multiple
+ *   of the struct's alignment and at most 4096. In `flags` only the CT_HAS_*
+ *   bits of that struct may be set; `reserved` must be 0. Anything else is
+ *   CT_ERR_INVALID_ARGUMENT. So the structs grow in later ABI versions
+ *   without breaking compiled callers either way.
  * - Timestamps are nanoseconds on the session clock (CLOCK_MONOTONIC since
  *   ct_open); ct_now_ns reads it.
  * - A session whose trace write ever failed is poisoned: every later call

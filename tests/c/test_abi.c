@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1012,28 +1013,80 @@ static void test_enums(ct_session s, ct_span span) {
     CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "requires_grad");
 }
 
+/* The versioned-struct rule of the header: size at least 8 and a multiple
+ * of the struct's alignment; a smaller (older) struct is read with zero for
+ * what it lacks; a larger (newer) one only with zeros past this header's
+ * struct; unknown flag bits and non-zero reserved fields are refused. */
 static void test_sizes(ct_session s, ct_span span) {
     g_section = "record size field";
     ct_op o = op_tmpl();
     o.size = 0;
-    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "size");
-    o.size = sizeof o - 8;
-    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "sizeof(ct_op)");
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.size is 0; set it to sizeof(ct_op)");
+    o.size = 4;
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.size is 4; set it to sizeof(ct_op)");
+    o.size = sizeof o - 4; /* would cut a field */
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "set it to sizeof(ct_op)");
+    o.size = 1u << 20;
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "set it to sizeof(ct_op)");
+
+    /* An older caller's ct_op, without the dense byte fields: defaults. */
+    o = op_tmpl();
+    o.size = offsetof(ct_op, output_dense_bytes);
+    o.output_dense_bytes = 12345; /* past its size: never read */
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_OK, NULL);
+    /* A required field past a smaller struct's size reads as NULL, and says so. */
+    o = op_tmpl();
+    o.size = offsetof(ct_op, device);
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT,
+                 "op.device is NULL (op.size is 24, smaller than sizeof(ct_op)");
+
+    /* A newer caller's larger struct: zeros past ours are fine, anything else is a
+     * field this library does not know. */
+    struct {
+        ct_op op;
+        uint64_t future[4];
+    } big;
+    memset(&big, 0, sizeof big);
+    big.op = op_tmpl();
+    big.op.size = sizeof big;
+    CHECK_STATUS(ct_record_op(s, span, &big.op), CT_OK, NULL);
+    big.future[2] = 7;
+    CHECK_STATUS(ct_record_op(s, span, &big.op), CT_ERR_INVALID_ARGUMENT,
+                 "larger than this library's sizeof(ct_op)");
+
+    o = op_tmpl();
+    o.flags = CT_HAS_OUTPUT_DENSE_BYTES | (1u << 5);
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.flags has unknown bits 0x20");
     ct_tensor t = tensor_tmpl();
     t.size = 0;
-    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "tensor.size is 0");
+    t = tensor_tmpl();
+    t.flags = 1u << 31;
+    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "tensor.flags has unknown bits 0x80000000");
     ct_tensor_stats st = stats_tmpl();
     st.size = 0;
-    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "stats.size is 0");
+    st = stats_tmpl();
+    st.reserved = 1;
+    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "stats.reserved is 0x1; it must be 0");
     ct_memory m = memory_tmpl("size-storage", "size-tensor", 24);
     m.size = 0;
-    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "memory.size is 0");
+    m = memory_tmpl("size-storage", "size-tensor", 24);
+    m.reserved = 2;
+    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "memory.reserved is 0x2; it must be 0");
     ct_device_memory dm = devmem_tmpl();
     dm.size = 0;
-    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "sample.size is 0");
+    dm = devmem_tmpl();
+    dm.flags |= 1u << 4;
+    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "sample.flags has unknown bits 0x10");
     ct_device_interval di = interval_tmpl();
     di.size = 0;
-    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "interval.size is 0");
+    di = interval_tmpl();
+    di.flags = 2;
+    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "interval.flags has unknown bits 0x2");
 }
 
 static void test_shapes(ct_session s, ct_span span) {
@@ -1485,17 +1538,7 @@ static void test_errors_session(void) {
     test_completed(s);
     g_watch = 0;
 
-    /* Struct sizes larger than this header's (a newer caller) are fine. */
     g_section = "errors session";
-    struct {
-        ct_op op;
-        char future_fields[32];
-    } big;
-    memset(&big, 0, sizeof big);
-    big.op = op_tmpl();
-    big.op.size = sizeof big;
-    CHECK_STATUS(ct_record_op(s, w, &big.op), CT_OK, NULL);
-
     MUST(ct_span_end(s, w));
     MUST(ct_span_end(s, m));
     CHECK_STATUS(ct_finish(s), CT_OK, NULL);
