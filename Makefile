@@ -8,6 +8,9 @@ GO        ?= go
 CC        ?= cc
 BUILD     := build
 LIB       := $(BUILD)/libcandle_trace.so
+# The same library with the benchmark/test hooks of cmd/libtrace/bench_exports.go
+# exported too (bench_spans, tests/python/test_runtime.py); never shipped.
+BENCH_LIB := $(BUILD)/bench/libcandle_trace.so
 PRELOAD   := $(BUILD)/libcandle_trace_preload.so
 CLI       := $(BUILD)/candle-trace
 CFLAGS    ?= -O2 -Wall -Wextra -Werror -std=c99
@@ -29,9 +32,16 @@ all: lib cli $(PRELOAD)
 lib: $(LIB)
 cli: $(CLI)
 
-$(LIB): $(GO_SRC)
-	$(GO) build -buildmode=c-shared -o $@ ./cmd/libtrace
+# A linker version script keeps every symbol but the header's ct_* functions
+# local (cmd/libtrace/exports.map; tests/abi checks it).
+$(LIB): $(GO_SRC) cmd/libtrace/exports.map
+	$(GO) build -buildmode=c-shared -ldflags '-extldflags -Wl,--version-script=$(abspath cmd/libtrace/exports.map)' -o $@ ./cmd/libtrace
 	@rm -f $(BUILD)/libcandle_trace.h   # the hand-written include/candle_trace.h is the header
+
+$(BENCH_LIB): $(GO_SRC) cmd/libtrace/exports_bench.map
+	@mkdir -p $(dir $@)
+	$(GO) build -buildmode=c-shared -ldflags '-extldflags -Wl,--version-script=$(abspath cmd/libtrace/exports_bench.map)' -o $@ ./cmd/libtrace
+	@rm -f $(BUILD)/bench/libcandle_trace.h
 
 # The drop-in's LD_PRELOAD shim: plain C, loads the Go library only into
 # the processes CANDLE_TRACE_MATCH names.
@@ -50,8 +60,8 @@ $(BUILD)/test_abi: tests/c/test_abi.c $(LIB) include/candle_trace.h
 $(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
 	$(CC) $(CFLAGS) -D_GNU_SOURCE -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN' -lpthread -lm
 
-$(BUILD)/bench_spans: tests/bench/bench_spans.c $(LIB)
-	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD) -lcandle_trace -Wl,-rpath,'$$ORIGIN'
+$(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
+	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD)/bench -lcandle_trace -Wl,-rpath,'$$ORIGIN/bench'
 
 tools: $(CANDLE_GRAPH)
 
@@ -85,10 +95,10 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 
 test: test-go test-c test-sanitize test-load test-python test-rust test-twins test-aggregate-demo
 
-test-go: $(LIB) tools $(WRITER)
-	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+test-go: $(LIB) $(BENCH_LIB) tools $(WRITER)
+	@unformatted=$$(gofmt -l cmd internal tests); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) $(GO) test -race -count=1 ./...
+	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) $(GO) test -race -count=1 ./...
 
 test-c: $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/train_step $(CLI) tools
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
@@ -109,8 +119,8 @@ test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
 	@# setarch -R: gcc 12's TSan refuses the high-entropy mmap layouts of newer kernels
 	CANDLE_TRACE_RING_KB=64 TSAN_OPTIONS=halt_on_error=1 $$(command -v setarch >/dev/null && echo setarch $$(uname -m) -R) ./$(BUILD)/fastpath_tsan
 
-test-load: $(LIB) $(PRELOAD) $(BUILD)/train_step
-	CANDLE_TRACE_LIB=$(abspath $(LIB)) python3 -m pytest -q tests/python
+test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
+	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) python3 -m pytest -q tests/python
 
 # The Python binding: non-torch tests under python3, torch tests under
 # Debian's /usr/bin/python3 with python3-torch (TORCH_PYTHON overrides).
@@ -155,4 +165,4 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo

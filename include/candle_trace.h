@@ -38,8 +38,17 @@
  *   per OS thread: ct_span_begin's parent is the innermost open span of the
  *   calling thread (the root when it has none), and ct_span_end must close that
  *   innermost span.
- * - Record structs start with `size`: set it to sizeof(the struct). It lets the
- *   structs grow in later ABI versions without breaking compiled callers.
+ * - Record structs are versioned: they start with `size` (set it to
+ *   sizeof(the struct) of the header you compile against), then `flags` or
+ *   `reserved`. The library reads `size` bytes. A smaller struct (a caller of
+ *   an older header) is read with the default of every field it lacks: zero,
+ *   NULL, not flagged. A larger one (a newer header) is accepted only when
+ *   every byte past this library's struct is zero; otherwise it carries a
+ *   field this library does not know. `size` must be at least 8, a multiple
+ *   of the struct's alignment and at most 4096. In `flags` only the CT_HAS_*
+ *   bits of that struct may be set; `reserved` must be 0. Anything else is
+ *   CT_ERR_INVALID_ARGUMENT. So the structs grow in later ABI versions
+ *   without breaking compiled callers either way.
  * - Timestamps are nanoseconds on the session clock (CLOCK_MONOTONIC since
  *   ct_open, less the tracer's own time: see ct_tracer_begin); ct_now_ns
  *   reads it.
@@ -49,6 +58,8 @@
  * - In a child created by fork(), every call on any session returns
  *   CT_ERR_STATE without touching the parent's trace (the Go runtime inside
  *   the library does not survive fork). Open a new session after exec instead.
+ * - The library exports exactly the functions declared here; every other
+ *   symbol inside it (the Go runtime's included) is local.
  * - Events are written by a background flusher at most
  *   CT_DEFAULT_FLUSH_INTERVAL_MS after they are recorded (environment
  *   CANDLE_TRACE_FLUSH_MS changes it), so a killed process leaves a readable
@@ -224,12 +235,23 @@ typedef struct ct_device_interval {
  * "binding" (e.g. "python": meta.producer.binding, ours). Unknown
  * keys are refused (typos would otherwise vanish). The gradient manifest
  * digest of a gradient contract is computed here; do not pass one.
- * Parent folders of `path` are created; an existing file is replaced.
+ * Parent folders of `path` are created. Nothing but the library's own files
+ * is ever truncated or replaced: a final symbolic link is never followed
+ * (refused, also when it points at a trace); an existing regular file is
+ * reused, truncated, only when it is empty or one of candle-trace's traces
+ * or aggregate summaries (told by its first bytes: a trace's meta line
+ * `{"kind":"meta","schema":"candle-graph/trace/10"`, a summary's "schema"
+ * "candle-trace/aggregate/1"), so a rerun overwrites its previous output
+ * and any other file (a mistyped `train.py`) is refused with CT_ERR_IO, the
+ * message naming the path and why. A character device or a FIFO is written
+ * into as it is (a trace session only: an aggregate summary needs a regular
+ * file, see aggregate mode); a directory, a socket or a block device is
+ * refused.
  *
  * Thread-safe. Returns CT_OK and stores the handle in *out;
  * CT_ERR_INVALID_ARGUMENT for bad JSON or provenance (nothing is created);
- * CT_ERR_IO when the file cannot be created or written (no file that claims
- * to be a trace is left). */
+ * CT_ERR_IO when the file cannot be created or written, or may not be
+ * (above; no file that claims to be a trace is left). */
 ct_status ct_open(const char *path, const char *run_json, ct_session *out);
 
 /* Opens a span nested in the calling thread's innermost open span (the root
@@ -455,7 +477,11 @@ ct_status ct_device_stop(ct_session session);
  * and p50/p95/p99 from a fixed log-scale histogram; per scalar label: count,
  * mean, min, max, last — rewritten atomically every "aggregate_interval_ms"
  * (default 10 s) and at ct_finish / ct_flush, in memory that does not grow
- * with the number of steps. "capture_step" is optional there. Spans use the
+ * with the number of steps. Since the summary is renamed over `path`, ct_open
+ * refuses (CT_ERR_IO, nothing replaced) a path where anything but a regular
+ * file stands: a device, a FIFO, a socket, a directory or a symbolic link
+ * (the rename would replace the link itself); each later rewrite checks
+ * again, and the ct_open rules for regular files hold too. "capture_step" is optional there. Spans use the
  * same calls as in a trace session and cost less (about a third: no start
  * record, and durations timed by the CPU's cycle counter where it runs at a
  * constant rate — CANDLE_TRACE_AGG_CLOCK=monotonic forces CLOCK_MONOTONIC;
@@ -481,7 +507,8 @@ ct_status ct_flush(ct_session session);
 
 /* Closes the root, writes the terminal `complete` line, flushes, closes the
  * file and invalidates the handle. Refused with CT_ERR_STATE (the session
- * stays usable) when spans are still open, when no measured region exists,
+ * stays usable, and a refusal never refuses other threads' calls) when spans
+ * are still open, when no measured region exists,
  * when a required semantic label was not seen exactly once, or when a
  * gradient contract's keys were not all recorded. It does not refuse what
  * describes the run rather than the calls — a non-finite gradient family, an

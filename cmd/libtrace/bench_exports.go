@@ -13,6 +13,9 @@ import (
 
 // Benchmark- and test-only exports (not in the public header): the one-Go-call-per-event
 // design that tests/bench/bench_spans.c measures beside the C fast path.
+// build/libcandle_trace.so keeps them local (exports.map); only the
+// benchmark build, build/bench/libcandle_trace.so, exports them
+// (exports_bench.map).
 
 //export ctbench_naive_span_begin
 func ctbench_naive_span_begin(h C.ct_session, name *C.char, kind, step C.uint32_t, out *C.ct_span) (rc C.int) {

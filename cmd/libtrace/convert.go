@@ -7,6 +7,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"unsafe"
@@ -45,11 +46,55 @@ func optString(p *C.char) (string, bool) {
 	return C.GoStringN(p, C.int(C.strlen(p))), true
 }
 
-func checkSize(fn, name string, got C.uint32_t, want uintptr) error {
-	if uintptr(got) < want {
-		return argErr(fn, "%s.size is %d; set it to sizeof(%s) (%d)", name, uint32(got), name, want)
+// maxRecordSize bounds a record's size: a larger one is garbage, not the
+// struct of a later ABI.
+const maxRecordSize = 4096
+
+// record reads the caller's versioned struct *p (its field names prefixed
+// field, its C type named name) by the rule of the header: size is at least
+// 8 (size and flags/reserved) and a multiple of the struct's alignment; a
+// smaller struct than this library's (an older caller's) is read as far as
+// it goes, the fields past it zero (their defaults); a larger one (a newer
+// caller's) is accepted only when every byte past this library's struct is
+// zero. The second field, flags (known: its known bits) or reserved (known
+// 0), may have no other bit set. The returned hint adds to a later error of
+// a smaller struct that its missing fields read as 0/NULL.
+func record[T any](fn, field, name string, p *T, known uint32) (rec T, hint func(*error), err error) {
+	hint = func(*error) {}
+	if p == nil {
+		return rec, hint, argErr(fn, "%s is NULL", field)
 	}
-	return nil
+	sizeof, align := unsafe.Sizeof(rec), unsafe.Alignof(rec)
+	size := uintptr(*(*uint32)(unsafe.Pointer(p)))
+	if size < 8 || size%align != 0 || size > maxRecordSize {
+		return rec, hint, argErr(fn, "%s.size is %d; set it to sizeof(%s) (%d)", field, size, name, sizeof)
+	}
+	src := unsafe.Slice((*byte)(unsafe.Pointer(p)), size)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&rec)), sizeof), src)
+	if size > sizeof {
+		for i, b := range src[sizeof:] {
+			if b != 0 {
+				return rec, hint, argErr(fn, "%s.size is %d, larger than this library's sizeof(%s) (%d, ABI %d), and byte %d past it is not zero: a field this library does not know; leave it 0 or use a newer library",
+					field, size, name, sizeof, C.CT_ABI_VERSION, sizeof+uintptr(i))
+			}
+		}
+	}
+	second := *(*uint32)(unsafe.Add(unsafe.Pointer(&rec), 4))
+	switch unknown := second &^ known; {
+	case unknown != 0 && known == 0:
+		return rec, hint, argErr(fn, "%s.reserved is %#x; it must be 0", field, second)
+	case unknown != 0:
+		return rec, hint, argErr(fn, "%s.flags has unknown bits %#x (this library knows %#x)", field, unknown, known)
+	}
+	if size < sizeof {
+		hint = func(err *error) {
+			var e *session.Error
+			if errors.As(*err, &e) {
+				*err = &session.Error{Code: e.Code, Msg: fmt.Sprintf("%s (%s.size is %d, smaller than sizeof(%s) %d: the fields past it read as 0 or NULL)", e.Msg, field, size, name, sizeof)}
+			}
+		}
+	}
+	return rec, hint, nil
 }
 
 func convertShape(fn, field string, p *C.int64_t, rank C.size_t) ([]uint64, error) {
@@ -88,15 +133,13 @@ func elementCount(fn string, shape []uint64) (int, error) {
 	return int(n), nil
 }
 
-func convertOp(fn string, op *C.ct_op) (*events.Op, error) {
-	if op == nil {
-		return nil, argErr(fn, "op is NULL")
-	}
-	if err := checkSize(fn, "ct_op", op.size, unsafe.Sizeof(*op)); err != nil {
+func convertOp(fn string, p *C.ct_op) (_ *events.Op, err error) {
+	op, hint, err := record(fn, "op", "ct_op", p, C.CT_HAS_OUTPUT_DENSE_BYTES)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	var o events.Op
-	var err error
 	if o.OpName, err = reqString(fn, "op.op_name", op.op_name); err != nil {
 		return nil, err
 	}
@@ -136,15 +179,13 @@ func convertOp(fn string, op *C.ct_op) (*events.Op, error) {
 	return &o, nil
 }
 
-func convertTensor(fn string, t *C.ct_tensor) (*events.Tensor, error) {
-	if t == nil {
-		return nil, argErr(fn, "tensor is NULL")
-	}
-	if err := checkSize(fn, "ct_tensor", t.size, unsafe.Sizeof(*t)); err != nil {
+func convertTensor(fn string, p *C.ct_tensor) (_ *events.Tensor, err error) {
+	t, hint, err := record(fn, "tensor", "ct_tensor", p, C.CT_HAS_DENSE_BYTES)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	var x events.Tensor
-	var err error
 	if x.TensorID, err = reqString(fn, "tensor.tensor_id", t.tensor_id); err != nil {
 		return nil, err
 	}
@@ -171,15 +212,13 @@ func convertTensor(fn string, t *C.ct_tensor) (*events.Tensor, error) {
 	return &x, nil
 }
 
-func convertStats(fn string, st *C.ct_tensor_stats) (*events.TensorStats, error) {
-	if st == nil {
-		return nil, argErr(fn, "stats is NULL")
-	}
-	if err := checkSize(fn, "ct_tensor_stats", st.size, unsafe.Sizeof(*st)); err != nil {
+func convertStats(fn string, p *C.ct_tensor_stats) (_ *events.TensorStats, err error) {
+	st, hint, err := record(fn, "stats", "ct_tensor_stats", p, 0)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	var x events.TensorStats
-	var err error
 	if x.Label, err = reqString(fn, "stats.label", st.label); err != nil {
 		return nil, err
 	}
@@ -194,18 +233,16 @@ func convertStats(fn string, st *C.ct_tensor_stats) (*events.TensorStats, error)
 	return &x, nil
 }
 
-func convertMemory(fn string, action events.MemoryAction, m *C.ct_memory) (*events.Memory, error) {
+func convertMemory(fn string, action events.MemoryAction, p *C.ct_memory) (_ *events.Memory, err error) {
 	if !action.Valid() {
 		return nil, argErr(fn, "unknown memory action %d", uint32(action))
 	}
-	if m == nil {
-		return nil, argErr(fn, "memory is NULL")
-	}
-	if err := checkSize(fn, "ct_memory", m.size, unsafe.Sizeof(*m)); err != nil {
+	m, hint, err := record(fn, "memory", "ct_memory", p, 0)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	x := events.Memory{Action: action, TimestampNs: uint64(m.timestamp_ns), Bytes: uint64(m.bytes), Category: events.Category(m.category)}
-	var err error
 	if x.StorageID, err = reqString(fn, "memory.storage_id", m.storage_id); err != nil {
 		return nil, err
 	}
@@ -225,15 +262,13 @@ func convertMemory(fn string, action events.MemoryAction, m *C.ct_memory) (*even
 	return &x, nil
 }
 
-func convertDeviceMemory(fn string, m *C.ct_device_memory) (*events.DeviceMemory, error) {
-	if m == nil {
-		return nil, argErr(fn, "sample is NULL")
-	}
-	if err := checkSize(fn, "ct_device_memory", m.size, unsafe.Sizeof(*m)); err != nil {
+func convertDeviceMemory(fn string, p *C.ct_device_memory) (_ *events.DeviceMemory, err error) {
+	m, hint, err := record(fn, "sample", "ct_device_memory", p, C.CT_HAS_USED_BYTES|C.CT_HAS_FREE_BYTES|C.CT_HAS_RESERVED_BYTES|C.CT_HAS_CAPACITY_BYTES)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	x := events.DeviceMemory{TimestampNs: uint64(m.timestamp_ns)}
-	var err error
 	if x.Device, err = reqString(fn, "sample.device", m.device); err != nil {
 		return nil, err
 	}
@@ -245,15 +280,13 @@ func convertDeviceMemory(fn string, m *C.ct_device_memory) (*events.DeviceMemory
 	return &x, nil
 }
 
-func convertDeviceInterval(fn string, d *C.ct_device_interval) (*events.DeviceInterval, error) {
-	if d == nil {
-		return nil, argErr(fn, "interval is NULL")
-	}
-	if err := checkSize(fn, "ct_device_interval", d.size, unsafe.Sizeof(*d)); err != nil {
+func convertDeviceInterval(fn string, p *C.ct_device_interval) (_ *events.DeviceInterval, err error) {
+	d, hint, err := record(fn, "interval", "ct_device_interval", p, C.CT_HAS_CORRELATION_ID)
+	if err != nil {
 		return nil, err
 	}
+	defer hint(&err)
 	x := events.DeviceInterval{StartNs: uint64(d.start_ns), DurationNs: uint64(d.duration_ns)}
-	var err error
 	if x.Device, err = reqString(fn, "interval.device", d.device); err != nil {
 		return nil, err
 	}

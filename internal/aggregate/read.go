@@ -186,6 +186,10 @@ func IsSummary(prefix []byte) bool {
 	return err == nil && t == Schema
 }
 
+// OwnFile tells the library's own output, a summary or a trace, from any
+// other file by its first bytes: only those are ever overwritten.
+func OwnFile(prefix []byte) bool { return IsSummary(prefix) || events.IsTrace(prefix) }
+
 // Check verifies that a summary is consistent: the layout is this
 // package's, counts agree with their histograms, min and max lie in the
 // first and last buckets, totals lie between count·min and count·max, and

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/candle-trace/candle-trace/internal/outfile"
 )
 
 // DefaultInterval is how often a started Writer rewrites the summary. A
@@ -95,7 +97,11 @@ var ErrFinished = errors.New("aggregate: writer already finished")
 // killed mid-write — only ever sees a complete summary, the previous one
 // until the rename. A failed write leaves the previous summary in place,
 // removes its temporary file, and is reported by Err; later writes try
-// again, because a full disk may clear while training goes on.
+// again, because a full disk may clear while training goes on. What stands
+// at the path must be a regular file (or nothing): a device, a FIFO, a
+// socket, a directory or a symbolic link there is never renamed over, nor a
+// file that is not empty, a summary or a trace (OwnFile); each write fails
+// instead (outfile.CheckReplace).
 type Writer struct {
 	path, dir, pattern string
 	agg                *Aggregator
@@ -260,6 +266,11 @@ func (w *Writer) replace(data []byte) (renamed bool, err error) {
 		return fail(err)
 	}
 	if err = f.Close(); err != nil {
+		return fail(err)
+	}
+	// Only a regular file (or nothing) is ever replaced: never a device, a
+	// FIFO or a symbolic link that stands at the path, nor anyone else's file.
+	if err = outfile.CheckReplace(w.path, OwnFile); err != nil {
 		return fail(err)
 	}
 	if err = w.fs.Rename(tmp, w.path); err != nil {

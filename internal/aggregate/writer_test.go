@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,4 +259,27 @@ func TestNewWriterRefusesRun(t *testing.T) {
 	w, err := NewWriter(filepath.Join(t.TempDir(), "missing", "s.json"), New(), testRun)
 	require.NoError(t, err)
 	assert.Error(t, w.Start())
+}
+
+// What takes the summary's place while the run goes on is not renamed over
+// either: each write fails, the FIFO stays, and no temporary file is left.
+func TestRewriteNeverReplacesANonRegularFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.json")
+	w, err := NewWriter(path, New(), testRun, WithInterval(0))
+	require.NoError(t, err)
+	require.NoError(t, w.Start())
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, syscall.Mkfifo(path, 0o644))
+
+	err = w.WriteNow()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "aggregate: summary "+path+": it is a named pipe (FIFO), not a regular file")
+	require.Error(t, w.Finish())
+	st, err := os.Lstat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeNamedPipe, st.Mode().Type())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "temporary files left behind")
 }

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"fmt"
 	"sort"
 	"strconv"
@@ -11,6 +12,14 @@ import (
 
 // Schema is the trace schema this package writes.
 const Schema = "candle-graph/trace/10"
+
+// MetaPrefix is how every trace AppendMeta begins: the first bytes of its
+// meta line.
+const MetaPrefix = `{"kind":"meta","schema":"` + Schema + `"`
+
+// IsTrace tells a trace this package wrote (whole, partial or failed) from
+// anything else by its first bytes.
+func IsTrace(prefix []byte) bool { return bytes.HasPrefix(prefix, []byte(MetaPrefix)) }
 
 // MetaExtras are the meta fields the session supplies at open. producer, clock and process
 // are ours; candle-graph ignores them.
@@ -43,7 +52,7 @@ func FormatTimestamp(t time.Time) string {
 // when empty) because null is a parse error there, then our producer, clock and process.
 // Call r.Validate (ParseRun does) and x.Validate first.
 func (r *Run) AppendMeta(b []byte, x MetaExtras) []byte {
-	b = append(b, `{"kind":"meta","schema":"`+Schema+`","run_id":`...)
+	b = append(b, MetaPrefix+`,"run_id":`...)
 	b = appendString(b, x.RunID)
 	b = append(b, `,"correlation_id":`...)
 	b = appendString(b, r.CorrelationID)

@@ -2,8 +2,11 @@ package session
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,4 +126,78 @@ func TestAggregateSpanDurationsOnEitherClock(t *testing.T) {
 			assert.LessOrEqual(t, float64(sp.MaxNS), 1.001*float64(longest.Nanoseconds())+1000)
 		})
 	}
+}
+
+// The summary is renamed over its path, so what stands there must be a
+// regular file or nothing: a device, a FIFO, a socket, a directory or a
+// symbolic link is refused at open and left as it was.
+func TestAggregateRefusesTargetsItWouldReplace(t *testing.T) {
+	tests := []struct {
+		name string
+		make func(t *testing.T, dir, path string)
+		msg  string
+	}{
+		{"fifo", func(t *testing.T, _, path string) { require.NoError(t, syscall.Mkfifo(path, 0o644)) }, "a named pipe (FIFO)"},
+		{"symlink to a file", func(t *testing.T, dir, path string) {
+			victim := filepath.Join(dir, "victim.txt")
+			require.NoError(t, os.WriteFile(victim, []byte("victim\n"), 0o644))
+			require.NoError(t, os.Symlink(victim, path))
+		}, "a symbolic link"},
+		{"dangling symlink", func(t *testing.T, dir, path string) {
+			require.NoError(t, os.Symlink(filepath.Join(dir, "nowhere.json"), path))
+		}, "a symbolic link"},
+		{"directory", func(t *testing.T, _, path string) { require.NoError(t, os.Mkdir(path, 0o755)) }, "a directory"},
+		{"socket", func(t *testing.T, _, path string) {
+			l, err := net.Listen("unix", path)
+			require.NoError(t, err)
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			t.Cleanup(func() { l.Close() })
+		}, "a socket"},
+		{"character device", func(t *testing.T, _, path string) {
+			// A private /dev/null (1, 3); only root may make one.
+			if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+				t.Skipf("mknod: %v", err)
+			}
+		}, "a character device"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "summary.json")
+			tc.make(t, dir, path)
+			before := snapshotDir(t, dir)
+			_, err := Open(path, []byte(aggregateRun))
+			requireCode(t, err, IO, tc.msg)
+			assert.Contains(t, err.Error(), path)
+			assert.Contains(t, err.Error(), "not a regular file")
+			assert.Equal(t, before, snapshotDir(t, dir), "what stood at the path (and beside it) is unchanged, no temporary file is left")
+		})
+	}
+}
+
+// snapshotDir describes every entry of dir: its type, a link's target, a
+// regular file's content.
+func snapshotDir(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		st, err := os.Lstat(p)
+		require.NoError(t, err)
+		desc := st.Mode().Type().String()
+		switch {
+		case st.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			require.NoError(t, err)
+			desc += " -> " + target
+		case st.Mode().IsRegular():
+			data, err := os.ReadFile(p)
+			require.NoError(t, err)
+			desc += " " + string(data)
+		}
+		out[e.Name()] = desc
+	}
+	return out
 }

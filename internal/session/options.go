@@ -2,8 +2,10 @@ package session
 
 import (
 	"io"
-	"os"
 	"time"
+
+	"github.com/candle-trace/candle-trace/internal/aggregate"
+	"github.com/candle-trace/candle-trace/internal/outfile"
 )
 
 // DefaultFlushInterval bounds how old an event can be before it is on disk:
@@ -23,9 +25,15 @@ type Sink interface {
 // Opener creates the sink for a trace path.
 type Opener func(path string) (Sink, error)
 
-// DefaultOpener creates (or truncates) the file.
+// DefaultOpener creates the trace file (outfile.Create): it never follows
+// a final symbolic link, and truncates an existing file only when it is
+// empty or candle-trace's own (a trace or a summary, by its first bytes).
 func DefaultOpener(path string) (Sink, error) {
-	return os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := outfile.Create(path, aggregate.OwnFile)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // Producer names the program that wrote the trace (meta.producer).

@@ -56,7 +56,9 @@ type Session struct {
 type gradKey struct{ root, key string }
 
 // Open validates the run provenance (see events.ParseRun), creates the trace
-// file and writes its meta line and root span s1.
+// file (the opener's rules: DefaultOpener never follows a final symbolic
+// link nor truncates a file that is not empty or candle-trace's own) and
+// writes its meta line and root span s1.
 func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if Forked() {
 		return nil, errForked("ct_open")
@@ -74,6 +76,11 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
 		}
 	}
+	// The slot first: a full registry is refused before anything is written.
+	h := slotAlloc()
+	if h == 0 {
+		return nil, errorf(State, "ct_open: too many sessions open at once")
+	}
 	var sink Sink
 	var aggr *aggState
 	if run.Mode == "aggregate" {
@@ -82,17 +89,13 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 			p.Binding = run.Binding
 		}
 		if aggr, err = openAggregate(path, run, p); err != nil {
+			slotRelease(h)
 			return nil, errorf(IO, "ct_open: aggregate summary %s: %v", path, err)
 		}
 		sink = discardSink{}
 	} else if sink, err = o.opener(path); err != nil {
+		slotRelease(h)
 		return nil, errorf(IO, "ct_open: create %s: %v", path, err)
-	}
-	h := slotAlloc()
-	if h == 0 {
-		sink.Close()
-		removeIfRegular(path)
-		return nil, errorf(State, "ct_open: too many sessions open at once")
 	}
 	s := &Session{
 		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink, aggr: aggr,
@@ -130,8 +133,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	s.countLabel(run.Entrypoint)
 	if err := s.writeOut(); err != nil {
 		slotRelease(h)
-		sink.Close()
-		removeIfRegular(path)
+		discard(sink)
 		return nil, errorf(IO, "ct_open: write %s: %v", path, err)
 	}
 	mu.Lock()
@@ -149,12 +151,15 @@ type discardSink struct{}
 func (discardSink) Write(b []byte) (int, error) { return len(b), nil }
 func (discardSink) Close() error                { return nil }
 
-// removeIfRegular deletes a trace that could not be started, so nothing
-// claims to be a trace; a device or fifo the user pointed at is left alone.
-func removeIfRegular(path string) {
-	if st, err := os.Lstat(path); err == nil && st.Mode().IsRegular() {
-		os.Remove(path)
+// discard closes the sink of a trace that could not be started. A file the
+// opener created goes too (outfile.File.Discard), so nothing claims to be a
+// trace; what was there before, a device or a FIFO is left alone.
+func discard(sink Sink) {
+	if f, ok := sink.(interface{ Discard() }); ok {
+		f.Discard()
+		return
 	}
+	sink.Close()
 }
 
 func (s *Session) metaExtras() events.MetaExtras {
@@ -397,9 +402,18 @@ func (s *Session) Finish() error {
 	if err := s.usableLocked("ct_finish"); err != nil {
 		return err
 	}
-	// New fast-path calls are refused from here on; what is already in the
-	// rings is drained below.
-	setSlotState(s.slot, slotFinishing)
+	// Check before refusing anyone: a refused ct_finish must leave the
+	// session as it was, other threads' span calls included.
+	drainLocked()
+	if err := s.finishCheckLocked(); err != nil {
+		return err
+	}
+	// New fast-path calls are refused from here on; what reached the rings
+	// since the check is drained and checked again (a span begun in between
+	// still refuses the finish, and the session opens again).
+	if s.poison == nil {
+		setSlotState(s.slot, slotFinishing)
+	}
 	drainLocked()
 	if err := s.finishCheckLocked(); err != nil {
 		if s.poison == nil {

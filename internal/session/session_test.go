@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
 	"github.com/candle-trace/candle-trace/internal/testutil"
 )
@@ -421,4 +423,150 @@ func TestInnermostSpanPerThread(t *testing.T) {
 	require.NoError(t, s.Finish())
 	assert.Equal(t, uint64(1), s.InnermostSpan(), "a finished session: the root")
 	assert.NotZero(t, s.MonotonicStart())
+}
+
+// A refused ct_finish leaves the session as it was: another thread's spans
+// go on without a single refusal while finish is refused over and over.
+func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
+	tests := []struct {
+		name, file, run string
+	}{
+		{"trace", "trace.jsonl", measuredRootRun},
+		{"aggregate", "summary.json", aggregateRun},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			s, err := Open(filepath.Join(t.TempDir(), tc.file), []byte(tc.run))
+			require.NoError(t, err)
+			open := begin(t, s, "held/open")
+
+			stop := make(chan struct{})
+			started := make(chan struct{})
+			type result struct {
+				pairs, refused int
+				first          error
+			}
+			done := make(chan result)
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				var r result
+				for {
+					id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
+					if err == nil {
+						err = s.EndSpan(id)
+					}
+					if err != nil {
+						if r.first == nil {
+							r.first = err
+						}
+						r.refused++
+					} else {
+						r.pairs++
+					}
+					if r.pairs+r.refused == 1 {
+						close(started)
+					}
+					select {
+					case <-stop:
+						done <- r
+						return
+					default:
+					}
+				}
+			}()
+			<-started
+			for i := 0; i < 2000; i++ {
+				requireCode(t, s.Finish(), State, "spans still open")
+			}
+			close(stop)
+			r := <-done
+			assert.Zero(t, r.refused, "the worker's span calls were refused %d times (first: %v)", r.refused, r.first)
+			assert.NotZero(t, r.pairs)
+			end(t, s, open)
+			require.NoError(t, s.Finish(), "the session stayed usable")
+		})
+	}
+}
+
+// ct_open never follows a final symbolic link and never truncates a file
+// that is not empty, a trace or a summary: such a path is refused with the
+// file left as it was. A rerun over its own previous output goes on.
+func TestOpenNeverOverwritesSomeoneElsesFile(t *testing.T) {
+	writeFile := func(content string) func(t *testing.T, dir, path string) {
+		return func(t *testing.T, _, path string) { require.NoError(t, os.WriteFile(path, []byte(content), 0o644)) }
+	}
+	previousTrace := func(t *testing.T, _, path string) {
+		s, err := Open(path, []byte(measuredRootRun))
+		require.NoError(t, err)
+		require.NoError(t, s.FinishFailed("the previous run"))
+	}
+	previousSummary := func(t *testing.T, _, path string) {
+		s, err := Open(path, []byte(aggregateRun))
+		require.NoError(t, err)
+		require.NoError(t, s.Finish())
+	}
+	tests := []struct {
+		name  string
+		run   string
+		make  func(t *testing.T, dir, path string)
+		code  Status // OK: opened and written
+		msg   string
+		check func(t *testing.T, path string) // after a successful open and finish
+	}{
+		{"trace over a symlink to a file", measuredRootRun, func(t *testing.T, dir, path string) {
+			victim := filepath.Join(dir, "victim.txt")
+			require.NoError(t, os.WriteFile(victim, []byte("victim\n"), 0o644))
+			require.NoError(t, os.Symlink(victim, path))
+		}, IO, "is a symbolic link, which candle-trace does not follow", nil},
+		{"trace over a dangling symlink", measuredRootRun, func(t *testing.T, dir, path string) {
+			require.NoError(t, os.Symlink(filepath.Join(dir, "nowhere.jsonl"), path))
+		}, IO, "symbolic link", nil},
+		{"trace over a script", measuredRootRun, writeFile("import torch\nprint('train')\n"),
+			IO, `is not a candle-trace trace or summary (it starts with "import torch\nprint('train')\n"); refusing to overwrite it`, nil},
+		{"trace over JSONL that is not ours", measuredRootRun, writeFile(`{"kind":"span_start","id":"s1"}` + "\n"),
+			IO, "is not a candle-trace trace or summary", nil},
+		{"trace over another schema's meta", measuredRootRun, writeFile(`{"kind":"meta","schema":"candle-graph/trace/9"}` + "\n"),
+			IO, "is not a candle-trace trace or summary", nil},
+		{"trace over an empty file", measuredRootRun, writeFile(""), OK, "", nil},
+		{"trace over its previous trace", measuredRootRun, previousTrace, OK, "", func(t *testing.T, path string) {
+			lines := testutil.Lines(t, path)
+			assert.Len(t, testutil.OfKind(lines, "meta"), 1, "the previous trace was truncated")
+			assert.Equal(t, "complete", lines[len(lines)-1]["outcome"])
+		}},
+		{"trace over a summary", measuredRootRun, previousSummary, OK, "", nil},
+		{"summary over a script", aggregateRun, writeFile("#!/bin/sh\nexit 0\n"),
+			IO, "is not a candle-trace trace or summary", nil},
+		{"summary over a trace", aggregateRun, previousTrace, OK, "", func(t *testing.T, path string) {
+			sum, err := aggregate.ReadFile(path)
+			require.NoError(t, err)
+			assert.True(t, sum.Final)
+		}},
+		{"summary over its previous summary", aggregateRun, previousSummary, OK, "", nil},
+		{"summary over an empty file", aggregateRun, writeFile(""), OK, "", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			dir := t.TempDir()
+			path := filepath.Join(dir, "out.jsonl")
+			tc.make(t, dir, path)
+			before := snapshotDir(t, dir)
+			s, err := Open(path, []byte(tc.run))
+			if tc.code != OK {
+				requireCode(t, err, tc.code, tc.msg)
+				assert.Contains(t, err.Error(), path)
+				assert.Equal(t, before, snapshotDir(t, dir), "nothing was changed")
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, s.Finish())
+			if tc.check != nil {
+				tc.check(t, path)
+			}
+		})
+	}
 }

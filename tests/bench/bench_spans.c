@@ -15,7 +15,8 @@
 
 #include "candle_trace.h"
 
-/* Benchmark-only export: the straightforward design, one Go call per event. */
+/* Benchmark-only export: the straightforward design, one Go call per event.
+ * Only build/bench/libcandle_trace.so exports it (cmd/libtrace/exports_bench.map). */
 extern ct_status ctbench_naive_span_begin(ct_session, const char *, ct_span_kind, ct_step, ct_span *);
 extern ct_status ctbench_naive_span_end(ct_session, ct_span);
 

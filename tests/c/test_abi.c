@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -513,14 +514,12 @@ static void test_open(void) {
     struct stat sb;
     CHECK(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), "ct_open removed the folder at its path");
 
-    /* Parent folders are created; an existing file is replaced. */
+    /* Parent folders are created; a previous trace at the path is replaced. */
     const char *nested = outpath("valid-nested/deeper/open.jsonl");
-    f = fopen(outpath("valid-replaced.jsonl"), "w");
-    if (f) {
-        fputs("old content that is not a trace\n", f);
-        fclose(f);
-    }
     ct_session a = 0, b = 0;
+    CHECK_STATUS(ct_open(outpath("valid-replaced.jsonl"), RUN_INFER("test_abi::previous"), &b), CT_OK, NULL);
+    if (b) CHECK_STATUS(ct_finish_failed(b, "the previous run"), CT_OK, NULL);
+    b = 0;
     ct_span m;
     CHECK_STATUS(ct_open(nested, RUN_INFER("test_abi::nested"), &a), CT_OK, NULL);
     CHECK_STATUS(ct_open(outpath("valid-replaced.jsonl"),
@@ -539,12 +538,71 @@ static void test_open(void) {
     if (b) {
         CHECK_STATUS(ct_finish(b), CT_OK, NULL);
         char *rb = slurp(outpath("valid-replaced.jsonl"), NULL);
-        CHECK(rb && !strstr(rb, "old content"), "ct_open did not replace the existing file");
+        CHECK(rb && !strstr(rb, "test_abi::previous"), "ct_open did not replace the previous trace");
         free(rb);
         check_trace_file(outpath("valid-replaced.jsonl"), "complete");
     }
     /* "nested" is in a folder: move the trace next to the others for run.sh. */
     rename(nested, outpath("valid-nested.jsonl"));
+}
+
+/* ct_open never follows a final symbolic link, and never truncates a file
+ * that is not empty, a trace or a summary: those are refused and left as they
+ * were. In a folder of its own (run.sh checks only OUT_DIR's valid-*.jsonl). */
+static void test_open_targets(void) {
+    g_section = "ct_open targets";
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", outpath("targets"));
+    mkdir(dir, 0755);
+    char victim[4200], link[4200], script[4200], empty[4200];
+    snprintf(victim, sizeof victim, "%s/victim.txt", dir);
+    snprintf(link, sizeof link, "%s/link.jsonl", dir);
+    snprintf(script, sizeof script, "%s/train.py", dir);
+    snprintf(empty, sizeof empty, "%s/empty.jsonl", dir);
+    unlink(link);
+    FILE *f = fopen(victim, "w");
+    if (f) {
+        fputs("victim\n", f);
+        fclose(f);
+    }
+    f = fopen(script, "w");
+    if (f) {
+        fputs("import torch\n", f);
+        fclose(f);
+    }
+    f = fopen(empty, "w");
+    if (f) fclose(f);
+    CHECK(symlink(victim, link) == 0, "symlink %s: %s", link, strerror(errno));
+
+    ct_session s = 0;
+    CHECK_STATUS(ct_open(link, RUN_INFER("test_abi::link"), &s), CT_ERR_IO,
+                 "is a symbolic link, which candle-trace does not follow");
+    CHECK(strstr(ct_last_error(), link) != NULL, "the message does not name %s: %s", link, ct_last_error());
+    CHECK(s == 0, "a refused ct_open stored a handle");
+    CHECK_STATUS(ct_open(script, RUN_INFER("test_abi::script"), &s), CT_ERR_IO,
+                 "is not a candle-trace trace or summary");
+    CHECK(strstr(ct_last_error(), script) != NULL, "the message does not name %s: %s", script, ct_last_error());
+    char *v = slurp(victim, NULL);
+    CHECK(v && strcmp(v, "victim\n") == 0, "the link's target was overwritten: \"%.80s\"", v ? v : "(unreadable)");
+    free(v);
+    char target[4200] = "";
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n > 0) target[n] = 0;
+    CHECK(strcmp(target, victim) == 0, "the symbolic link was replaced (readlink: \"%s\")", target);
+    v = slurp(script, NULL);
+    CHECK(v && strcmp(v, "import torch\n") == 0, "train.py was overwritten: \"%.80s\"", v ? v : "(unreadable)");
+    free(v);
+
+    /* An empty file is reused. */
+    CHECK_STATUS(ct_open(empty,
+                         "{\"entrypoint\":\"test_abi::empty\",\"phase\":\"infer\",\"capture_step\":1,"
+                         "\"device\":\"cpu\",\"measured_root\":true}",
+                         &s),
+                 CT_OK, NULL);
+    if (s) {
+        CHECK_STATUS(ct_finish(s), CT_OK, NULL);
+        check_trace_file(empty, "complete");
+    }
 }
 
 /* ---- handles ------------------------------------------------------------- */
@@ -964,28 +1022,80 @@ static void test_enums(ct_session s, ct_span span) {
     CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "requires_grad");
 }
 
+/* The versioned-struct rule of the header: size at least 8 and a multiple
+ * of the struct's alignment; a smaller (older) struct is read with zero for
+ * what it lacks; a larger (newer) one only with zeros past this header's
+ * struct; unknown flag bits and non-zero reserved fields are refused. */
 static void test_sizes(ct_session s, ct_span span) {
     g_section = "record size field";
     ct_op o = op_tmpl();
     o.size = 0;
-    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "size");
-    o.size = sizeof o - 8;
-    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "sizeof(ct_op)");
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.size is 0; set it to sizeof(ct_op)");
+    o.size = 4;
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.size is 4; set it to sizeof(ct_op)");
+    o.size = sizeof o - 4; /* would cut a field */
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "set it to sizeof(ct_op)");
+    o.size = 1u << 20;
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "set it to sizeof(ct_op)");
+
+    /* An older caller's ct_op, without the dense byte fields: defaults. */
+    o = op_tmpl();
+    o.size = offsetof(ct_op, output_dense_bytes);
+    o.output_dense_bytes = 12345; /* past its size: never read */
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_OK, NULL);
+    /* A required field past a smaller struct's size reads as NULL, and says so. */
+    o = op_tmpl();
+    o.size = offsetof(ct_op, device);
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT,
+                 "op.device is NULL (op.size is 24, smaller than sizeof(ct_op)");
+
+    /* A newer caller's larger struct: zeros past ours are fine, anything else is a
+     * field this library does not know. */
+    struct {
+        ct_op op;
+        uint64_t future[4];
+    } big;
+    memset(&big, 0, sizeof big);
+    big.op = op_tmpl();
+    big.op.size = sizeof big;
+    CHECK_STATUS(ct_record_op(s, span, &big.op), CT_OK, NULL);
+    big.future[2] = 7;
+    CHECK_STATUS(ct_record_op(s, span, &big.op), CT_ERR_INVALID_ARGUMENT,
+                 "larger than this library's sizeof(ct_op)");
+
+    o = op_tmpl();
+    o.flags = CT_HAS_OUTPUT_DENSE_BYTES | (1u << 5);
+    CHECK_STATUS(ct_record_op(s, span, &o), CT_ERR_INVALID_ARGUMENT, "op.flags has unknown bits 0x20");
     ct_tensor t = tensor_tmpl();
     t.size = 0;
-    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "tensor.size is 0");
+    t = tensor_tmpl();
+    t.flags = 1u << 31;
+    CHECK_STATUS(ct_record_tensor(s, span, &t), CT_ERR_INVALID_ARGUMENT, "tensor.flags has unknown bits 0x80000000");
     ct_tensor_stats st = stats_tmpl();
     st.size = 0;
-    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "stats.size is 0");
+    st = stats_tmpl();
+    st.reserved = 1;
+    CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "stats.reserved is 0x1; it must be 0");
     ct_memory m = memory_tmpl("size-storage", "size-tensor", 24);
     m.size = 0;
-    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "memory.size is 0");
+    m = memory_tmpl("size-storage", "size-tensor", 24);
+    m.reserved = 2;
+    CHECK_STATUS(ct_record_memory(s, span, CT_MEMORY_ALLOC, &m), CT_ERR_INVALID_ARGUMENT, "memory.reserved is 0x2; it must be 0");
     ct_device_memory dm = devmem_tmpl();
     dm.size = 0;
-    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "sample.size is 0");
+    dm = devmem_tmpl();
+    dm.flags |= 1u << 4;
+    CHECK_STATUS(ct_record_device_memory(s, &dm), CT_ERR_INVALID_ARGUMENT, "sample.flags has unknown bits 0x10");
     ct_device_interval di = interval_tmpl();
     di.size = 0;
-    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "size");
+    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "interval.size is 0");
+    di = interval_tmpl();
+    di.flags = 2;
+    CHECK_STATUS(ct_record_device_interval(s, span, &di), CT_ERR_INVALID_ARGUMENT, "interval.flags has unknown bits 0x2");
 }
 
 static void test_shapes(ct_session s, ct_span span) {
@@ -1472,17 +1582,7 @@ static void test_errors_session(void) {
     test_completed(s);
     g_watch = 0;
 
-    /* Struct sizes larger than this header's (a newer caller) are fine. */
     g_section = "errors session";
-    struct {
-        ct_op op;
-        char future_fields[32];
-    } big;
-    memset(&big, 0, sizeof big);
-    big.op = op_tmpl();
-    big.op.size = sizeof big;
-    CHECK_STATUS(ct_record_op(s, w, &big.op), CT_OK, NULL);
-
     MUST(ct_span_end(s, w));
     MUST(ct_span_end(s, m));
     CHECK_STATUS(ct_finish(s), CT_OK, NULL);
@@ -1812,6 +1912,67 @@ static void test_threads(void) {
     CHECK(count_str(buf, "\"name\":\"thread/inner\"") == (long)THREADS * ITERS, "threads: inner span count");
     CHECK(count_str(buf, "\"label\":\"thread/scalar\"") == scalars, "threads: scalar count");
     free(buf);
+}
+
+/* A refused ct_finish leaves the session usable for every thread: a worker
+ * keeps beginning and ending spans while ct_finish is refused again and again
+ * (the calling thread holds a span open); not one of its calls is refused. */
+typedef struct {
+    ct_session s;
+    int stop, started;
+    long pairs, refused;
+    char first[1024];
+} finish_race_arg;
+
+static void *finish_race_worker(void *p) {
+    finish_race_arg *a = p;
+    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
+        ct_span x;
+        ct_status st = ct_span_begin(a->s, "worker/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &x);
+        if (st == CT_OK) st = ct_span_end(a->s, x);
+        if (st == CT_OK) {
+            a->pairs++;
+        } else if (a->refused++ == 0) {
+            snprintf(a->first, sizeof a->first, "%s: %s", status_name(st), ct_last_error());
+        }
+        __atomic_store_n(&a->started, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void test_finish_refused_concurrently(void) {
+    g_section = "refused ct_finish";
+    const char *path = outpath("valid-finish-refused.jsonl");
+    ct_session s;
+    ct_span held;
+    MUST(ct_open(path,
+                 "{\"entrypoint\":\"test_abi::finish_refused\",\"phase\":\"infer\",\"capture_step\":1,"
+                 "\"device\":\"cpu\",\"measured_root\":true}",
+                 &s));
+    MUST(ct_span_begin(s, "held/open", CT_SPAN_FUNCTION, CT_STEP_NONE, &held));
+    finish_race_arg a;
+    memset(&a, 0, sizeof a);
+    a.s = s;
+    pthread_t th;
+    pthread_create(&th, NULL, finish_race_worker, &a);
+    while (!__atomic_load_n(&a.started, __ATOMIC_ACQUIRE)) sleep_ms(1);
+    int wrong = 0;
+    char msg[1024] = "";
+    for (int i = 0; i < 2000; i++) {
+        ct_status st = ct_finish(s);
+        if (st != CT_ERR_STATE || !strstr(ct_last_error(), "spans still open")) {
+            if (wrong++ == 0) snprintf(msg, sizeof msg, "%s: %s", status_name(st), ct_last_error());
+        }
+    }
+    __atomic_store_n(&a.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    CHECK(wrong == 0, "ct_finish with a span open answered otherwise %d times (first: %s)", wrong, msg);
+    CHECK(a.refused == 0, "the worker's span calls were refused %ld times during refused ct_finish calls (first: %s)",
+          a.refused, a.first);
+    CHECK(a.pairs > 0, "the worker ran no span");
+    CHECK_STATUS(ct_span_end(s, held), CT_OK, NULL);
+    CHECK_STATUS(ct_finish(s), CT_OK, NULL);
+    check_trace_file(path, "complete");
 }
 
 /* ---- poisoning ---------------------------------------------------------------- */
@@ -2316,6 +2477,7 @@ int main(int argc, char **argv) {
 
     test_library();
     test_open();
+    test_open_targets();
     test_handles();
     test_errors_session();
     test_poison_free_finish_checks();
@@ -2323,6 +2485,7 @@ int main(int argc, char **argv) {
     test_gradients_valid();
     test_failed();
     test_threads();
+    test_finish_refused_concurrently();
     test_many_sessions();
     test_escapes();
     test_thread_exit_open_span();

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -557,6 +558,42 @@ static void test_memory(void) {
           (unsigned long long)ov.count);
 }
 
+/* The summary is renamed over its path, so ct_open refuses a path where a
+ * FIFO or a symbolic link stands (the rename would replace it) and leaves
+ * both as they were. In a folder of its own: run.sh reads every *.json here. */
+static void test_targets(void) {
+    g_section = "targets";
+    char dir[4096], fifo[4200], link[4200], victim[4200];
+    snprintf(dir, sizeof dir, "%s/targets", g_out);
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", dir);
+    snprintf(link, sizeof link, "%s/link.json", dir);
+    snprintf(victim, sizeof victim, "%s/victim.txt", dir);
+    mkdir(dir, 0755);
+    unlink(fifo);
+    unlink(link);
+    CHECK(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    FILE *f = fopen(victim, "w");
+    if (f) {
+        fputs("victim\n", f);
+        fclose(f);
+    }
+    CHECK(symlink(victim, link) == 0, "symlink %s", link);
+
+    ct_session s = 0;
+    REFUSED(ct_open(fifo, RUN, &s), CT_ERR_IO, "is a named pipe (FIFO), not a regular file");
+    CHECK(s == 0, "a refused ct_open stored a handle");
+    REFUSED(ct_open(link, RUN, &s), CT_ERR_IO, "is a symbolic link, not a regular file");
+    struct stat st;
+    CHECK(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    char target[4200] = "";
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n > 0) target[n] = 0;
+    CHECK(strcmp(target, victim) == 0, "the symbolic link was replaced (readlink: \"%s\")", target);
+    char *v = slurp(victim);
+    CHECK(v && strcmp(v, "victim\n") == 0, "the link's target changed: \"%s\"", v ? v : "(unreadable)");
+    free(v);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
@@ -575,6 +612,7 @@ int main(int argc, char **argv) {
     test_inputs();
     test_scalars();
     test_memory();
+    test_targets();
     printf("test_aggregate: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;
 }

@@ -66,6 +66,32 @@ def test_bindings_join_the_ambient_session_and_open_spans_fail_it(tmp_path: Path
     assert "left-open" in term["reason"]
 
 
+def test_a_rerun_at_a_fixed_path_replaces_its_own_trace_and_nothing_else(tmp_path: Path) -> None:
+    trace = tmp_path / "run.jsonl"
+    env = dict(os.environ, LD_PRELOAD=str(LIB), CANDLE_TRACE_PATH=str(trace))
+    for tag in ("first", "second"):
+        proc = subprocess.run(["/bin/true"], env=dict(env, CANDLE_TRACE_TAGS=f"run={tag}"), timeout=30)
+        assert proc.returncode == 0
+        events = lines(trace)
+        assert events[0]["tags"]["run"] == tag, "the rerun replaced its previous trace"
+        assert [e["kind"] for e in events].count("meta") == 1
+        assert events[-1]["outcome"] == "complete"
+
+    # Not ours: left alone, and stderr says why (the program still runs).
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(trace)
+    before = trace.read_bytes()
+    for path, why in ((script, "is not a candle-trace trace or summary"), (link, "is a symbolic link")):
+        proc = subprocess.run(["/bin/true"], env=dict(env, CANDLE_TRACE_PATH=str(path)), capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 0
+        assert "drop-in session not started" in proc.stderr and why in proc.stderr and str(path) in proc.stderr
+    assert script.read_text() == "import torch\n"
+    assert trace.read_bytes() == before, "the link's target was not written"
+
+
 def test_without_the_variable_there_is_no_ambient_session(tmp_path: Path) -> None:
     script = f"import ctypes; lib = ctypes.CDLL({str(LIB)!r}); lib.ct_ambient_session.restype = ctypes.c_uint64; print(lib.ct_ambient_session())"
     env = {k: v for k, v in os.environ.items() if k != "CANDLE_TRACE_PATH"}

@@ -10,7 +10,9 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LIB = Path(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so"))
+# The library with its test hooks (ctdebug_runtime) exported: the same code
+# as build/libcandle_trace.so, which exports only the header's functions.
+LIB = Path(os.environ.get("CANDLE_TRACE_BENCH_LIB", REPO / "build" / "bench" / "libcandle_trace.so"))
 
 PROBE = textwrap.dedent("""
     import ctypes, json, sys

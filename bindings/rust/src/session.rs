@@ -387,8 +387,10 @@ pub fn library_version() -> String {
 }
 
 impl Session {
-    /// Opens a trace at `path` (parent folders are created, an existing file
-    /// is replaced) for `run`. Checks the library's ABI version first.
+    /// Opens a trace at `path` (parent folders are created; an existing file
+    /// is replaced only when it is empty or candle-trace's own trace or
+    /// summary, and a symbolic link is never followed: see `ct_open`) for
+    /// `run`. Checks the library's ABI version first.
     pub fn open(path: impl AsRef<Path>, run: Run) -> Result<Session> {
         Self::open_json(path, &run.to_json(), run.is_device_synchronized())
     }

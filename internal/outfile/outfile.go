@@ -1,0 +1,169 @@
+// Package outfile decides what the library may do to the path it was given
+// for its output (a trace, an aggregate summary). It never follows a final
+// symbolic link, never replaces what is not a regular file, and never
+// truncates or replaces a file that is not its own: one that is empty or
+// whose first bytes the caller's Own recognizes.
+package outfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+)
+
+// Own tells the library's own files from others by their first bytes (at
+// most SniffBytes of them, never none: an empty file is always reusable).
+type Own func(prefix []byte) bool
+
+// SniffBytes is how much of an existing file Own is shown.
+const SniffBytes = 512
+
+// kind names what a non-regular file is, for messages.
+func kind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "not a regular file"
+}
+
+// checkOwn refuses a regular file with content that own does not recognize.
+func checkOwn(f *os.File, own Own, verb string) error {
+	buf := make([]byte, SniffBytes)
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("it exists and cannot be read to check that it is ours (%w); refusing to %s it", err, verb)
+	}
+	if n == 0 || own(buf[:n]) {
+		return nil
+	}
+	head := buf[:min(n, 32)]
+	return fmt.Errorf("it exists and is not a candle-trace trace or summary (it starts with %q); refusing to %s it: remove it or choose another path", head, verb)
+}
+
+// CheckReplace says whether a file may be renamed over path: nothing is
+// there, or a regular file that is empty or own's. A symbolic link (the
+// rename would replace the link itself), a device, a FIFO, a socket or a
+// directory is refused, and so is anyone else's file.
+func CheckReplace(path string, own Own) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if m := st.Mode(); !m.IsRegular() {
+		return fmt.Errorf("it is %s, not a regular file, and renaming a file over its path would replace it; give the path of a regular file", kind(m))
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if now, err := f.Stat(); err != nil || !os.SameFile(st, now) {
+		return errChanged
+	}
+	return checkOwn(f, own, "replace")
+}
+
+// File is an output file opened by Create.
+type File struct {
+	*os.File
+	created bool
+}
+
+// Discard closes f and removes it when Create made it (and it is still the
+// file at its path): a trace that could not start leaves nothing behind,
+// and what was there before is never deleted.
+func (f *File) Discard() {
+	st, err := f.Stat()
+	f.Close()
+	if err != nil || !f.created {
+		return
+	}
+	if now, err := os.Lstat(f.Name()); err == nil && os.SameFile(st, now) {
+		os.Remove(f.Name())
+	}
+}
+
+// Create opens path for writing a stream (a trace) from its start. A new
+// file is created (0644); an existing regular file is truncated only when it
+// is empty or own's, anyone else's is refused. A character device or a FIFO
+// is written as it is (nothing to truncate or replace). A final symbolic
+// link is never followed; it, a directory, a socket or a block device is
+// refused.
+func Create(path string, own Own) (*File, error) {
+	for attempt := 0; ; attempt++ {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+		if err == nil {
+			return &File{File: f, created: true}, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, err
+		}
+		f, err = openExisting(path, own)
+		// Removed or replaced while it was looked at: look again.
+		if (errors.Is(err, fs.ErrNotExist) || errors.Is(err, errChanged)) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &File{File: f}, nil
+	}
+}
+
+var errChanged = errors.New("it changed while it was opened")
+
+func openExisting(path string, own Own) (*os.File, error) {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	m := st.Mode()
+	stream := m&fs.ModeNamedPipe != 0 || m&fs.ModeCharDevice != 0
+	if !m.IsRegular() && !stream {
+		if m&fs.ModeSymlink != 0 {
+			return nil, errors.New("it is a symbolic link, which candle-trace does not follow; give the path of the file itself")
+		}
+		return nil, fmt.Errorf("it is %s; a trace is written to a regular file, a character device or a FIFO", kind(m))
+	}
+	flags := os.O_RDWR
+	if stream {
+		flags = os.O_WRONLY
+	}
+	f, err := os.OpenFile(path, flags|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	if now, err := f.Stat(); err != nil || !os.SameFile(st, now) {
+		f.Close()
+		return nil, errChanged
+	}
+	if stream {
+		return f, nil
+	}
+	if err := checkOwn(f, own, "overwrite"); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Truncate(0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}

@@ -1,0 +1,143 @@
+package outfile
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ours stands for the library's recognizer in these tests.
+func ours(prefix []byte) bool { return bytes.HasPrefix(prefix, []byte("OURS")) }
+
+func TestCreate(t *testing.T) {
+	tests := []struct {
+		name    string
+		make    func(t *testing.T, path string) // nil: nothing there
+		msg     string                          // "" = opened
+		created bool
+	}{
+		{"new file", nil, "", true},
+		{"empty file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, nil, 0o600)) }, "", false},
+		{"our file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, []byte("OURS old"), 0o600)) }, "", false},
+		{"someone else's file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, []byte("theirs"), 0o600)) },
+			`it exists and is not a candle-trace trace or summary (it starts with "theirs"); refusing to overwrite it`, false},
+		{"symlink to our file", func(t *testing.T, p string) {
+			target := p + ".target"
+			require.NoError(t, os.WriteFile(target, []byte("OURS"), 0o600))
+			require.NoError(t, os.Symlink(target, p))
+		}, "it is a symbolic link, which candle-trace does not follow", false},
+		{"directory", func(t *testing.T, p string) { require.NoError(t, os.Mkdir(p, 0o755)) }, "it is a directory", false},
+		{"socket", func(t *testing.T, p string) {
+			l, err := net.Listen("unix", p)
+			require.NoError(t, err)
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			t.Cleanup(func() { l.Close() })
+		}, "it is a socket", false},
+		{"character device", func(t *testing.T, p string) {
+			if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, 1<<8|3); err != nil { // a private /dev/null
+				t.Skipf("mknod: %v", err)
+			}
+		}, "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "out")
+			if tc.make != nil {
+				tc.make(t, path)
+			}
+			before, _ := os.Lstat(path)
+			f, err := Create(path, ours)
+			if tc.msg != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.msg)
+				after, lerr := os.Lstat(path)
+				require.NoError(t, lerr)
+				assert.True(t, os.SameFile(before, after))
+				assert.Equal(t, before.Size(), after.Size())
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.created, f.created)
+			_, err = f.WriteString("OURS new\n")
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			if st, _ := os.Lstat(path); st.Mode().IsRegular() {
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				assert.Equal(t, "OURS new\n", string(data), "truncated, then written from the start")
+			}
+		})
+	}
+}
+
+// A FIFO is written as a stream, never read or truncated.
+func TestCreateWritesIntoAFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fifo")
+	require.NoError(t, syscall.Mkfifo(path, 0o600))
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	require.NoError(t, err)
+	defer r.Close()
+	f, err := Create(path, ours)
+	require.NoError(t, err)
+	_, err = f.WriteString("line\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	buf := make([]byte, 16)
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, "line\n", string(buf[:n]))
+}
+
+// Discard removes only a file Create made.
+func TestDiscard(t *testing.T) {
+	dir := t.TempDir()
+	fresh := filepath.Join(dir, "fresh")
+	f, err := Create(fresh, ours)
+	require.NoError(t, err)
+	f.Discard()
+	assert.NoFileExists(t, fresh)
+
+	reused := filepath.Join(dir, "reused")
+	require.NoError(t, os.WriteFile(reused, []byte("OURS"), 0o600))
+	f, err = Create(reused, ours)
+	require.NoError(t, err)
+	f.Discard()
+	assert.FileExists(t, reused)
+}
+
+func TestCheckReplace(t *testing.T) {
+	tests := []struct {
+		name string
+		make func(t *testing.T, path string)
+		msg  string
+	}{
+		{"nothing", nil, ""},
+		{"empty file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, nil, 0o600)) }, ""},
+		{"our file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, []byte("OURS"), 0o600)) }, ""},
+		{"someone else's file", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, []byte("theirs"), 0o600)) },
+			"is not a candle-trace trace or summary (it starts with \"theirs\"); refusing to replace it"},
+		{"fifo", func(t *testing.T, p string) { require.NoError(t, syscall.Mkfifo(p, 0o600)) }, "it is a named pipe (FIFO), not a regular file"},
+		{"symlink", func(t *testing.T, p string) { require.NoError(t, os.Symlink("elsewhere", p)) }, "it is a symbolic link, not a regular file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "out")
+			if tc.make != nil {
+				tc.make(t, path)
+			}
+			err := CheckReplace(path, ours)
+			if tc.msg == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}
