@@ -98,7 +98,6 @@ class Capture:
         as tracer work, and an error inside it fails the capture instead of the program."""
         states = ("armed", "capturing") if when == "armed" else ("capturing",)
 
-        @functools.wraps(fn)
         def hook(*args: Any) -> None:
             if self.state not in states:
                 return None
@@ -164,8 +163,6 @@ class Capture:
             self.device.start(self.session)  # type: ignore[arg-type]
             self._module_spans = ModuleSpans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
-            for m in self._tops:
-                self._wrap_forward(m)
             if self.cfg.phase == "train":
                 self._wrap_backward()
                 if self.optimizer is not None:
@@ -179,10 +176,6 @@ class Capture:
         assert s is not None
         self.state = "capturing"
         self._measured = self.spans.push_measured("update")
-        for n, p in self.params:
-            s.record_tensor(self._measured, n, dtype=dtype_name(p), device=str(p.device),
-                            shape=tuple(p.shape), label=n, requires_grad=p.requires_grad,
-                            category="parameter")
         self.device.sample(s)
         if self.ops is not None:
             try:
@@ -209,8 +202,7 @@ class Capture:
             self.spans.close_until(self._measured)
             self.device.stop(self.session)  # type: ignore[arg-type]
             self._disarm()
-            if self.ops is not None:
-                self.ops.emit()
+            self._emit()
             self.session.finish()  # type: ignore[union-attr]
             self.state = "done"
         except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
@@ -238,8 +230,8 @@ class Capture:
         finally:
             self._disarm()
         try:
-            if self.ops is not None and self._measured:
-                self.ops.emit()
+            if self._measured:
+                self._emit()
         finally:
             try:
                 s.finish_failed(reason)
@@ -256,6 +248,18 @@ class Capture:
         except Exception:  # noqa: BLE001 - never into the program
             pass
 
+    def _emit(self) -> None:
+        """Writes what the update buffered, once it is over: the parameters (tensor
+        records of the measured region, which carry no time) and the ops."""
+        s = self.session
+        assert s is not None
+        for n, p in self.params:
+            s.record_tensor(self._measured, n, dtype=dtype_name(p), device=str(p.device),
+                            shape=tuple(p.shape), label=n, requires_grad=p.requires_grad,
+                            category="parameter")
+        if self.ops is not None:
+            self.ops.emit()
+
     def _disarm(self) -> None:
         if self._module_spans is not None:
             self._module_spans.remove()
@@ -266,7 +270,7 @@ class Capture:
 
     # -- the update's phases ----------------------------------------------------------
 
-    def _failing(self, exc: BaseException) -> None:
+    def failing(self, exc: BaseException) -> None:
         """The program raised inside the update: the capture fails with its exception."""
         if self.state == "capturing":
             self.spans.pause()
@@ -274,20 +278,6 @@ class Capture:
                 self.fail(exception_reason(type(exc), exc))
             finally:
                 self.spans.resume()
-
-    def _wrap_forward(self, module: torch.nn.Module) -> None:
-        orig = module.forward
-
-        @functools.wraps(orig)
-        def forward(*args: Any, **kw: Any) -> Any:
-            try:
-                return orig(*args, **kw)
-            except BaseException as e:
-                self._failing(e)
-                raise
-
-        prev = patch(module, "forward", forward)
-        self._undo.append(lambda: restore(module, "forward", prev))
 
     def _wrap_backward(self) -> None:
         orig = torch.autograd.backward
@@ -300,7 +290,7 @@ class Capture:
             try:
                 return orig(tensors, *a, **k)
             except BaseException as e:
-                self._failing(e)
+                self.failing(e)
                 raise
             finally:
                 if sid:
@@ -336,7 +326,7 @@ class Capture:
             try:
                 return orig(*a, **k)
             except BaseException as e:
-                self._failing(e)
+                self.failing(e)
                 raise
             finally:
                 if sid:

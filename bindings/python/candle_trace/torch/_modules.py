@@ -1,5 +1,11 @@
-"""Module spans of the captured update: forward spans from module hooks, backward spans
-from autograd hooks on the modules' outputs and inputs.
+"""Module spans of the captured update: forward spans from a wrapper of each module's
+``forward`` (an instance attribute for the captured update only), backward spans from
+autograd hooks on the modules' outputs and inputs.
+
+A wrapper, not module hooks: any hook sends torch's ``Module.__call__`` down its slow
+path, which costs microseconds per module call before the hook can stop the session
+clock -- time the trace would count as the model's. The wrapper's first statement
+stops it.
 
 A forward span is named after the module (its qualified name, the model's name for the
 model itself), kind module, step forward -- or, for a forward that runs with gradients
@@ -17,16 +23,17 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from ._common import first_tensor, tensors
+from ._common import first_tensor, patch, restore, tensors
 
 __all__ = ["ModuleSpans"]
 
 
 class ModuleSpans:
-    """The module hooks of one capture. ``capture`` provides ``active`` (hooks do
-    anything at all), ``capturing``, ``spans``, ``stats`` (a StatsRecorder or None),
-    ``on_top_forward(module)`` and ``guard(fn)`` (runs fn as tracer work, turning an
-    internal error into a failed capture)."""
+    """The module spans of one capture. ``capture`` provides ``state``, ``capturing``,
+    ``spans``, ``stats`` (a StatsRecorder or None), ``ops_suspend``,
+    ``on_top_forward(module)``, ``failing(exc)`` (the program raised), ``abort(exc)`` (an
+    internal error fails the capture) and ``guard(fn)`` (fn as a hook: tracer work,
+    errors into abort)."""
 
     def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
                  tops: Sequence[torch.nn.Module], root: str) -> None:
@@ -36,41 +43,70 @@ class ModuleSpans:
         self._names: Dict[torch.nn.Module, Tuple[str, str]] = {
             m: (q or root, q) for q, m in modules}
         self._tops = set(tops)
-        self._handles: List[Any] = []
+        self._undo: List[Callable[[], None]] = []
 
     def install(self) -> None:
-        pre = self._cap.guard(self._fwd_pre, when="armed")
-        post = self._cap.guard(self._fwd_post)
         for m in self._names:
-            self._handles.append(m.register_forward_pre_hook(pre))
-            self._handles.append(m.register_forward_hook(post))
+            prev = patch(m, "forward", self._wrapper(m))
+            self._undo.append(lambda m=m, prev=prev: restore(m, "forward", prev))
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        for u in reversed(self._undo):
+            u()
+        self._undo.clear()
 
     # -- forward ------------------------------------------------------------------------
 
-    def _fwd_pre(self, module: torch.nn.Module, args: Any) -> None:
+    def _wrapper(self, module: torch.nn.Module) -> Callable:
+        cap = self._cap
+        spans = cap.spans
+        orig = module.forward
+        name = self._names[module][0]
+        top = module in self._tops
+        active = ("armed", "capturing") if top else ("capturing",)
+
+        def forward(*args: Any, **kw: Any) -> Any:
+            if cap.state not in active:
+                return orig(*args, **kw)
+            spans.pause()
+            sid = 0
+            try:
+                sid = self._begin(module, name, top)
+            except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+                cap.abort(e)
+            finally:
+                spans.resume()
+            try:
+                out = orig(*args, **kw)
+            except BaseException as e:
+                if top:  # the program raised inside the update: the capture fails with it
+                    cap.failing(e)
+                raise
+            if sid and cap.state == "capturing":
+                spans.pause()
+                try:
+                    self._end(module, name, sid, args, out)
+                except Exception as e:  # noqa: BLE001
+                    cap.abort(e)
+                finally:
+                    spans.resume()
+            return out
+
+        return forward
+
+    def _begin(self, module: torch.nn.Module, name: str, top: bool) -> int:
         cap = self._cap
         if not cap.capturing:
-            if module in self._tops:
+            if top:
                 cap.on_top_forward(module)
             if not cap.capturing:
-                return
-        name = self._names[module][0]
+                return 0
         if torch.is_grad_enabled():
-            cap.spans.push("f:" + name, name, "module", "forward")
-        else:
-            cap.spans.push("f:" + name, f"{name} [no_grad]", "module", None)
+            return cap.spans.push("f:" + name, name, "module", "forward")
+        return cap.spans.push("f:" + name, f"{name} [no_grad]", "module", None)
 
-    def _fwd_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+    def _end(self, module: torch.nn.Module, name: str, sid: int, args: Any, out: Any) -> None:
         cap = self._cap
-        name = self._names[module][0]
-        sid = cap.spans.find("f:" + name)
-        if sid is None:
-            return
         t = first_tensor(out)
         if t is not None and cap.stats is not None and t.is_floating_point():
             cap.ops_suspend(True)

@@ -196,6 +196,7 @@ struct Thread {
     int rec_depth = -1;  // depth of the op being recorded, -1 when none
     bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
     int suspended = 0;   // ct_obs_suspend nesting
+    bool rf_in_op = true;           // RecordFunction's state before the recorded op
     bool after_user_scope = false;  // a USER_SCOPE record function just began
     bool maybe_handle = false;      // the op being recorded came right after one
     bool rf_was_enabled = true;
@@ -347,6 +348,15 @@ bool is_scope_handle(const Thread &t, const at::Tensor *out) {
            out->numel() == static_cast<int64_t>(sizeof(at::RecordFunction));
 }
 
+// The ops a recorded (or opaque) op calls are never recorded: RecordFunction is off on
+// this thread until it ends, so they do not even box their inputs for a callback that
+// would only count them -- the op's time is the op's, not the observer's. The op's own
+// end callback still runs (it belongs to a record function that began while on).
+inline void quiet_nested(Thread &t) {
+    t.rf_in_op = at::isRecordFunctionEnabled();
+    at::enableRecordFunction(false);
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     Thread &t = thread_state();
     bool after_user_scope = t.after_user_scope;
@@ -362,6 +372,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         if (k == kOpaque) {
             t.rec_depth = d;
             t.opaque = true;
+            quiet_nested(t);
             return nullptr;
         }
         t.ins.clear();
@@ -373,6 +384,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
+        quiet_nested(t);
     } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
         return nullptr;
     }
@@ -436,6 +448,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     int d = --t.depth;
     if (d != t.rec_depth) return;
     t.rec_depth = -1;
+    at::enableRecordFunction(t.rf_in_op);
     if (t.opaque) {
         t.opaque = false;
         return;

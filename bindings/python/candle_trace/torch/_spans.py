@@ -13,12 +13,18 @@ still there, so no span counts it, and the trace states the total.
 
 from __future__ import annotations
 
+import ctypes
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-from ..session import Session
+from ..session import CandleTraceError, Session, _raise
 
 __all__ = ["Spans"]
+
+
+# The wire enums of ct_span_kind and ct_step (include/candle_trace.h).
+_KIND = {"function": 0, "op": 1, "module": 2}
+_STEP = {None: 0, "forward": 1, "backward": 2, "optimizer": 3}
 
 
 class _Thread(threading.local):
@@ -34,6 +40,9 @@ class Spans:
         raw = session._lib.raw
         hc = session._hc
         self._tb, self._te, self._hc = raw.ct_tracer_begin, raw.ct_tracer_end, hc
+        # The span fast path (no argtypes: ctypes converts nothing), names encoded once.
+        self._begin, self._end = raw.ct_span_begin, raw.ct_span_end
+        self._names: Dict[str, bytes] = {}
         self._tl = _Thread()
         #: told the new innermost span of the calling thread (the op observer's span)
         self.on_innermost: Callable[[int], None] = lambda sid: None
@@ -59,7 +68,16 @@ class Spans:
         return st[-1][1] if st else 1
 
     def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
-        sid = self.session.begin_span(name, kind, step)
+        b = self._names.get(name)
+        if b is None:
+            if "\0" in name:
+                raise CandleTraceError(1, f"span name {name!r} holds a NUL character")
+            b = self._names[name] = name.encode()
+        out = ctypes.c_uint64()
+        st = self._begin(self._hc, b, _KIND[kind], _STEP[step], ctypes.byref(out))
+        if st:
+            _raise(st)
+        sid = out.value
         self._tl.stack.append((owner, sid))
         self.on_innermost(sid)
         return sid
@@ -85,12 +103,17 @@ class Spans:
         # The observer learns the new innermost span before the old one closes, so an
         # event between the two calls still lands in an open span.
         self.on_innermost(stack[-1][1] if stack else 0)
-        self.session.end_span(top)
+        st = self._end(self._hc, ctypes.c_uint64(top))
+        if st:
+            _raise(st)
 
     def close_until(self, sid: int) -> None:
         """Closes this thread's spans down to and including ``sid`` (if it is open)."""
         stack = self._tl.stack
-        if not any(s == sid for _, s in stack):
+        for _, s in stack:
+            if s == sid:
+                break
+        else:
             return
         while stack:
             top = stack[-1][1]
