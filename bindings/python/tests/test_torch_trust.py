@@ -485,3 +485,42 @@ def test_the_optimizers_record_function_handle_is_no_op(tmp_path):
     spans = spans_of(lines)
     opt_ops = [o for o in by_kind(lines, "op") if spans[o["span_id"]]["name"] == "AdamW.step"]
     assert opt_ops, "the optimizer's own ops are recorded"
+
+
+@pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
+def test_calibration_measures_what_torch_spends_for_the_observer():
+    from candle_trace.torch import _observer
+
+    obs = _observer.get()
+    saved, obs.per_op_ns = obs.per_op_ns, None
+    try:
+        per_op = obs.calibrate(batches=15)
+    finally:
+        obs.per_op_ns = saved
+    # boxing the inputs and outputs of four small ops and calling in: tens of
+    # nanoseconds at least, far below the ops themselves
+    assert 10 < per_op < 20_000
+
+
+@pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
+@pytest.mark.parametrize("per_op_ns", [0, 400])
+def test_calibrated_time_is_left_out_and_stated_apart(tmp_path, per_op_ns):
+    from candle_trace.torch import _observer
+
+    obs = _observer.get()
+    saved, obs.per_op_ns = obs.per_op_ns, per_op_ns  # as if calibrate() measured it
+    try:
+        w = workloads.mlp()
+        path = tmp_path / f"cal-{per_op_ns}.jsonl"
+        with ctt.profile(w.model, w.optimizer, path, capture_step=2) as prof:
+            loop(w, prof, 2)
+    finally:
+        obs.per_op_ns = saved
+    lines = judged(path, tmp_path)
+    term = lines[-1]
+    ops = len(by_kind(lines, "op"))
+    if per_op_ns == 0:
+        assert term["tracer_estimated_ns"] == 0
+    else:  # at most half the figure at each end of each op (less where clamped)
+        assert 0 < term["tracer_estimated_ns"] <= 2 * ops * per_op_ns
+    assert term["tracer_ns"] > term["tracer_estimated_ns"]

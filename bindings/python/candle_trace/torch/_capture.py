@@ -160,6 +160,8 @@ class Capture:
         self.state = "armed"
         self.spans.pause()
         try:
+            if self.ops is not None:
+                self.ops.prepare()
             self.device.start(self.session)  # type: ignore[arg-type]
             self._module_spans = ModuleSpans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()

@@ -96,7 +96,7 @@ typedef struct ct_memory {
 
 namespace {
 
-constexpr int kProtocol = 2;  // _observer.py checks ct_obs_protocol()
+constexpr int kProtocol = 3;  // _observer.py checks ct_obs_protocol()
 constexpr int kCategoryActivation = 2;
 constexpr int kMemoryAlloc = 0;
 constexpr int kMemoryFree = 1;
@@ -104,14 +104,20 @@ constexpr size_t kPendingMax = 256;  // allocations remembered inside one op
 
 using now_fn = uint64_t (*)(ct_session);
 using tracer_fn = int (*)(ct_session);
+using tracer_earlier_fn = int (*)(ct_session, uint64_t);
 using record_op_fn = int (*)(ct_session, ct_span, const ct_op *);
 using record_memory_fn = int (*)(ct_session, ct_span, int, const ct_memory *);
 using record_data_edge_fn = int (*)(ct_session, const char *, const char *);
 using last_error_fn = const char *(*)();
 
 now_fn p_now = nullptr;
-tracer_fn p_tracer_begin = nullptr;
+tracer_earlier_fn p_tracer_begin_earlier = nullptr;
 tracer_fn p_tracer_end = nullptr;
+// What torch spends per recorded op before our start callback runs and after the op
+// returns before our end callback runs (RecordFunction's set-up, boxing the inputs and
+// outputs), measured by Python beforehand (ct_obs_calibrating): each callback's tracer
+// interval begins that much earlier (ct_tracer_begin_earlier), half at each end.
+uint64_t g_earlier_ns = 0;
 record_op_fn p_record_op = nullptr;
 record_memory_fn p_record_memory = nullptr;
 record_data_edge_fn p_record_data_edge = nullptr;
@@ -245,10 +251,11 @@ inline uint64_t now() { return p_now(g_session); }
 
 // The observer's own work on a recorded op (gathering inputs, buffering the record) is
 // the tracer's, not the model's: the session clock stands still while it runs
-// (ct_tracer_begin/end), so an op's start is taken as the callback is entered and its end
-// as the op returns, and neither the op nor its span counts the bookkeeping.
+// (ct_tracer_begin_earlier/end), so an op's start is taken as the callback is entered and
+// its end as the op returns, and neither the op nor its span counts the bookkeeping --
+// nor, as calibrated, torch's own work for the callback before it was entered.
 struct TracerWork {
-    TracerWork() { p_tracer_begin(g_session); }
+    explicit TracerWork(uint64_t earlier = g_earlier_ns) { p_tracer_begin_earlier(g_session, earlier); }
     ~TracerWork() { p_tracer_end(g_session); }
     TracerWork(const TracerWork &) = delete;
     TracerWork &operator=(const TracerWork &) = delete;
@@ -446,7 +453,11 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     Thread &t = tl;
     if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
     int d = --t.depth;
-    if (d != t.rec_depth) return;
+    if (d != t.rec_depth) {
+        // A looked-through op ends: torch boxed its outputs for us too.
+        if (t.rec_depth < 0 && g_active.load(std::memory_order_relaxed)) TracerWork work;
+        return;
+    }
     t.rec_depth = -1;
     at::enableRecordFunction(t.rf_in_op);
     if (t.opaque) {
@@ -479,6 +490,7 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
     void reportMemoryUsage(void *ptr, int64_t alloc_size, total_t, total_t,
                            c10::Device) override {
         if (!g_active.load(std::memory_order_relaxed) || !ptr || alloc_size == 0) return;
+        TracerWork work(0);  // inside the op: nothing before the call is ours
         try {
             Thread &t = thread_state();
             uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
@@ -725,11 +737,11 @@ CT_OBS_EXPORT int ct_obs_protocol() { return kProtocol; }
 
 CT_OBS_EXPORT const char *ct_obs_error() { return g_error.c_str(); }
 
-CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin, void *tracer_end,
+CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin_earlier, void *tracer_end,
                                   void *record_op, void *record_memory,
                                   void *record_data_edge, void *last_error) {
     p_now = reinterpret_cast<now_fn>(now);
-    p_tracer_begin = reinterpret_cast<tracer_fn>(tracer_begin);
+    p_tracer_begin_earlier = reinterpret_cast<tracer_earlier_fn>(tracer_begin_earlier);
     p_tracer_end = reinterpret_cast<tracer_fn>(tracer_end);
     p_record_op = reinterpret_cast<record_op_fn>(record_op);
     p_record_memory = reinterpret_cast<record_memory_fn>(record_memory);
@@ -748,7 +760,8 @@ CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin, void *tracer_en
 // (ct_obs_error says why); *memory_on is 1 when the memory reporter is installed.
 CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
                                const uint64_t *impls, const int64_t *numels,
-                               const char *const *names, size_t n, int *memory_on) {
+                               const char *const *names, size_t n, uint64_t earlier_ns,
+                               int *memory_on) {
     try {
         if (g_forked.load()) {
             g_error = "candle_trace observer: this process is a fork() child";
@@ -758,7 +771,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
             g_error = "candle_trace observer: a capture is already running";
             return 1;
         }
-        if (!p_now || !p_tracer_begin || !p_tracer_end || !p_record_op) {
+        if (!p_now || !p_tracer_begin_earlier || !p_tracer_end || !p_record_op) {
             g_error = "candle_trace observer: ct_obs_set_abi was not called";
             return 1;
         }
@@ -780,6 +793,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
         drop(stale);
         g_session = session;
         g_measured = measured;
+        g_earlier_ns = earlier_ns;
         g_epoch.fetch_add(1, std::memory_order_acq_rel);
         thread_state();
         g_memory = false;
@@ -810,6 +824,25 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
     }
 }
 
+// Calibration (ct_obs_calibrating): callbacks that do what torch must do for ours -- box
+// every op's inputs and outputs, call in -- and nothing else, so that Python can time
+// the same ops with and without them.
+at::CallbackHandle g_cal_handle = 0;
+
+std::unique_ptr<at::ObserverContext> cal_start(const at::RecordFunction &fn) {
+    Thread &t = tl;
+    size_t n = 0;
+    for (const c10::IValue &v : fn.inputs()) n += v.isTensor();
+    t.in_bytes += n;
+    quiet_nested(t);
+    return nullptr;
+}
+
+void cal_end(const at::RecordFunction &fn, at::ObserverContext *) {
+    at::enableRecordFunction(tl.rf_in_op);
+    tl.in_bytes += fn.outputs().size();
+}
+
 // Publishes the innermost span of the calling thread (0: none, ops go to the measured
 // region).
 CT_OBS_EXPORT void ct_obs_set_span(uint64_t span) { thread_state().span = span; }
@@ -826,6 +859,29 @@ CT_OBS_EXPORT void ct_obs_suspend(int on) {
         }
     } else if (t.suspended > 0 && --t.suspended == 0) {
         at::enableRecordFunction(t.rf_was_enabled);
+    }
+}
+
+// Registers (on=1) or removes (on=0) the calibration callbacks; 1 on failure
+// (ct_obs_error says why). Never while a capture runs.
+CT_OBS_EXPORT int ct_obs_calibrating(int on) {
+    try {
+        if (on && g_cal_handle == 0 && !g_active.load()) {
+            g_cal_handle = at::addGlobalCallback(at::RecordFunctionCallback(cal_start, cal_end)
+                                                     .needsInputs(true)
+                                                     .needsOutputs(true)
+                                                     .scopes({at::RecordScope::FUNCTION}));
+        } else if (!on && g_cal_handle != 0) {
+            at::removeCallback(g_cal_handle);
+            g_cal_handle = 0;
+        } else if (on) {
+            g_error = "candle_trace observer: calibrating while a capture or calibration runs";
+            return 1;
+        }
+        return 0;
+    } catch (const std::exception &e) {
+        g_error = std::string("candle_trace observer: ") + e.what();
+        return 1;
     }
 }
 

@@ -18,6 +18,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence, Tuple
@@ -27,7 +28,7 @@ import torch
 from .. import _lib
 
 SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
-PROTOCOL = 2  # kProtocol of _observer.cpp
+PROTOCOL = 3  # kProtocol of _observer.cpp
 MODES = ("auto", "observer", "dispatch")
 
 _lock = threading.Lock()
@@ -109,7 +110,9 @@ class Observer:
         dll.ct_obs_begin.argtypes = [
             ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
             ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
-            ctypes.POINTER(ctypes.c_int)]
+            ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+        dll.ct_obs_calibrating.argtypes = [ctypes.c_int]
+        dll.ct_obs_calibrating.restype = ctypes.c_int
         dll.ct_obs_begin.restype = ctypes.c_int
         dll.ct_obs_set_span.argtypes = [ctypes.c_uint64]
         dll.ct_obs_set_span.restype = None
@@ -123,12 +126,15 @@ class Observer:
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
-        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin), addr(c.ct_tracer_end),
+        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin_earlier), addr(c.ct_tracer_end),
                            addr(c.ct_record_op), addr(c.ct_record_memory),
                            addr(c.ct_record_data_edge), addr(c.ct_last_error))
         self.set_span = dll.ct_obs_set_span
         self.suspend = dll.ct_obs_suspend
         self.running = False
+        #: ns torch spends per recorded op for the observer before and after its
+        #: callbacks run (calibrate()); None until measured
+        self.per_op_ns: Optional[int] = None
 
     def error(self) -> str:
         m = self._dll.ct_obs_error()
@@ -145,13 +151,52 @@ class Observer:
             n,
         )
 
+    def calibrate(self, batch: int = 200, batches: int = 7) -> int:
+        """What torch spends per op for the observer's callbacks outside them (setting up
+        the record function, boxing inputs and outputs, calling in): the same small ops
+        timed with callbacks that do only that and without, the fastest of ``batches``
+        batches each (interference only adds time). Measured once per process; ``CANDLE_TRACE_CALIBRATE=0`` makes it 0
+        (the trace then counts that work as the model's)."""
+        if self.per_op_ns is not None:
+            return self.per_op_ns
+        if os.environ.get("CANDLE_TRACE_CALIBRATE", "1").strip() == "0":
+            self.per_op_ns = 0
+            return 0
+        a, b = torch.ones(8), torch.ones(8)
+
+        def per_op() -> float:
+            t = time.perf_counter_ns()
+            for _ in range(batch):
+                torch.add(a, b)
+                torch.mul(a, b)
+                a.view(2, 4)
+                a.sum()
+            return (time.perf_counter_ns() - t) / (4 * batch)
+
+        offs, ons = [], []
+        with torch.no_grad():
+            per_op()  # warm
+            for _ in range(batches):
+                offs.append(per_op())
+                if self._dll.ct_obs_calibrating(1):
+                    raise ObserverUnavailable(self.error())
+                try:
+                    ons.append(per_op())
+                finally:
+                    self._dll.ct_obs_calibrating(0)
+        # Fastest of each: other work on the machine only ever adds time.
+        self.per_op_ns = max(0, int(min(ons) - min(offs)))
+        return self.per_op_ns
+
     def begin(self, session: int, measured: int, memory: bool, named: tuple) -> bool:
         """Starts recording (``named`` from :meth:`named`); returns whether op-output
-        memory is recorded."""
+        memory is recorded. Each callback's tracer interval begins half of
+        :meth:`calibrate`'s figure early (none when it was not measured)."""
         impls, numels, names, n = named
         mem = ctypes.c_int(0)
+        earlier = (self.per_op_ns or 0) // 2
         if self._dll.ct_obs_begin(session, measured, 1 if memory else 0, impls, numels, names,
-                                  n, ctypes.byref(mem)):
+                                  n, earlier, ctypes.byref(mem)):
             raise ObserverUnavailable(self.error())
         self.running = True
         return bool(mem.value)

@@ -38,6 +38,9 @@ class OpSource:
     #: ops recorded so far (set by :meth:`emit`)
     count = 0
 
+    def prepare(self) -> None:
+        """Before the update (when the capture arms): whatever is measured ahead."""
+
     def begin(self, session: Session, spans: Spans, measured: int,
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
         """Starts recording into ``session`` (the measured region is open)."""
@@ -61,6 +64,9 @@ class ObserverOps(OpSource):
         self._want_memory = want_memory
         self._named = named
         self._on = False
+
+    def prepare(self) -> None:
+        self._obs.calibrate()
 
     def begin(self, session: Session, spans: Spans, measured: int,
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
