@@ -48,5 +48,5 @@ pub use run::{
 pub use schedule::{Finished, Schedule, Update, DEFAULT_UPDATE_SPAN};
 pub use session::{
     check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
-    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats,
+    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork,
 };

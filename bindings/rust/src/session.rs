@@ -600,6 +600,31 @@ impl SessionRef {
         unsafe { ffi::ct_now_ns(self.0.handle) }
     }
 
+    /// Brackets the tracer's own work (bookkeeping, statistics, encoding
+    /// records done inside the program it observes): until the guard drops,
+    /// the session clock stands still (`ct_tracer_begin`/`ct_tracer_end`), so
+    /// no span counts that work, and the trace states it (`tracer_ns` on the
+    /// measured span's end and on the terminal). Guards nest.
+    pub fn tracer_work(&self) -> Result<TracerWork<'_>> {
+        // SAFETY: plain handle.
+        check(unsafe { ffi::ct_tracer_begin(self.0.handle) })?;
+        Ok(TracerWork { session: self, _not_send: PhantomData })
+    }
+
+    /// The tracer's time left out of the session clock so far, in ns
+    /// (`ct_tracer_ns`; 0 once finished).
+    pub fn tracer_ns(&self) -> u64 {
+        // SAFETY: plain handle.
+        unsafe { ffi::ct_tracer_ns(self.0.handle) }
+    }
+
+    /// The calibrated part of [`tracer_ns`](Self::tracer_ns): intervals begun
+    /// earlier than their call (`ct_tracer_estimated_ns`).
+    pub fn tracer_estimated_ns(&self) -> u64 {
+        // SAFETY: plain handle.
+        unsafe { ffi::ct_tracer_estimated_ns(self.0.handle) }
+    }
+
     // ---- records ----
 
     /// One operation (`ct_record_op`).
@@ -905,6 +930,31 @@ impl Drop for SpanGuard<'_> {
 impl std::fmt::Debug for SpanGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpanGuard").field("id", &self.id).finish()
+    }
+}
+
+/// The tracer's own work (from [`SessionRef::tracer_work`]): the session
+/// clock stands still until the guard drops. An error at the end is deferred
+/// to `finish`, as a span guard's is.
+#[must_use = "the tracer interval ends when the guard is dropped: bind it with `let _w = ...`"]
+pub struct TracerWork<'a> {
+    session: &'a SessionRef,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for TracerWork<'_> {
+    fn drop(&mut self) {
+        // SAFETY: plain handle.
+        let st = unsafe { ffi::ct_tracer_end(self.session.0.handle) };
+        if st != ffi::CT_OK {
+            self.session.defer(Error::last(st));
+        }
+    }
+}
+
+impl std::fmt::Debug for TracerWork<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TracerWork").finish()
     }
 }
 

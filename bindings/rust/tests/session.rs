@@ -299,3 +299,37 @@ fn aggregate_sessions_count_spans_over_a_window() {
     let step = spans.iter().find(|s| s["name"] == "train/step").unwrap();
     assert_eq!(step["count"], 200, "steps 100..199 ran with statistics off");
 }
+
+fn busy(d: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < d {}
+}
+
+#[test]
+fn tracer_work_is_left_out_of_spans_and_stated() {
+    let dir = fresh_dir("tracer");
+    let path = dir.path().join("t.jsonl");
+    let session = Session::open(&path, small_run()).unwrap();
+    {
+        let _m = session.measure("update").unwrap();
+        let _f = session.step_span("forward", Step::Forward);
+        busy(std::time::Duration::from_millis(10));
+        {
+            let _w = session.tracer_work().unwrap();
+            let _nested = session.tracer_work().unwrap();
+            busy(std::time::Duration::from_millis(50));
+        }
+    }
+    assert!(session.tracer_ns() >= 50_000_000);
+    assert_eq!(session.tracer_estimated_ns(), 0);
+    session.finish().unwrap();
+    assert_valid_complete(&path);
+    let l = lines(&path);
+    let fwd = span_named(&l, "forward")["id"].clone();
+    let end = of_kind(&l, "span_end").into_iter().find(|e| e["id"] == fwd).unwrap();
+    let d = end["duration_ns"].as_u64().unwrap();
+    assert!((10_000_000..35_000_000).contains(&d), "the forward counted the tracer's 50 ms: {d} ns");
+    let m = span_named(&l, "update")["id"].clone();
+    let mend = of_kind(&l, "span_end").into_iter().find(|e| e["id"] == m).unwrap();
+    assert!(mend["tracer_ns"].as_u64().unwrap() >= 50_000_000);
+}

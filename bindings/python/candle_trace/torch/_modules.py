@@ -64,6 +64,7 @@ class ModuleSpans:
         name = self._names[module][0]
         top = module in self._tops
         active = ("armed", "capturing") if top else ("capturing",)
+        hooks = self._backward_span_ends(module)
 
         def forward(*args: Any, **kw: Any) -> Any:
             if cap.state not in active:
@@ -85,7 +86,7 @@ class ModuleSpans:
             if sid and cap.state == "capturing":
                 spans.pause()
                 try:
-                    self._end(module, name, sid, args, out)
+                    self._end(name, sid, args, out, hooks)
                 except Exception as e:  # noqa: BLE001
                     cap.abort(e)
                 finally:
@@ -105,7 +106,8 @@ class ModuleSpans:
             return cap.spans.push("f:" + name, name, "module", "forward")
         return cap.spans.push("f:" + name, f"{name} [no_grad]", "module", None)
 
-    def _end(self, module: torch.nn.Module, name: str, sid: int, args: Any, out: Any) -> None:
+    def _end(self, name: str, sid: int, args: Any, out: Any,
+             hooks: Tuple[Callable, Callable]) -> None:
         cap = self._cap
         t = first_tensor(out)
         if t is not None and cap.stats is not None and t.is_floating_point():
@@ -115,7 +117,11 @@ class ModuleSpans:
             finally:
                 cap.ops_suspend(False)
         if t is not None and t.requires_grad and torch.is_grad_enabled():
-            self._hook_backward(module, args, t)
+            begin, end = hooks
+            self._tensor_hook(t, begin, True)
+            for a in tensors(args):
+                if a.requires_grad:
+                    self._tensor_hook(a, end, False)
         cap.spans.close_until(sid)
 
     # -- backward -----------------------------------------------------------------------
@@ -124,7 +130,9 @@ class ModuleSpans:
         """Whether module ``qual`` is (inside) the module whose span is named ``outer``."""
         return outer == self._root or qual == outer or qual.startswith(outer + ".")
 
-    def _hook_backward(self, module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+    def _backward_span_ends(self, module: torch.nn.Module) -> Tuple[Callable, Callable]:
+        """What the gradient of the module's output (begin) and of its inputs (end) do
+        to its backward span."""
         cap = self._cap
         name, qual = self._names[module]
         owner = "b:" + name
@@ -143,13 +151,9 @@ class ModuleSpans:
             if sid is not None:
                 spans.close_until(sid)
 
-        self._tensor_hook(out, cap.guard(begin), True)
-        for a in tensors(args):
-            if a.requires_grad:
-                self._tensor_hook(a, cap.guard(end), False)
+        return begin, end
 
-    @staticmethod
-    def _tensor_hook(t: torch.Tensor, fn: Callable, begin: bool) -> None:
+    def _tensor_hook(self, t: torch.Tensor, fn: Callable, begin: bool) -> None:
         """One autograd hook per tensor that runs, when its gradient arrives, the span
         ends of the modules that consumed it first, then the span begins of the modules
         that produced it, outermost first (an outer module's forward hook runs last)."""
@@ -165,6 +169,6 @@ class ModuleSpans:
                 for f in reversed(begins):
                     f(grad)
 
-            t.register_hook(run)
+            t.register_hook(self._cap.guard(run))  # one tracer interval per gradient
             t._candle_trace_hooks = lists  # type: ignore[attr-defined]
         lists[1 if begin else 0].append(fn)
