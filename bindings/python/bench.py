@@ -13,7 +13,11 @@
 3. a run of 2000 small ops in one forward, where op capture dominates: ns added per op;
 4. the aggregate schedule (``profile(..., aggregate_path=...)``): the per-update cost of
    the whole-run statistics (5 spans and the loss) beside the untraced update, outside the
-   captured one. ``bench.py --aggregate`` runs this one alone.
+   captured one. ``bench.py --aggregate`` runs this one alone;
+5. bench_capture.py: on the MLP, the GPT-style model (batch 8 x 64 and 1 x 8) and the
+   MNIST-style CNN, the trace's measured update against the untraced one, the captured
+   update's extra CPU against torch.profiler's, and the updates around the capture.
+   ``bench.py --capture`` runs this one alone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import candle_trace as ct  # noqa: E402
 
@@ -334,6 +339,12 @@ def print_aggregate(r: dict) -> None:
 
 
 def main() -> int:
+    if "--capture" in sys.argv[1:]:
+        import bench_capture
+
+        print(f"python {sys.version.split()[0]}, candle-trace {ct.version()}")
+        bench_capture.print_summary(bench_capture.run())
+        return 0
     if "--aggregate" in sys.argv[1:]:
         with tempfile.TemporaryDirectory() as tmp:
             print(f"python {sys.version.split()[0]}, candle-trace {ct.version()}")
@@ -361,6 +372,9 @@ def main() -> int:
             print_step(st)
             print_ops(bench_ops(tmp))
             print_aggregate(bench_aggregate(tmp))
+            import bench_capture
+
+            bench_capture.print_summary(bench_capture.run())
     return 0
 
 

@@ -488,15 +488,19 @@ def test_the_optimizers_record_function_handle_is_no_op(tmp_path):
 
 
 @pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
-def test_calibration_measures_what_torch_spends_for_the_observer():
+def test_calibration_measures_what_torch_spends_for_the_observer(tmp_path):
     from candle_trace.torch import _observer
+
+    import candle_trace as ct
 
     obs = _observer.get()
     saved, obs.per_op_ns = obs.per_op_ns, None
+    s = ct.Session(tmp_path / "calibration.jsonl", "test::calibrate", capture_step=1)
     try:
-        per_op = obs.calibrate(batches=15)
+        per_op = obs.calibrate(s, batches=15)
     finally:
         obs.per_op_ns = saved
+        s.finish_failed("calibration only")
     # boxing the inputs and outputs of four small ops and calling in: tens of
     # nanoseconds at least, far below the ops themselves
     assert 10 < per_op < 20_000
@@ -524,3 +528,22 @@ def test_calibrated_time_is_left_out_and_stated_apart(tmp_path, per_op_ns):
     else:  # at most half the figure at each end of each op (less where clamped)
         assert 0 < term["tracer_estimated_ns"] <= 2 * ops * per_op_ns
     assert term["tracer_ns"] > term["tracer_estimated_ns"]
+
+
+@pytest.mark.parametrize("clear", ["optimizer", "model"])
+def test_gradients_are_read_before_a_zero_grad_after_the_step(tmp_path, clear):
+    # A loop that clears the gradients at the end of the update, before prof.step().
+    w = workloads.mlp()
+    path = tmp_path / f"zero-{clear}.jsonl"
+    with ctt.profile(w.model, w.optimizer, path, capture_step=2) as prof:
+        for _ in range(2):
+            x, y = w.batch()
+            w.loss(w.model(x), y).backward()
+            w.optimizer.step()
+            norms = {n: p.grad.norm().item() for n, p in w.model.named_parameters()}
+            (w.optimizer if clear == "optimizer" else w.model).zero_grad(set_to_none=True)
+            prof.step()
+    grads = {g["key"]: g for g in by_kind(judged(path, tmp_path), "gradient")}
+    for n, v in norms.items():
+        assert grads[n]["state"] == "present" and grads[n]["norm"] == pytest.approx(v, rel=1e-6)
+    assert "zero_grad" not in w.optimizer.__dict__ and "zero_grad" not in w.model.__dict__

@@ -79,6 +79,7 @@ class Capture:
         #: the contract's violations found at the end (also warned)
         self.violations: List[str] = []
         self._grads_done = False
+        self._stepped = False  # the optimizer's step has run in the update
         self._undo: List[Callable[[], None]] = []
         self._measured = 0
         self._module_spans: Optional[ModuleSpans] = None
@@ -161,7 +162,7 @@ class Capture:
         self.spans.pause()
         try:
             if self.ops is not None:
-                self.ops.prepare()
+                self.ops.prepare(self.session)
             self.device.start(self.session)  # type: ignore[arg-type]
             self._module_spans = ModuleSpans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
@@ -324,23 +325,39 @@ class Capture:
         def step(*a: Any, **k: Any) -> Any:
             if self.state != "capturing":
                 return orig(*a, **k)
-            sid = self.guard_call(self._optimizer_begin, name)
+            sid = self.guard_call(self.spans.push, "optimizer", name, "function", "optimizer")
             try:
-                return orig(*a, **k)
+                out = orig(*a, **k)
             except BaseException as e:
                 self.failing(e)
                 raise
             finally:
                 if sid:
                     self.guard_call(self.spans.close_until, sid)
+            self._stepped = True
+            return out
 
         prev = patch(opt, "step", step)
         self._undo.append(lambda: restore(opt, "step", prev))
+        self._wrap_zero_grad(opt)
+        for m in self._tops:
+            self._wrap_zero_grad(m)
 
-    def _optimizer_begin(self, name: str) -> int:
-        if not self._grads_done:
-            self._record_gradients()
-        return self.spans.push("optimizer", name, "function", "optimizer")
+    def _wrap_zero_grad(self, obj: Any) -> None:
+        """The gradients are read once the optimizer has stepped (it reads them and
+        leaves them be), so that their reduction's memory traffic is not in the
+        optimizer's span: at the first ``zero_grad`` after the step -- which would
+        clear them -- or else at ``prof.step()``."""
+        orig = obj.zero_grad
+
+        @functools.wraps(orig)
+        def zero_grad(*a: Any, **k: Any) -> Any:
+            if self.state == "capturing" and self._stepped and not self._grads_done:
+                self.guard_call(self._record_gradients)
+            return orig(*a, **k)
+
+        prev = patch(obj, "zero_grad", zero_grad)
+        self._undo.append(lambda: restore(obj, "zero_grad", prev))
 
     def guard_call(self, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` as tracer work; an error in it fails the capture (returns None)."""

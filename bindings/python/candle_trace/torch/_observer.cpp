@@ -113,10 +113,10 @@ using last_error_fn = const char *(*)();
 now_fn p_now = nullptr;
 tracer_earlier_fn p_tracer_begin_earlier = nullptr;
 tracer_fn p_tracer_end = nullptr;
-// What torch spends per recorded op before our start callback runs and after the op
-// returns before our end callback runs (RecordFunction's set-up, boxing the inputs and
-// outputs), measured by Python beforehand (ct_obs_calibrating): each callback's tracer
-// interval begins that much earlier (ct_tracer_begin_earlier), half at each end.
+// What recording an op costs that no tracer interval of ours covers (torch setting up
+// the RecordFunction, boxing inputs and outputs, calling in; the calls into the library
+// themselves), measured by Python before the capture (Observer.calibrate): each
+// callback's tracer interval begins half of it earlier (ct_tracer_begin_earlier).
 uint64_t g_earlier_ns = 0;
 record_op_fn p_record_op = nullptr;
 record_memory_fn p_record_memory = nullptr;
@@ -824,25 +824,6 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
     }
 }
 
-// Calibration (ct_obs_calibrating): callbacks that do what torch must do for ours -- box
-// every op's inputs and outputs, call in -- and nothing else, so that Python can time
-// the same ops with and without them.
-at::CallbackHandle g_cal_handle = 0;
-
-std::unique_ptr<at::ObserverContext> cal_start(const at::RecordFunction &fn) {
-    Thread &t = tl;
-    size_t n = 0;
-    for (const c10::IValue &v : fn.inputs()) n += v.isTensor();
-    t.in_bytes += n;
-    quiet_nested(t);
-    return nullptr;
-}
-
-void cal_end(const at::RecordFunction &fn, at::ObserverContext *) {
-    at::enableRecordFunction(tl.rf_in_op);
-    tl.in_bytes += fn.outputs().size();
-}
-
 // Publishes the innermost span of the calling thread (0: none, ops go to the measured
 // region).
 CT_OBS_EXPORT void ct_obs_set_span(uint64_t span) { thread_state().span = span; }
@@ -859,29 +840,6 @@ CT_OBS_EXPORT void ct_obs_suspend(int on) {
         }
     } else if (t.suspended > 0 && --t.suspended == 0) {
         at::enableRecordFunction(t.rf_was_enabled);
-    }
-}
-
-// Registers (on=1) or removes (on=0) the calibration callbacks; 1 on failure
-// (ct_obs_error says why). Never while a capture runs.
-CT_OBS_EXPORT int ct_obs_calibrating(int on) {
-    try {
-        if (on && g_cal_handle == 0 && !g_active.load()) {
-            g_cal_handle = at::addGlobalCallback(at::RecordFunctionCallback(cal_start, cal_end)
-                                                     .needsInputs(true)
-                                                     .needsOutputs(true)
-                                                     .scopes({at::RecordScope::FUNCTION}));
-        } else if (!on && g_cal_handle != 0) {
-            at::removeCallback(g_cal_handle);
-            g_cal_handle = 0;
-        } else if (on) {
-            g_error = "candle_trace observer: calibrating while a capture or calibration runs";
-            return 1;
-        }
-        return 0;
-    } catch (const std::exception &e) {
-        g_error = std::string("candle_trace observer: ") + e.what();
-        return 1;
     }
 }
 

@@ -111,8 +111,6 @@ class Observer:
             ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
             ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
             ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
-        dll.ct_obs_calibrating.argtypes = [ctypes.c_int]
-        dll.ct_obs_calibrating.restype = ctypes.c_int
         dll.ct_obs_begin.restype = ctypes.c_int
         dll.ct_obs_set_span.argtypes = [ctypes.c_uint64]
         dll.ct_obs_set_span.restype = None
@@ -151,50 +149,55 @@ class Observer:
             n,
         )
 
-    def calibrate(self, batch: int = 200, batches: int = 7) -> int:
-        """What torch spends per op for the observer's callbacks outside them (setting up
-        the record function, boxing inputs and outputs, calling in): the same small ops
-        timed with callbacks that do only that and without, the fastest of ``batches``
-        batches each (interference only adds time). Measured once per process; ``CANDLE_TRACE_CALIBRATE=0`` makes it 0
-        (the trace then counts that work as the model's)."""
+    def calibrate(self, session: Any, batch: int = 200, batches: int = 7) -> int:
+        """What recording an op costs that no tracer interval covers -- torch setting up
+        the record function and boxing inputs and outputs for the callbacks, the calls
+        into the library -- as the session clock sees it: four small ops timed on the
+        wall clock untraced, and on ``session``'s clock while the observer records them
+        (then discarded); the fastest of ``batches`` batches each (interference only
+        adds time). Measured once per process, before the first capture's update;
+        ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then counts that cost as the
+        model's)."""
         if self.per_op_ns is not None:
             return self.per_op_ns
         if os.environ.get("CANDLE_TRACE_CALIBRATE", "1").strip() == "0":
             self.per_op_ns = 0
             return 0
         a, b = torch.ones(8), torch.ones(8)
+        now, hc = session._lib.raw.ct_now_ns, session._hc
 
-        def per_op() -> float:
-            t = time.perf_counter_ns()
+        def ops(clock: Any, *arg: Any) -> int:
+            t = clock(*arg)
             for _ in range(batch):
                 torch.add(a, b)
                 torch.mul(a, b)
                 a.view(2, 4)
                 a.sum()
-            return (time.perf_counter_ns() - t) / (4 * batch)
+            return clock(*arg) - t
 
         offs, ons = [], []
+        nobody = self.named([])
         with torch.no_grad():
-            per_op()  # warm
+            ops(time.perf_counter_ns)  # warm
             for _ in range(batches):
-                offs.append(per_op())
-                if self._dll.ct_obs_calibrating(1):
-                    raise ObserverUnavailable(self.error())
+                offs.append(ops(time.perf_counter_ns))
+                self.begin(session.handle, 1, True, nobody, earlier_ns=0)
                 try:
-                    ons.append(per_op())
+                    ons.append(ops(now, hc))
                 finally:
-                    self._dll.ct_obs_calibrating(0)
-        # Fastest of each: other work on the machine only ever adds time.
-        self.per_op_ns = max(0, int(min(ons) - min(offs)))
+                    self.stop()
+                    self.discard()
+        self.per_op_ns = max(0, int((min(ons) - min(offs)) / (4 * batch)))
         return self.per_op_ns
 
-    def begin(self, session: int, measured: int, memory: bool, named: tuple) -> bool:
+    def begin(self, session: int, measured: int, memory: bool, named: tuple,
+              earlier_ns: Optional[int] = None) -> bool:
         """Starts recording (``named`` from :meth:`named`); returns whether op-output
-        memory is recorded. Each callback's tracer interval begins half of
-        :meth:`calibrate`'s figure early (none when it was not measured)."""
+        memory is recorded. Each callback's tracer interval begins ``earlier_ns`` early
+        (default: half of :meth:`calibrate`'s figure, none when it was not measured)."""
         impls, numels, names, n = named
         mem = ctypes.c_int(0)
-        earlier = (self.per_op_ns or 0) // 2
+        earlier = (self.per_op_ns or 0) // 2 if earlier_ns is None else earlier_ns
         if self._dll.ct_obs_begin(session, measured, 1 if memory else 0, impls, numels, names,
                                   n, earlier, ctypes.byref(mem)):
             raise ObserverUnavailable(self.error())

@@ -38,7 +38,7 @@ class OpSource:
     #: ops recorded so far (set by :meth:`emit`)
     count = 0
 
-    def prepare(self) -> None:
+    def prepare(self, session: Session) -> None:
         """Before the update (when the capture arms): whatever is measured ahead."""
 
     def begin(self, session: Session, spans: Spans, measured: int,
@@ -65,8 +65,8 @@ class ObserverOps(OpSource):
         self._named = named
         self._on = False
 
-    def prepare(self) -> None:
-        self._obs.calibrate()
+    def prepare(self, session: Session) -> None:
+        self._obs.calibrate(session)
 
     def begin(self, session: Session, spans: Spans, measured: int,
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
