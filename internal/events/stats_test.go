@@ -2,6 +2,7 @@ package events
 
 import (
 	"math"
+	"math/rand"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -98,5 +99,58 @@ func TestScalarStats(t *testing.T) {
 				RMS: tt.rms, AbsMax: tt.rms, Mean: tt.mean}, s)
 			assert.NoError(t, s.Validate())
 		})
+	}
+}
+
+// The four-lane pass agrees with a plain float64 reduction on every length
+// (the tail), sign and non-finite mix.
+func TestStatsFromF32MatchesAPlainReduction(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 63, 1000, 4097} {
+		data := make([]float32, n)
+		for i := range data {
+			switch rng.Intn(20) {
+			case 0:
+				data[i] = float32(math.NaN())
+			case 1:
+				data[i] = float32(math.Inf(1 - 2*rng.Intn(2)))
+			default:
+				data[i] = float32(rng.NormFloat64() * 1e3)
+			}
+		}
+		var sum, sq, amax float64
+		var finite uint64
+		for _, x := range data {
+			v := float64(x)
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			finite++
+			sum, sq = sum+v, sq+v*v
+			amax = math.Max(amax, math.Abs(v))
+		}
+		s, err := StatsFromF32("x", data, []uint64{uint64(n)})
+		require.NoError(t, err)
+		require.Equal(t, uint64(n)-finite, s.NonFinite, "n=%d", n)
+		if finite == 0 {
+			continue
+		}
+		assert.Equal(t, amax, s.AbsMax, "n=%d", n)
+		assert.InEpsilon(t, math.Sqrt(sq/float64(finite)), s.RMS, 1e-12, "n=%d", n)
+		assert.InDelta(t, sum/float64(finite), s.Mean, 1e-9*amax, "n=%d", n)
+	}
+}
+
+func BenchmarkStatsFromF32(b *testing.B) {
+	data := make([]float32, 1<<20)
+	for i := range data {
+		data[i] = float32(i%1000) - 500
+	}
+	shape := []uint64{uint64(len(data))}
+	b.SetBytes(int64(4 * len(data)))
+	for i := 0; i < b.N; i++ {
+		if _, err := StatsFromF32("x", data, shape); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
