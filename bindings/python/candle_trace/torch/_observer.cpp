@@ -195,6 +195,10 @@ struct Thread {
     bool rf_was_enabled = true;
     uint64_t t0 = 0, op_span = 0, in_bytes = 0;
     const char *name = nullptr;
+    // The inputs of the op being recorded, each pinned (a weak reference) at its start: a
+    // boxed call may free an input before the op ends (a Python number converted to a
+    // wrapped-number tensor lives in the call's stack alone). record_op hands the
+    // references to the buffer; release_ins drops those of an op not recorded.
     std::vector<const Impl *> ins;
     std::vector<Pending> pending;
     std::shared_ptr<Buf> buf;
@@ -202,6 +206,11 @@ struct Thread {
 };
 
 thread_local Thread tl;
+
+inline void release_ins(Thread &t) {
+    for (const Impl *i : t.ins) c10::raw::weak_intrusive_ptr::decref(const_cast<Impl *>(i));
+    t.ins.clear();
+}
 
 inline Thread &thread_state() {
     uint64_t e = g_epoch.load(std::memory_order_acquire);
@@ -211,7 +220,7 @@ inline Thread &thread_state() {
         tl.depth = 0;
         tl.rec_depth = -1;
         tl.opaque = false;
-        tl.ins.clear();
+        release_ins(tl);
         tl.pending.clear();
     }
     return tl;
@@ -279,7 +288,10 @@ Kind op_kind(const at::RecordFunction &fn, const char *name) {
 
 inline void add_input(Thread &t, const at::Tensor &x) {
     if (!x.defined()) return;
-    t.ins.push_back(x.unsafeGetTensorImpl());
+    Impl *impl = x.unsafeGetTensorImpl();
+    t.ins.reserve(t.ins.size() + 1);  // no throw between the incref and the push
+    c10::raw::weak_intrusive_ptr::incref(impl);
+    t.ins.push_back(impl);
     t.in_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
 }
 
@@ -329,7 +341,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
             t.opaque = true;
             return nullptr;
         }
-        t.ins.clear();
+        release_ins(t);
         t.in_bytes = 0;
         for (const c10::IValue &v : fn.inputs()) gather(t, v);
         t.name = name;
@@ -356,10 +368,13 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     r.name = t.name;
     r.in_off = static_cast<uint32_t>(b.inputs.size());
     r.in_n = static_cast<uint32_t>(t.ins.size());
-    for (const Impl *impl : t.ins) {
+    b.inputs.reserve(b.inputs.size() + t.ins.size());
+    b.pinned.reserve(b.pinned.size() + t.ins.size() + 1);
+    for (const Impl *impl : t.ins) {  // the references pinned at the op's start
         b.inputs.push_back(impl);
-        pin(b, impl);
+        b.pinned.push_back(const_cast<Impl *>(impl));
     }
+    t.ins.clear();
     r.in_bytes = t.in_bytes;
     r.shape_off = static_cast<uint32_t>(b.shapes.size());
     r.rank = 0;
@@ -401,10 +416,14 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
         return;
     }
     uint64_t t1 = now();
-    if (!g_active.load(std::memory_order_relaxed)) return;
+    if (!g_active.load(std::memory_order_relaxed)) {
+        release_ins(t);
+        return;
+    }
     try {
         record_op(fn, t, t1);
     } catch (...) {  // out of memory, or a tensor without the expected metadata
+        release_ins(t);  // the references record_op did not take
     }
 }
 
