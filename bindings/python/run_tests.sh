@@ -37,5 +37,6 @@ for tpy in $TORCH_PYS; do
   echo "run_tests.sh: torch $("$tpy" -c 'import torch; print(torch.__version__)') under $tpy"
   # The interpreter's bin first: a virtualenv's ninja builds the observer.
   PATH="$(cd "$(dirname "$tpy")" && pwd):$PATH" "$tpy" -m pytest -q -p no:cacheprovider \
-    bindings/python/tests/test_torch.py bindings/python/tests/test_torch_observer.py
+    bindings/python/tests/test_torch.py bindings/python/tests/test_torch_observer.py \
+    bindings/python/tests/test_torch_compile.py
 done

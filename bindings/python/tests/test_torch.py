@@ -424,12 +424,12 @@ def torch_loads_a_libcupti() -> str:
 
 # The collector prefers a libcupti already in the process over CANDLE_TRACE_CUPTI_LIB's
 # (a second CUPTI would fight the first), so under such a torch this test cannot make
-# CUPTI unavailable; and without a driver CUDA 13.2's cuptiGetTimestamp (torch 2.15's
-# nvidia-cuda-cupti 13.2.86) crashes with SIGSEGV instead of returning an error as
-# 13.5's does (internal/cuda/cupti: probe the driver before the first CUPTI call).
-@pytest.mark.xfail(bool(torch_loads_a_libcupti()) and not os.path.exists("/dev/nvidiactl"),
-                   reason="torch loaded a real libcupti, which the collector adopts; without a "
-                          "driver its cuptiGetTimestamp crashes", strict=False)
+# CUPTI unavailable: with a driver it starts; without one CUDA 13.2's cuptiGetTimestamp
+# (torch 2.15's nvidia-cuda-cupti 13.2.86) crashes with SIGSEGV instead of returning an
+# error as 13.5's does (internal/cuda/cupti: probe the driver before the first CUPTI call).
+@pytest.mark.xfail(bool(torch_loads_a_libcupti()),
+                   reason="torch loaded a real libcupti, which the collector adopts (without a "
+                          "driver, CUDA 13.2's cuptiGetTimestamp crashes)", strict=False)
 def test_profile_goes_on_without_cupti(tmp_path, fake_cupti):
     path, out = run_collect(tmp_path, fake_cupti, ["cupti"], "/nonexistent/libcupti.so.12")
     assert len(out["warnings"]) == 1, out
