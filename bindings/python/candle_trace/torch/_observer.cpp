@@ -478,7 +478,8 @@ bool g_reporter_pushed = false;
 // While the reporter is on, torch's CPU allocator logs (glog, once) that a block freed
 // during the capture was "allocated before the profiling started" -- true of every
 // tensor older than the capture, and not a problem: those frees are not ours to record.
-// Where torch logs through glog, its warnings are held back for the capture.
+// Its warnings are held back for the capture (glog's FLAGS_minloglevel, or c10's
+// FLAGS_caffe2_log_level where torch logs without glog).
 #ifdef C10_USE_GLOG
 int g_saved_minloglevel = -1;
 void quiet_logs(bool on) {
@@ -491,7 +492,20 @@ void quiet_logs(bool on) {
     }
 }
 #else
-void quiet_logs(bool) {}
+// Without glog (PyPI's wheels) c10's own logger drops messages below
+// FLAGS_caffe2_log_level (TORCH_CPP_LOG_LEVEL sets it; WARNING by default).
+int g_saved_log_level = -1;
+bool g_log_level_saved = false;
+void quiet_logs(bool on) {
+    if (on && !g_log_level_saved) {
+        g_saved_log_level = FLAGS_caffe2_log_level;
+        g_log_level_saved = true;
+        if (FLAGS_caffe2_log_level < c10::GLOG_ERROR) FLAGS_caffe2_log_level = c10::GLOG_ERROR;
+    } else if (!on && g_log_level_saved) {
+        FLAGS_caffe2_log_level = g_saved_log_level;
+        g_log_level_saved = false;
+    }
+}
 #endif
 
 void after_fork_child() {
