@@ -25,7 +25,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -122,10 +122,18 @@ test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
 test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) python3 -m pytest -q tests/python
 
-# The Python binding: non-torch tests under python3, torch tests under
-# Debian's /usr/bin/python3 with python3-torch (TORCH_PYTHON overrides).
-test-python: $(LIB) $(CLI) tools
+# The Python binding: non-torch tests under python3, torch tests under Debian's
+# /usr/bin/python3 with python3-torch 1.13 and under PyPI's torch 2.x in
+# $(TORCH2_VENV) (TORCH_PYTHON=PY: under PY alone).
+test-python: $(LIB) $(CLI) tools torch2-venv
 	./bindings/python/run_tests.sh
+
+# A virtualenv with PyPI's torch 2.x, pinned in bindings/python/requirements-torch2.txt:
+# made once (about 40 s from the wheel folder ~/.cache/candle_trace/wheels, which a first
+# run fills with 2.6 GB; 4.3 GB installed), then a no-op while the pins are unchanged.
+TORCH2_VENV := $(BUILD)/venv-torch2
+torch2-venv:
+	./bindings/python/torch2_venv.sh $(TORCH2_VENV)
 
 bench-python: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py

@@ -24,7 +24,9 @@ def by_kind(lines, kind):
 
 
 def example_env(**extra):
-    env = {"PYTHONPATH": str(REPO / "bindings" / "python"), "PATH": "/usr/bin:/bin"}
+    # The interpreter's own bin first: a virtualenv's ninja builds the observer.
+    env = {"PYTHONPATH": str(REPO / "bindings" / "python"),
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])}
     for k in ("HOME", "CANDLE_TRACE_CACHE", "CANDLE_TRACE_LIB", "XDG_CACHE_HOME"):
         if k in os.environ:
             env[k] = os.environ[k]
@@ -49,6 +51,9 @@ def example_trace(request, tmp_path_factory):
     elif observer_expected():
         assert "via observer" in r.stdout, r.stdout + r.stderr
         assert "Warning" not in r.stderr, r.stderr
+        # c10's "[W ... CPUAllocator.cpp] Memory block of unknown size was allocated
+        # before the profiling started" is held back during the capture
+        assert "Memory block" not in r.stderr, r.stderr
     return path
 
 
@@ -410,6 +415,24 @@ def test_profile_collects_the_captured_updates_kernels(tmp_path, fake_cupti):
     candle_graph(path, tmp_path)
 
 
+def torch_loads_a_libcupti() -> str:
+    """The libcupti that importing torch loaded into this process ("" for none): PyPI's
+    CUDA wheels of torch 2.x link libtorch_cpu.so against libcupti.so.13."""
+    try:
+        with open("/proc/self/maps") as f:
+            return next((ln.split()[-1] for ln in f if "/libcupti.so" in ln), "")
+    except OSError:
+        return ""
+
+
+# The collector prefers a libcupti already in the process over CANDLE_TRACE_CUPTI_LIB's
+# (a second CUPTI would fight the first), so under such a torch this test cannot make
+# CUPTI unavailable: with a driver it starts; without one CUDA 13.2's cuptiGetTimestamp
+# (torch 2.15's nvidia-cuda-cupti 13.2.86) crashes with SIGSEGV instead of returning an
+# error as 13.5's does (internal/cuda/cupti: probe the driver before the first CUPTI call).
+@pytest.mark.xfail(bool(torch_loads_a_libcupti()),
+                   reason="torch loaded a real libcupti, which the collector adopts (without a "
+                          "driver, CUDA 13.2's cuptiGetTimestamp crashes)", strict=False)
 def test_profile_goes_on_without_cupti(tmp_path, fake_cupti):
     path, out = run_collect(tmp_path, fake_cupti, ["cupti"], "/nonexistent/libcupti.so.12")
     assert len(out["warnings"]) == 1, out

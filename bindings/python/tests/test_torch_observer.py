@@ -3,11 +3,16 @@ the Python dispatch mode."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
-from conftest import candle_graph, observer_expected, read_trace, validate
+from conftest import REPO, candle_graph, observer_expected, read_trace, validate
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -234,3 +239,56 @@ def test_observer_builds_into_the_cache_folder(tmp_path, monkeypatch):
     assert torch.__version__.replace("+", "_") in str(folder)
     so = _observer.build()
     assert so.exists() and so.parent == folder
+
+
+ASAN_SCRIPT = r"""
+import sys, tempfile
+from torch.utils import cpp_extension
+orig = cpp_extension.load
+def load(**kw):  # the observer, built with AddressSanitizer
+    kw["extra_cflags"] = [f for f in kw["extra_cflags"] if f != "-O2"] + [
+        "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+    kw["extra_ldflags"] = ["-fsanitize=address"]
+    return orig(**kw)
+cpp_extension.load = load
+import torch
+import candle_trace.torch as ctt
+m = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+with ctt.profile(m, opt, sys.argv[1], capture_step=1, name="lin") as prof:
+    y = m(torch.randn(2, 4))
+    for _ in range(5):
+        # a boxed call: 2.0 becomes a wrapped-number tensor that the call's stack alone
+        # owns, freed (torch 2.x) before the op's RecordFunction ends
+        y = torch.ops.aten.add.Tensor(y, 2.0)
+    y.sum().backward()
+    opt.step()
+    prof.step()
+print("ops", prof.op_mechanism, prof.op_count)
+"""
+
+
+@needs_observer
+def test_observer_pins_inputs_that_a_boxed_call_frees_early(tmp_path):
+    """Under AddressSanitizer: the observer pins an op's inputs when the op starts (an
+    input may be gone by its end: that was a heap-use-after-free that corrupted the heap
+    when torch.compile ran inside a captured update)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    asan = cxx and subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True,
+                                  text=True).stdout.strip()
+    stdcxx = cxx and subprocess.run([cxx, "-print-file-name=libstdc++.so.6"],
+                                    capture_output=True, text=True).stdout.strip()
+    if not (asan and Path(asan).is_absolute() and Path(asan).exists()):
+        pytest.skip("no libasan for the C++ compiler here")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(CANDLE_TRACE_CACHE=str(tmp_path / "cache"), CANDLE_TRACE_TORCH_OPS="observer",
+               PYTHONPATH=str(REPO / "bindings" / "python"),
+               # libstdc++ too: ASan's __cxa_throw interceptor needs it loaded first
+               LD_PRELOAD=" ".join(p for p in (asan, stdcxx) if p and Path(p).is_absolute()),
+               ASAN_OPTIONS="detect_leaks=0:detect_odr_violation=0:abort_on_error=0")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")])
+    r = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(tmp_path / "t.jsonl")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert "AddressSanitizer" not in r.stderr, r.stderr[-4000:]
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "ops observer" in r.stdout

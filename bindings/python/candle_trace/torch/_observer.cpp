@@ -208,6 +208,10 @@ struct Thread {
     bool rf_was_enabled = true;
     uint64_t t0 = 0, op_span = 0, in_bytes = 0;
     const char *name = nullptr;
+    // The inputs of the op being recorded, each pinned (a weak reference) at its start: a
+    // boxed call may free an input before the op ends (a Python number converted to a
+    // wrapped-number tensor lives in the call's stack alone). record_op hands the
+    // references to the buffer; release_ins drops those of an op not recorded.
     std::vector<const Impl *> ins;
     std::vector<Pending> pending;
     std::shared_ptr<Buf> buf;
@@ -215,6 +219,11 @@ struct Thread {
 };
 
 thread_local Thread tl;
+
+inline void release_ins(Thread &t) {
+    for (const Impl *i : t.ins) c10::raw::weak_intrusive_ptr::decref(const_cast<Impl *>(i));
+    t.ins.clear();
+}
 
 inline Thread &thread_state() {
     uint64_t e = g_epoch.load(std::memory_order_acquire);
@@ -224,7 +233,7 @@ inline Thread &thread_state() {
         tl.depth = 0;
         tl.rec_depth = -1;
         tl.opaque = false;
-        tl.ins.clear();
+        release_ins(tl);
         tl.pending.clear();
     }
     return tl;
@@ -304,7 +313,10 @@ Kind op_kind(const at::RecordFunction &fn, const char *name) {
 
 inline void add_input(Thread &t, const at::Tensor &x) {
     if (!x.defined()) return;
-    t.ins.push_back(x.unsafeGetTensorImpl());
+    Impl *impl = x.unsafeGetTensorImpl();
+    t.ins.reserve(t.ins.size() + 1);  // no throw between the incref and the push
+    c10::raw::weak_intrusive_ptr::incref(impl);
+    t.ins.push_back(impl);
     t.in_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
 }
 
@@ -382,7 +394,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
             quiet_nested(t);
             return nullptr;
         }
-        t.ins.clear();
+        release_ins(t);
         t.in_bytes = 0;
         for (const c10::IValue &v : fn.inputs()) gather(t, v);
         t.name = name;
@@ -403,6 +415,7 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     at::Tensor holder;
     const at::Tensor *out = first_tensor(fn.outputs(), holder);
     if (is_scope_handle(t, out)) {
+        release_ins(t);
         t.pending.clear();
         return;
     }
@@ -415,10 +428,13 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     r.name = t.name;
     r.in_off = static_cast<uint32_t>(b.inputs.size());
     r.in_n = static_cast<uint32_t>(t.ins.size());
-    for (const Impl *impl : t.ins) {
+    b.inputs.reserve(b.inputs.size() + t.ins.size());
+    b.pinned.reserve(b.pinned.size() + t.ins.size() + 1);
+    for (const Impl *impl : t.ins) {  // the references pinned at the op's start
         b.inputs.push_back(impl);
-        pin(b, impl);
+        b.pinned.push_back(const_cast<Impl *>(impl));
     }
+    t.ins.clear();
     r.in_bytes = t.in_bytes;
     r.shape_off = static_cast<uint32_t>(b.shapes.size());
     r.rank = 0;
@@ -466,10 +482,14 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     }
     TracerWork work;
     uint64_t t1 = now();
-    if (!g_active.load(std::memory_order_relaxed)) return;
+    if (!g_active.load(std::memory_order_relaxed)) {
+        release_ins(t);
+        return;
+    }
     try {
         record_op(fn, t, t1);
     } catch (...) {  // out of memory, or a tensor without the expected metadata
+        release_ins(t);  // the references record_op did not take
     }
 }
 
@@ -525,7 +545,8 @@ bool g_reporter_pushed = false;
 // While the reporter is on, torch's CPU allocator logs (glog, once) that a block freed
 // during the capture was "allocated before the profiling started" -- true of every
 // tensor older than the capture, and not a problem: those frees are not ours to record.
-// Where torch logs through glog, its warnings are held back for the capture.
+// Its warnings are held back for the capture (glog's FLAGS_minloglevel, or c10's
+// FLAGS_caffe2_log_level where torch logs without glog).
 #ifdef C10_USE_GLOG
 int g_saved_minloglevel = -1;
 void quiet_logs(bool on) {
@@ -538,7 +559,20 @@ void quiet_logs(bool on) {
     }
 }
 #else
-void quiet_logs(bool) {}
+// Without glog (PyPI's wheels) c10's own logger drops messages below
+// FLAGS_caffe2_log_level (TORCH_CPP_LOG_LEVEL sets it; WARNING by default).
+int g_saved_log_level = -1;
+bool g_log_level_saved = false;
+void quiet_logs(bool on) {
+    if (on && !g_log_level_saved) {
+        g_saved_log_level = FLAGS_caffe2_log_level;
+        g_log_level_saved = true;
+        if (FLAGS_caffe2_log_level < c10::GLOG_ERROR) FLAGS_caffe2_log_level = c10::GLOG_ERROR;
+    } else if (!on && g_log_level_saved) {
+        FLAGS_caffe2_log_level = g_saved_log_level;
+        g_log_level_saved = false;
+    }
+}
 #endif
 
 void after_fork_child() {

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""candle_trace.torch.profile around a torch.compile'd GPT-style model (torch >= 2.0).
+
+    python compile_repro.py [--fix none|disable|orig-mod|both|scoped] [--no-profile]
+        [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
+        [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile]
+
+Trains a 2-block GPT (token embedding, causal self-attention, MLP, LayerNorm) compiled
+with ``torch.compile`` for ``--steps`` AdamW updates under ``candle_trace.torch.profile``
+(capture_step 3 by default), one thread, and prints one JSON line: the outcome (or the
+exception and the profiler's frames dynamo was tracing), dynamo's counters (graph breaks
+with their reasons, frames, unique graphs), the functions of candle_trace whose bytecode
+dynamo traced (its trace_source log), the time of each update and, from the trace, the
+spans and op names the op capture recorded in the captured update. ``--rf-names`` adds
+every RecordFunction (name, count, scope) of one more update, as torch.profiler sees them.
+test_torch_compile.py runs it.
+
+``--fix`` tries a change of candle_trace.torch by monkeypatching it here:
+
+- ``none``: the profiler as it is;
+- ``disable``: every hook callable the profiler registers (forward pre/post hooks, the
+  tensor hook, the backward wrapper, the optimizer step hooks) wrapped in
+  ``torch._dynamo.disable`` -- dynamo skips it, at a graph break;
+- ``orig-mod``: the profiler walks ``model._orig_mod`` (the module the OptimizedModule
+  wraps): its per-module hooks sit on the modules dynamo traces;
+- ``both``: ``orig-mod`` and ``disable``;
+- ``scoped``: ``disable``, and no module hooks inside a compiled module (hooks on the
+  compiled module itself: its ``_orig_mod``, or a compiled submodule's wrapper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import candle_trace.torch as ctt  # noqa: E402
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, 4 * d)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MLP(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 128, d: int = 64, heads: int = 4, layers: int = 2,
+                 ctx: int = 32) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(1, ctx, d))
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
+        return self.head(self.ln_f(self.blocks(x)))
+
+
+# -- which profiler functions dynamo traced -------------------------------------------
+
+class _TraceSourceLog(logging.Handler):
+    """Collects, from dynamo's trace_source log, the functions of candle_trace.torch
+    whose bytecode dynamo symbolically ran (traced into a graph) and how many lines."""
+
+    PAT = re.compile(r"TRACE starts_line (\S+):(\d+) in (\S+)")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.functions: collections.Counter = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.PAT.search(record.getMessage())
+        if m and "candle_trace" in m.group(1):
+            self.functions[f"{Path(m.group(1)).parent.name}/{Path(m.group(1)).name}:{m.group(3)}"] += 1
+
+
+def watch_dynamo() -> _TraceSourceLog:
+    torch._logging.set_logs(trace_source=True)
+    h = _TraceSourceLog()
+    from torch._logging._internal import log_registry
+    for qname in log_registry.get_log_qnames():  # each has its own stderr handler
+        lg = logging.getLogger(qname)
+        for old in list(lg.handlers):  # keep the (long) log off stderr
+            lg.removeHandler(old)
+        lg.addHandler(h)
+    return h
+
+
+# -- the candidate fixes, as monkeypatches --------------------------------------------
+
+def patch_disable() -> None:
+    """Every callable the profiler hands to torch (module hooks, tensor hooks, the
+    backward wrapper, optimizer hooks) runs under torch._dynamo.disable."""
+    dis = torch._dynamo.disable
+    for n in ("_fwd_pre", "_fwd_post"):
+        setattr(ctt.profile, n, dis(getattr(ctt.profile, n)))
+
+    def _tensor_hook(t, fn, begin):
+        # profile._tensor_hook with its per-tensor "run" closure (what autograd calls)
+        # disabled too.
+        lists = getattr(t, "_candle_trace_hooks", None)
+        if lists is None:
+            ends, begins = [], []
+            lists = (ends, begins)
+
+            @dis
+            def run(grad):
+                for f in ends:
+                    f(grad)
+                for f in reversed(begins):
+                    f(grad)
+
+            t.register_hook(run)
+            t._candle_trace_hooks = lists
+        lists[1 if begin else 0].append(fn)
+
+    ctt.profile._tensor_hook = staticmethod(dis(_tensor_hook))
+    for n in ("_backward", "_opt_pre", "_opt_post"):
+        setattr(ctt.profile, n, dis(getattr(ctt.profile, n)))
+
+
+def patch_orig_mod() -> None:
+    """profile(model) with an OptimizedModule walks model._orig_mod instead."""
+    orig_init = ctt.profile.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, model, *a, **k):
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module):
+            k.setdefault("name", type(inner).__name__)
+            model = inner
+        orig_init(self, model, *a, **k)
+
+    ctt.profile.__init__ = __init__
+
+
+def patch_scoped() -> None:
+    """No module hooks inside a compiled module: profile(OptimizedModule) profiles its
+    _orig_mod with hooks on that module alone (its forward is the compiled frame: the
+    submodules' hooks would run inside the graph), and a compiled submodule
+    (model.blocks[0] = torch.compile(block)) gets hooks on its wrapper only."""
+    OM = torch._dynamo.eval_frame.OptimizedModule
+    orig_init = ctt.profile.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, model, *a, **k):
+        compiled = isinstance(model, OM)
+        if compiled:
+            k.setdefault("name", type(model._orig_mod).__name__)
+            model = model._orig_mod
+        orig_init(self, model, *a, **k)
+        inside = set()
+        if compiled:
+            inside.update(m for m in model.modules() if m is not model)
+        for m in list(self._modules):
+            if isinstance(m, OM):
+                inside.update(m._orig_mod.modules())  # the wrapper stands for them
+        self._modules = {m: n for m, n in self._modules.items() if m not in inside}
+        self._qual = {m: q for m, q in self._qual.items() if m not in inside}
+
+    ctt.profile.__init__ = __init__
+
+
+# -- the run ---------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fix", default="none", choices=["none", "disable", "orig-mod", "both", "scoped"])
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--capture-step", type=int, default=3)
+    ap.add_argument("--trace", default=None)
+    ap.add_argument("--rf-names", action="store_true",
+                    help="after the loop, list every RecordFunction of one more update "
+                         "(torch.profiler, all scopes)")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="torch._inductor.config.cpp.enable_kernel_profile: a "
+                         "RecordFunction per inductor C++ kernel")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # 2 shared cores: OpenMP spinning makes timings erratic
+    watch = watch_dynamo() if not os.environ.get("TORCH_LOGS") else _TraceSourceLog()
+    if args.fix in ("disable", "both"):
+        patch_disable()
+    if args.fix in ("orig-mod", "both"):
+        patch_orig_mod()
+    if args.fix == "scoped":
+        patch_disable()
+        patch_scoped()
+
+    if args.kernel_profile:
+        import torch._inductor.config as inductor_config
+        inductor_config.cpp.enable_kernel_profile = True
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if not args.no_compile:
+        model = torch.compile(model, backend=args.backend)
+    trace = args.trace or os.path.join(tempfile.mkdtemp(prefix="compile-repro-"), "gpt.jsonl")
+
+    from torch._dynamo.utils import counters
+    counters.clear()
+    times = []
+    out = {"torch": torch.__version__, "fix": args.fix, "backend": args.backend,
+           "profile": not args.no_profile, "compiled": not args.no_compile}
+
+    def update(i: int) -> None:
+        idx = torch.randint(0, 128, (8, 32))
+        tgt = torch.randint(0, 128, (8, 32))
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
+        loss.backward()
+        opt.step()
+
+    try:
+        if args.no_profile:
+            for i in range(args.steps):
+                t0 = time.perf_counter()
+                update(i)
+                times.append(time.perf_counter() - t0)
+        else:
+            with ctt.profile(model, opt, trace, capture_step=args.capture_step) as prof:
+                for i in range(args.steps):
+                    t0 = time.perf_counter()
+                    update(i)
+                    prof.step()
+                    times.append(time.perf_counter() - t0)
+            out["op_mechanism"] = prof.op_mechanism
+        out["outcome"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported
+        out["outcome"] = "error"
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        tb = traceback.extract_tb(e.__traceback__)
+        out["where"] = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in tb][-6:]
+        # the innermost user frames dynamo was tracing
+        msg = str(e)
+        out["from_user_code"] = [ln.strip() for ln in msg.splitlines()
+                                 if "__init__.py" in ln or "candle_trace" in ln][:8]
+
+    out["times_s"] = [round(t, 4) for t in times]
+    out["dynamo"] = {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graph_break_reasons": dict(collections.Counter(
+            {k[:160]: v for k, v in counters["graph_break"].items()}).most_common(8)),
+        "unique_graphs": counters["stats"].get("unique_graphs", 0),
+        "frames_calls_captured": counters["stats"].get("calls_captured", 0),
+        "frames_ok": counters["frames"].get("ok", 0),
+        "frames_total": counters["frames"].get("total", 0),
+        "recompiles": sum(v for k, v in counters["recompiles"].items()) if "recompiles" in counters else 0,
+    }
+    out["candle_trace_functions_traced_by_dynamo"] = dict(watch.functions)
+    if out["outcome"] == "ok" and not args.no_profile and os.path.exists(trace):
+        lines = [json.loads(ln) for ln in open(trace) if ln.strip()]
+        spans = {e["id"]: e for e in lines if e["kind"] == "span_start"}
+        ops = [e for e in lines if e["kind"] == "op"]
+        names = collections.Counter(e["op_name"] for e in ops)
+        out["trace"] = {
+            "path": trace,
+            "outcome": lines[-1].get("outcome"),
+            "ops": len(ops),
+            "op_names": dict(names.most_common(40)),
+            "spans": collections.Counter(f'{s.get("step")}:{s["name"]}' for s in spans.values()
+                                         ).most_common(30),
+            "gradients": collections.Counter(e["state"] for e in lines
+                                             if e["kind"] == "gradient"),
+        }
+    if args.rf_names and out["outcome"] == "ok":
+        from torch.profiler import ProfilerActivity, profile as tprofile
+        with tprofile(activities=[ProfilerActivity.CPU]) as tp:
+            update(args.steps)
+        names = collections.Counter()
+        scopes = {}
+        for ev in tp.events():
+            names[ev.name] += 1
+            scopes[ev.name] = getattr(ev, "scope", None)
+        # at::RecordScope: 0 FUNCTION (the observer's), 1 BACKWARD_FUNCTION,
+        # 2 TORCHSCRIPT_FUNCTION, 3 KERNEL_FUNCTION_DTYPE, 4 CUSTOM_CLASS, 5 BUILD_FEATURE,
+        # 6 LITE_INTERPRETER, 7 USER_SCOPE
+        scope_names = {0: "FUNCTION", 1: "BACKWARD_FUNCTION", 7: "USER_SCOPE"}
+        out["record_functions"] = {
+            "aten": sum(v for k, v in names.items() if k.startswith("aten::")),
+            "not_aten": {k: f"{v}x {scope_names.get(scopes[k], scopes[k])}"
+                         for k, v in sorted(names.items()) if not k.startswith("aten::")},
+            "aten_names": sorted(k for k in names if k.startswith("aten::")),
+        }
+    print(json.dumps(out, default=str))
+    return 0 if out["outcome"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

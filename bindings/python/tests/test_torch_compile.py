@@ -1,0 +1,69 @@
+"""candle_trace.torch.profile around a torch.compile'd model (torch >= 2.0): compile_repro.py
+in a child process, which prints one JSON line (outcome, dynamo's counters, the trace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import candle_graph, observer_expected, validate
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch, "compile"):
+    pytest.skip("torch.compile needs torch >= 2.0", allow_module_level=True)
+
+REPRO = Path(__file__).resolve().parent / "compile_repro.py"
+
+
+def repro(tmp_path, *args: str) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no worker pool on 2 cores
+    r = subprocess.run([sys.executable, str(REPRO), "--trace", str(tmp_path / "gpt.jsonl"),
+                        *args], capture_output=True, text=True, timeout=600, env=env)
+    assert r.stdout.strip(), f"compile_repro.py {args} printed nothing (rc {r.returncode}):\n" \
+                             f"{r.stderr[-4000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_compiled_capture(out: dict, tmp_path) -> None:
+    assert out["outcome"] == "ok", out
+    # compiled once, and the profiler's hooks split nothing
+    assert out["dynamo"]["graph_breaks"] == 0, out["dynamo"]
+    assert out["dynamo"]["unique_graphs"] == 1, out["dynamo"]
+    assert out["candle_trace_functions_traced_by_dynamo"] == {}
+    t = out["trace"]
+    assert t["outcome"] == "complete"
+    spans = dict((k, v) for k, v in t["spans"])
+    assert spans.get("forward:GPT") == 1 and spans.get("backward:GPT") == 1, spans
+    assert not any("_orig_mod" in k or "OptimizedModule" in k for k in spans), spans
+    assert t["gradients"] == {"present": 30}
+    candle_graph(t["path"], tmp_path)
+    assert "OK" in validate(t["path"])
+
+
+# Dynamo traces the hooks that profile registers on the model, the module the compiled
+# frame belongs to (its forward pre/post hooks, then _push, Session.begin_span, _stats,
+# tensor_stats, _hook_backward, breaking its graph at every ctypes call and .tolist()),
+# and fails at _hook_backward's self._qual[module]. The fix belongs in
+# candle_trace/torch/__init__.py (compile_repro.py --fix scoped tries it).
+@pytest.mark.xfail(reason="profile's hooks run under dynamo: UnspecializedNNModuleVariable "
+                          "is already tracked for mutation", strict=True)
+def test_profile_of_a_compiled_model(tmp_path):
+    check_compiled_capture(repro(tmp_path, "--backend", "eager", "--capture-step", "3"), tmp_path)
+
+
+def test_compiled_capture_with_the_hooks_outside_dynamo(tmp_path):
+    """The candidate fix (hooks under torch.compiler.disable, none inside the compiled
+    module), with inductor compiling inside the captured update: the observer sees the
+    graph's extern kernels (the fused C++ kernels run no RecordFunction)."""
+    out = repro(tmp_path, "--fix", "scoped", "--capture-step", "1")
+    check_compiled_capture(out, tmp_path)
+    if observer_expected():
+        assert out["op_mechanism"] == "observer"
+        ops = out["trace"]["op_names"]
+        assert "aten::addmm" in ops and "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
