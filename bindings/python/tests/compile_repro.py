@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """candle_trace.torch.profile around a torch.compile'd GPT-style model (torch >= 2.0).
 
-    python compile_repro.py [--fix none|disable|orig-mod|both|scoped] [--no-profile]
-        [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
+    python compile_repro.py [--no-profile] [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
         [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile]
 
 Trains a 2-block GPT (token embedding, causal self-attention, MLP, LayerNorm) compiled
@@ -15,17 +14,9 @@ spans and op names the op capture recorded in the captured update. ``--rf-names`
 every RecordFunction (name, count, scope) of one more update, as torch.profiler sees them.
 test_torch_compile.py runs it.
 
-``--fix`` tries a change of candle_trace.torch by monkeypatching it here:
-
-- ``none``: the profiler as it is;
-- ``disable``: every hook callable the profiler registers (forward pre/post hooks, the
-  tensor hook, the backward wrapper, the optimizer step hooks) wrapped in
-  ``torch._dynamo.disable`` -- dynamo skips it, at a graph break;
-- ``orig-mod``: the profiler walks ``model._orig_mod`` (the module the OptimizedModule
-  wraps): its per-module hooks sit on the modules dynamo traces;
-- ``both``: ``orig-mod`` and ``disable``;
-- ``scoped``: ``disable``, and no module hooks inside a compiled module (hooks on the
-  compiled module itself: its ``_orig_mod``, or a compiled submodule's wrapper).
+The profiler keeps its own work out of dynamo's way (its wrappers and hooks under
+torch.compiler.disable; one span for a compiled module, none inside it): the run must
+compile once, with no graph break, and give a complete trace.
 """
 
 from __future__ import annotations
@@ -135,86 +126,10 @@ def watch_dynamo() -> _TraceSourceLog:
     return h
 
 
-# -- the candidate fixes, as monkeypatches --------------------------------------------
-
-def patch_disable() -> None:
-    """Every callable the profiler hands to torch (module hooks, tensor hooks, the
-    backward wrapper, optimizer hooks) runs under torch._dynamo.disable."""
-    dis = torch._dynamo.disable
-    for n in ("_fwd_pre", "_fwd_post"):
-        setattr(ctt.profile, n, dis(getattr(ctt.profile, n)))
-
-    def _tensor_hook(t, fn, begin):
-        # profile._tensor_hook with its per-tensor "run" closure (what autograd calls)
-        # disabled too.
-        lists = getattr(t, "_candle_trace_hooks", None)
-        if lists is None:
-            ends, begins = [], []
-            lists = (ends, begins)
-
-            @dis
-            def run(grad):
-                for f in ends:
-                    f(grad)
-                for f in reversed(begins):
-                    f(grad)
-
-            t.register_hook(run)
-            t._candle_trace_hooks = lists
-        lists[1 if begin else 0].append(fn)
-
-    ctt.profile._tensor_hook = staticmethod(dis(_tensor_hook))
-    for n in ("_backward", "_opt_pre", "_opt_post"):
-        setattr(ctt.profile, n, dis(getattr(ctt.profile, n)))
-
-
-def patch_orig_mod() -> None:
-    """profile(model) with an OptimizedModule walks model._orig_mod instead."""
-    orig_init = ctt.profile.__init__
-
-    @functools.wraps(orig_init)
-    def __init__(self, model, *a, **k):
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(inner, torch.nn.Module):
-            k.setdefault("name", type(inner).__name__)
-            model = inner
-        orig_init(self, model, *a, **k)
-
-    ctt.profile.__init__ = __init__
-
-
-def patch_scoped() -> None:
-    """No module hooks inside a compiled module: profile(OptimizedModule) profiles its
-    _orig_mod with hooks on that module alone (its forward is the compiled frame: the
-    submodules' hooks would run inside the graph), and a compiled submodule
-    (model.blocks[0] = torch.compile(block)) gets hooks on its wrapper only."""
-    OM = torch._dynamo.eval_frame.OptimizedModule
-    orig_init = ctt.profile.__init__
-
-    @functools.wraps(orig_init)
-    def __init__(self, model, *a, **k):
-        compiled = isinstance(model, OM)
-        if compiled:
-            k.setdefault("name", type(model._orig_mod).__name__)
-            model = model._orig_mod
-        orig_init(self, model, *a, **k)
-        inside = set()
-        if compiled:
-            inside.update(m for m in model.modules() if m is not model)
-        for m in list(self._modules):
-            if isinstance(m, OM):
-                inside.update(m._orig_mod.modules())  # the wrapper stands for them
-        self._modules = {m: n for m, n in self._modules.items() if m not in inside}
-        self._qual = {m: q for m, q in self._qual.items() if m not in inside}
-
-    ctt.profile.__init__ = __init__
-
-
 # -- the run ---------------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fix", default="none", choices=["none", "disable", "orig-mod", "both", "scoped"])
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--backend", default="inductor")
@@ -232,13 +147,6 @@ def main() -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # 2 shared cores: OpenMP spinning makes timings erratic
     watch = watch_dynamo() if not os.environ.get("TORCH_LOGS") else _TraceSourceLog()
-    if args.fix in ("disable", "both"):
-        patch_disable()
-    if args.fix in ("orig-mod", "both"):
-        patch_orig_mod()
-    if args.fix == "scoped":
-        patch_disable()
-        patch_scoped()
 
     if args.kernel_profile:
         import torch._inductor.config as inductor_config
@@ -252,7 +160,7 @@ def main() -> int:
     from torch._dynamo.utils import counters
     counters.clear()
     times = []
-    out = {"torch": torch.__version__, "fix": args.fix, "backend": args.backend,
+    out = {"torch": torch.__version__, "backend": args.backend,
            "profile": not args.no_profile, "compiled": not args.no_compile}
 
     def update(i: int) -> None:

@@ -46,24 +46,15 @@ def check_compiled_capture(out: dict, tmp_path) -> None:
     assert "OK" in validate(t["path"])
 
 
-# Dynamo traces the hooks that profile registers on the model, the module the compiled
-# frame belongs to (its forward pre/post hooks, then _push, Session.begin_span, _stats,
-# tensor_stats, _hook_backward, breaking its graph at every ctypes call and .tolist()),
-# and fails at _hook_backward's self._qual[module]. The fix belongs in
-# candle_trace/torch/__init__.py (compile_repro.py --fix scoped tries it).
-@pytest.mark.xfail(reason="profile's hooks run under dynamo: UnspecializedNNModuleVariable "
-                          "is already tracked for mutation", strict=True)
-def test_profile_of_a_compiled_model(tmp_path):
-    check_compiled_capture(repro(tmp_path, "--backend", "eager", "--capture-step", "3"), tmp_path)
-
-
-def test_compiled_capture_with_the_hooks_outside_dynamo(tmp_path):
-    """The candidate fix (hooks under torch.compiler.disable, none inside the compiled
-    module), with inductor compiling inside the captured update: the observer sees the
-    graph's extern kernels (the fused C++ kernels run no RecordFunction)."""
-    out = repro(tmp_path, "--fix", "scoped", "--capture-step", "1")
+@pytest.mark.parametrize("backend,capture_step", [("eager", 3), ("inductor", 1), ("inductor", 3)])
+def test_profile_of_a_compiled_model(tmp_path, backend, capture_step):
+    """The profiler's wrappers and hooks run outside dynamo, and none sits inside the
+    compiled module: one graph, no break, the trace complete. With inductor the observer
+    sees the graph's extern kernels (its fused C++ kernels run no RecordFunction); at
+    capture step 1 the compilation itself runs inside the captured update."""
+    out = repro(tmp_path, "--backend", backend, "--capture-step", str(capture_step))
     check_compiled_capture(out, tmp_path)
-    if observer_expected():
+    if backend == "inductor" and observer_expected():
         assert out["op_mechanism"] == "observer"
         ops = out["trace"]["op_names"]
         assert "aten::addmm" in ops and "aten::_scaled_dot_product_flash_attention_for_cpu" in ops

@@ -27,7 +27,8 @@ import torch
 
 from ..session import CandleTraceError, Session
 from . import _gradients, _ops
-from ._common import dtype_name, exception_reason, patch, restore, warn_once
+from ._common import (compiled_inner, dtype_name, exception_reason, outside_dynamo, patch,
+                      restore, warn_once)
 from ._device import Device
 from ._modules import ModuleSpans
 from ._spans import Spans
@@ -299,7 +300,7 @@ class Capture:
                 if sid:
                     self.guard_call(self._backward_end, sid)
 
-        torch.autograd.backward = backward  # Tensor.backward calls it too
+        torch.autograd.backward = outside_dynamo(backward)  # Tensor.backward calls it too
         self._undo.append(lambda: setattr(torch.autograd, "backward", orig))
 
     def _backward_begin(self, tensors: Any) -> int:
@@ -337,7 +338,7 @@ class Capture:
             self._stepped = True
             return out
 
-        prev = patch(opt, "step", step)
+        prev = patch(opt, "step", outside_dynamo(step))
         self._undo.append(lambda: restore(opt, "step", prev))
         self._wrap_zero_grad(opt)
         for m in self._tops:
@@ -356,7 +357,7 @@ class Capture:
                 self.guard_call(self._record_gradients)
             return orig(*a, **k)
 
-        prev = patch(obj, "zero_grad", zero_grad)
+        prev = patch(obj, "zero_grad", outside_dynamo(zero_grad))
         self._undo.append(lambda: restore(obj, "zero_grad", prev))
 
     def guard_call(self, fn: Callable, *args: Any) -> Any:
@@ -401,12 +402,21 @@ def _observer_unavailable() -> type:
 
 def _named(tops: Sequence[Tuple[str, torch.nn.Module]], what: str) -> List[Tuple[str, Any]]:
     """(qualified name, item) of every module (``what`` "modules") or parameter
-    ("parameters") of the top modules, each once; a top module named "" is the model."""
+    ("parameters") of the top modules, each once; a top module named "" is the model.
+    A torch.compile'd module stands for the module it compiles: its modules are not
+    listed (their forward is the compiled graph's), and ``_orig_mod`` is no part of a
+    name."""
     out, seen = [], set()
     for prefix, top in tops:
+        inside: set = set()
+        for q, m in top.named_modules():
+            inner = compiled_inner(m)
+            if inner is not None:
+                inside.update(id(x) for x in inner.modules())
         for q, x in getattr(top, f"named_{what}")():
-            if id(x) in seen:
+            if id(x) in seen or (what == "modules" and id(x) in inside):
                 continue
             seen.add(id(x))
+            q = ".".join(p for p in q.split(".") if p != "_orig_mod")
             out.append((".".join(p for p in (prefix, q) if p), x))
     return out

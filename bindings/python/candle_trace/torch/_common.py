@@ -79,6 +79,26 @@ def restore(obj: Any, attr: str, prev: Any) -> None:
         obj.__dict__[attr] = prev
 
 
+_disable = getattr(getattr(torch, "compiler", None), "disable", None) or getattr(
+    getattr(torch, "_dynamo", None), "disable", None)
+
+
+def outside_dynamo(fn: Any) -> Any:
+    """``fn`` as torch.compile must see what the tracer hands to torch (a wrapper, a
+    hook): never traced into a graph (torch.compiler.disable), so the tracer's calls
+    split no graph and its state is never a graph's. Identity on a torch without
+    dynamo."""
+    return _disable(fn) if _disable is not None else fn
+
+
+def compiled_inner(m: Any) -> Any:
+    """The module a ``torch.compile`` wrapper (OptimizedModule) stands for, else None."""
+    inner = getattr(m, "_orig_mod", None)
+    if isinstance(inner, torch.nn.Module) and type(m).__name__ == "OptimizedModule":
+        return inner
+    return None
+
+
 def exception_reason(exc_type: Any, exc: Any) -> str:
     """``Type: message`` (the terminal's reason of a capture an exception ended)."""
     name = getattr(exc_type, "__name__", str(exc_type))

@@ -7,6 +7,10 @@ path, which costs microseconds per module call before the hook can stop the sess
 clock -- time the trace would count as the model's. The wrapper's first statement
 stops it.
 
+A ``torch.compile``'d module (its OptimizedModule) gets one span, named as the module it
+compiles: what runs inside is the compiled graph, where nothing of the tracer may be
+(the wrappers run under ``torch.compiler.disable``, outside any graph).
+
 A forward span is named after the module (its qualified name, the model's name for the
 model itself), kind module, step forward -- or, for a forward that runs with gradients
 off inside the update (an eval pass), ``<name> [no_grad]`` with no step.
@@ -23,7 +27,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from ._common import first_tensor, patch, restore, tensors
+from ._common import first_tensor, outside_dynamo, patch, restore, tensors
 
 __all__ = ["ModuleSpans"]
 
@@ -93,7 +97,7 @@ class ModuleSpans:
                     spans.resume()
             return out
 
-        return forward
+        return outside_dynamo(forward)
 
     def _begin(self, module: torch.nn.Module, name: str, top: bool) -> int:
         cap = self._cap
@@ -169,6 +173,6 @@ class ModuleSpans:
                 for f in reversed(begins):
                     f(grad)
 
-            t.register_hook(self._cap.guard(run))  # one tracer interval per gradient
+            t.register_hook(outside_dynamo(self._cap.guard(run)))  # one interval per gradient
             t._candle_trace_hooks = lists  # type: ignore[attr-defined]
         lists[1 if begin else 0].append(fn)

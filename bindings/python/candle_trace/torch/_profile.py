@@ -17,7 +17,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
-from ._common import exception_reason
+from ._common import compiled_inner, exception_reason
 
 __all__ = ["profile"]
 
@@ -93,7 +93,7 @@ class profile:
         self.path = str(path)
         self.capture_step = capture_step
         self.phase = phase
-        self.name = name or type(model).__name__
+        self.name = name or type(compiled_inner(model) or model).__name__
         if device is None:
             p = next((p for _, m in tops for p in m.parameters()), None)
             device = str(p.device) if p is not None else "cpu"
