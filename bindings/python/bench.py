@@ -226,7 +226,9 @@ def bench_ops(tmp: str, n_ops: int = 2000, reps: int = 15) -> dict:
 
     step()
     res = {"untraced": {"in": _median_step(step, 30)}}
-    kw = {"stats": False}
+    # an inference step (no_grad): the update of phase train starts at a forward with
+    # gradients on
+    kw = {"stats": False, "phase": "infer"}
     if _observer.get() is not None:
         res["observer"] = _ours(ctt, model, None, step, tmp, reps, "observer", **kw)
     res["dispatch"] = _ours(ctt, model, None, step, tmp, max(reps // 3, 3), "dispatch", **kw)
