@@ -614,3 +614,31 @@ func launchesFromAThreadWithoutSpans(t *testing.T, fallback bool) {
 		assert.Equal(t, "s"+strconv.FormatUint(spanOf[cid], 10), e["span_id"], "launch %d", cid)
 	}
 }
+
+// A libcupti the process loaded itself is adopted (and the driver asked before
+// its first call) unless the user named it.
+func TestNamedLibrary(t *testing.T) {
+	env := func(v string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			if k == LibraryEnv && v != "" {
+				return v, true
+			}
+			return "", false
+		}
+	}
+	tests := []struct {
+		name, env, library, path string
+		want                     bool
+	}{
+		{"named by the env", "/opt/cupti/libcupti.so.12", "", "/opt/cupti/libcupti.so.12", true},
+		{"in the env's folder", "/opt/cupti/", "", "/opt/cupti/libcupti.so.13", true},
+		{"named by the options", "", "/x/libcupti.so", "/x/libcupti.so", true},
+		{"torch's own", "/opt/cupti/libcupti.so.12", "", "/venv/nvidia/cu13/lib/libcupti.so.13", false},
+		{"nothing named", "", "", "libcupti.so.12", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, named(Options{Library: tc.library, LookupEnv: env(tc.env)}, tc.path))
+		})
+	}
+}

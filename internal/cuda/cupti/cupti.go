@@ -194,9 +194,18 @@ func Start(sink Sink, o Options) (*Collector, error) {
 	o.defaults()
 	startMu.Lock()
 	defer startMu.Unlock()
-	path, err := load(o)
+	path, adopted, err := load(o)
 	if err != nil {
 		return nil, err
+	}
+	if adopted {
+		// A libcupti the process loaded itself (PyPI's torch 2.x loads one into every
+		// process) is used as it is, and some crash without a driver at their first
+		// call (CUDA 13.2's cuptiGetTimestamp): the driver is asked first.
+		var buf [512]C.char
+		if C.ct_cuda_probe(&buf[0], C.size_t(len(buf))) != 0 {
+			return nil, unavailable("CUPTI could not start: CUDA is not usable here: %s (the process had already loaded %s, so no other libcupti is tried)", C.GoString(&buf[0]), path)
+		}
 	}
 	c := newCollector(sink, o)
 	c.stats.Library = path
@@ -731,9 +740,12 @@ func fileExists(p string) bool {
 // load loads the first candidate that works: first one already in the
 // process (PyTorch loads its libcupti.so.12; a second CUPTI in one process
 // would fight the first), then the first that loads.
-func load(o Options) (string, error) {
+// load finds libcupti: the one loaded before, else the first candidate the
+// process has already loaded (a second CUPTI would fight it; adopted unless the
+// user named it), else the first that loads.
+func load(o Options) (path string, adopted bool, err error) {
 	if p := C.GoString(C.ct_cupti_loaded_path()); p != "" {
-		return p, nil
+		return p, false, nil
 	}
 	cands := Candidates(o)
 	var errbuf [1024]C.char
@@ -749,14 +761,14 @@ func load(o Options) (string, error) {
 	}
 	for _, p := range cands {
 		if ok, _ := try(p, true); ok {
-			return p, nil
+			return p, !named(o, p), nil
 		}
 	}
 	var why []string
 	for _, p := range cands {
 		ok, msg := try(p, false)
 		if ok {
-			return p, nil
+			return p, false, nil
 		}
 		why = append(why, msg)
 	}
@@ -764,7 +776,23 @@ func load(o Options) (string, error) {
 	if len(msg) > 700 {
 		msg = msg[:700] + " ..."
 	}
-	return "", unavailable("CUPTI is unavailable: no libcupti could be loaded (%s). Set %s to libcupti.so's path, install the CUDA toolkit's CUPTI, or pip install nvidia-cuda-cupti-cu12", msg, LibraryEnv)
+	return "", false, unavailable("CUPTI is unavailable: no libcupti could be loaded (%s). Set %s to libcupti.so's path, install the CUDA toolkit's CUPTI, or pip install nvidia-cuda-cupti-cu12", msg, LibraryEnv)
+}
+
+// named reports whether p is the library (or in the folder) that LibraryEnv or
+// Options.Library names: the user's choice, not one the process happened to load.
+func named(o Options, p string) bool {
+	var names []string
+	if v, ok := o.LookupEnv(LibraryEnv); ok {
+		names = append(names, strings.TrimSpace(v))
+	}
+	names = append(names, o.Library)
+	for _, n := range names {
+		if n != "" && (p == n || filepath.Dir(p) == filepath.Clean(n)) {
+			return true
+		}
+	}
+	return false
 }
 
 // ---- errors ----------------------------------------------------------------------

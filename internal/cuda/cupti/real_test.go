@@ -39,7 +39,7 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 		return "", false
 	}}
 	require.Equal(t, []string{libs.CUPTI}, Candidates(o))
-	path, err := load(o)
+	path, _, err := load(o)
 	require.NoError(t, err, "every function the collector binds must exist in the shipped libcupti")
 	require.Equal(t, libs.CUPTI, path)
 
@@ -314,7 +314,7 @@ func TestRealCUPTI13WithoutAGPU(t *testing.T) {
 	requireCode(t, err, session.Unavailable,
 		"CUPTI could not start: cuptiGetTimestamp returned CUPTI_ERROR_UNKNOWN (999)",
 		": CUDA is not usable here: ", "("+libs.CUPTI13+" was loaded)")
-	path, err := load(o)
+	path, _, err := load(o)
 	require.NoError(t, err, "every function the collector binds must exist in CUDA 13's libcupti")
 	assert.Equal(t, libs.CUPTI13, path)
 }
