@@ -159,7 +159,7 @@ test-aggregate-demo: $(LIB) $(CLI) test-rust
 	./tests/aggregate_demo.sh --check
 
 bench-rust: $(LIB)
-	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead
+	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead && cargo bench --features candle --bench stats
 
 # Every benchmark: Go packages, the C span path (burst + 50 M events
 # sustained) and both bindings. Figures go into BENCHMARKS.md.

@@ -4,7 +4,8 @@
 //! private), so capture comes from wrappers and explicit calls:
 //!
 //! - [`SessionRef::record_tensor`] / [`SessionRef::record_tensor_stats`]:
-//!   metadata, and statistics reduced with candle ops on the tensor's device;
+//!   metadata, and statistics reduced on the tensor's device (in place on
+//!   the CPU, by candle ops elsewhere: [`tensor_stats`]);
 //! - [`SessionRef::record_gradients`]: one gradient fact per `VarMap` variable,
 //!   under the exact contract [`gradient_contract`] builds;
 //! - [`Traced`]: a `Module` wrapper that spans the forward, records it as an
@@ -14,7 +15,7 @@
 //!
 //! The wrappers record into the thread's [`crate::current`] session (set while
 //! a measured region is open) and cost one thread-local read otherwise.
-use candle_core::{DType, Device, DeviceLocation, Tensor};
+use candle_core::{Device, DeviceLocation, Tensor};
 use candle_nn::{Module, Optimizer, VarMap};
 
 use candle_core::backprop::GradStore;
@@ -22,6 +23,8 @@ use candle_core::backprop::GradStore;
 use crate::error::Result;
 use crate::run::GradientContract;
 use crate::session::{current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta, TensorStats};
+
+mod reduce;
 
 /// The trace's name of a candle device: `cpu`, `cuda:N`, `metal:N`.
 pub fn device_name(device: &Device) -> String {
@@ -40,68 +43,61 @@ pub fn tensor_id(t: &Tensor) -> String {
     format!("t{digits}")
 }
 
-/// Statistics of a tensor, reduced on its own device.
+/// Statistics of a tensor (the trace's `tensor_stats`), reduced on its own
+/// device by [`tensor_stats`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
+    /// All elements, finite or not.
     pub elements: u64,
+    /// NaN and ±inf elements.
     pub non_finite: u64,
+    /// Root mean square of the finite elements (0 when none is).
     pub rms: f64,
+    /// Largest magnitude of the finite elements (0 when none is).
     pub abs_max: f64,
+    /// Mean of the finite elements (0 when none is).
     pub mean: f64,
 }
 
-/// Reduces `t` with candle ops on its device, in f64 (f32 on Metal, which has
-/// no f64): the count of non-finite elements, and rms, abs_max and mean of the
-/// finite ones (all 0 when none is finite). One small transfer to the host.
+/// The count of non-finite elements of `t`, and rms, abs_max and mean of the
+/// finite ones (all 0 when none is finite; a reduction that overflows `f64`
+/// is written as 0).
+///
+/// On the CPU the storage is read in place in its own dtype (f32, f64, f16,
+/// bf16, u8, u32, i16, i32, i64), strided layouts included, with `f64`
+/// accumulators (compensated across blocks of 4096; integer sums exact): one
+/// pass, no allocation of the tensor's size, on candle's CPU thread pool
+/// from 2^20 elements on (the same result on any number of threads).
+///
+/// On CUDA and Metal, candle ops reduce chunks of 2^22 elements in `f32`
+/// (`f64` for f64 tensors, and for integers on CUDA): a chunk's temporaries
+/// are a few chunk sizes, its partial sums a few scalars, all of them read
+/// back in one transfer and combined in `f64`. A strided tensor is first
+/// made contiguous (one copy). Other dtypes on the CPU take this path too.
 pub fn tensor_stats(t: &Tensor) -> candle_core::Result<Stats> {
     let elements = t.elem_count() as u64;
     if elements == 0 {
         return Ok(Stats { elements, non_finite: 0, rms: 0.0, abs_max: 0.0, mean: 0.0 });
     }
-    let cd = if t.device().is_metal() { DType::F32 } else { DType::F64 };
-    let x = t.flatten_all()?.to_dtype(cd)?;
-    let (finite_count, sum, sumsq, abs_max) = if t.dtype().is_int() {
-        let a = x.abs()?;
-        (elements as f64, x.sum_all()?, x.sqr()?.sum_all()?, a.max_all()?)
-    } else {
-        // |x| <= MAX is false for NaN and ±inf.
-        let max = if cd == DType::F64 { f64::MAX } else { f32::MAX as f64 };
-        let finite = x.abs()?.le(max)?;
-        let zeros = x.zeros_like()?;
-        let xf = finite.where_cond(&x, &zeros)?;
-        let count = finite.to_dtype(cd)?.sum_all()?;
-        let sums = Tensor::stack(&[count, xf.sum_all()?, xf.sqr()?.sum_all()?, xf.abs()?.max_all()?], 0)?;
-        let v = to_f64s(&sums)?;
-        return Ok(finish_stats(elements, v[0], v[1], v[2], v[3]));
-    };
-    let v = to_f64s(&Tensor::stack(&[sum, sumsq, abs_max], 0)?)?;
-    Ok(finish_stats(elements, finite_count, v[0], v[1], v[2]))
+    reduce::stats(t)
 }
 
-fn to_f64s(t: &Tensor) -> candle_core::Result<Vec<f64>> {
-    match t.dtype() {
-        DType::F64 => t.to_vec1::<f64>(),
-        _ => Ok(t.to_dtype(DType::F32)?.to_vec1::<f32>()?.into_iter().map(f64::from).collect()),
-    }
-}
-
-fn finish_stats(elements: u64, finite: f64, sum: f64, sumsq: f64, abs_max: f64) -> Stats {
-    let finite_n = finite.round().max(0.0) as u64;
-    let non_finite = elements.saturating_sub(finite_n);
-    let fin = |v: f64| if v.is_finite() { v } else { 0.0 };
-    if finite_n == 0 {
-        return Stats { elements, non_finite, rms: 0.0, abs_max: 0.0, mean: 0.0 };
-    }
-    let n = finite_n as f64;
-    Stats { elements, non_finite, rms: fin((sumsq / n).sqrt()).max(0.0), abs_max: fin(abs_max).max(0.0), mean: fin(sum / n) }
-}
-
-/// The L2 norm of a gradient, reduced on its device, classified.
+/// The L2 norm of a gradient, reduced on its device as [`gradient_norms`]
+/// does, classified.
 pub fn gradient_of(g: &Tensor) -> candle_core::Result<Gradient> {
-    let cd = if g.device().is_metal() { DType::F32 } else { DType::F64 };
-    let sumsq = g.to_dtype(cd)?.sqr()?.sum_all()?;
-    let v = to_f64s(&sumsq.reshape(1)?)?[0];
-    Ok(Gradient::from_norm(v.sqrt()))
+    Ok(gradient_norms(&[g])?.into_iter().next().unwrap_or(Gradient::Missing))
+}
+
+/// The L2 norms of `grads`, classified (`present`, `zero`, or `non_finite`
+/// when an element or the sum of squares is not finite), in order. CPU
+/// tensors are read in place as for [`tensor_stats`] (squares summed in
+/// `f64`); the others are reduced by candle ops in chunks (in `f32`, `f64`
+/// for f64 and integer tensors on CUDA; an `f32` sum of squares past
+/// `f32::MAX` reads as non-finite), all of one device's partial sums coming
+/// back in a single transfer.
+pub fn gradient_norms(grads: &[&Tensor]) -> Result<Vec<Gradient>> {
+    let sums = reduce::sums_of_squares(grads, reduce::OPS_CHUNK, true)?;
+    Ok(sums.into_iter().map(|s| Gradient::from_norm(s.sqrt())).collect())
 }
 
 /// The variables of a `VarMap` as `(name, tensor)`, sorted by name.
@@ -173,14 +169,18 @@ impl SessionRef {
 
     /// One gradient fact per variable of `varmap` (sorted by name) under
     /// `root`: `missing` when `grads` has none for it, else `present`, `zero`
-    /// or `non_finite` from its L2 norm reduced on its device. Pair it with
+    /// or `non_finite` from its L2 norm reduced on its device (all of them
+    /// first, one transfer per device: [`gradient_norms`]). Pair it with
     /// [`gradient_contract`] in the run's capture contract. Returns the facts.
     pub fn record_gradients(&self, root: &str, grads: &GradStore, varmap: &VarMap) -> Result<Vec<(String, Gradient)>> {
-        let mut out = Vec::new();
-        for (name, var) in named_vars(varmap) {
+        let vars = named_vars(varmap);
+        let present: Vec<&Tensor> = vars.iter().filter_map(|(_, var)| grads.get(var)).collect();
+        let mut norms = gradient_norms(&present)?.into_iter();
+        let mut out = Vec::with_capacity(vars.len());
+        for (name, var) in vars {
             let g = match grads.get(&var) {
                 None => Gradient::Missing,
-                Some(g) => gradient_of(g)?,
+                Some(_) => norms.next().unwrap_or(Gradient::Missing),
             };
             self.gradient(root, &name, g)?;
             out.push((name, g));

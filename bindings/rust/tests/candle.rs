@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Optimizer, VarMap, SGD};
-use candle_trace::candle::{backward_step, gradient_contract, tensor_stats, Traced};
+use candle_trace::candle::{backward_step, gradient_contract, gradient_norms, gradient_of, tensor_stats, Stats, Traced};
 use candle_trace::*;
 use common::*;
 
@@ -131,6 +131,111 @@ fn stats_count_non_finite_and_reduce_the_finite_rest() {
     assert_eq!(mixed["non_finite"], 3);
     assert_eq!(mixed["shape"], serde_json::json!([2, 3]));
     assert_eq!(of_kind(&l, "tensor")[0]["dtype"], "f32");
+}
+
+/// A Neumaier-compensated f64 sum: the reference the stats are held to.
+fn reference_sum(v: impl Iterator<Item = f64>) -> f64 {
+    let (mut s, mut c) = (0f64, 0f64);
+    for x in v {
+        let t = s + x;
+        c += if s.abs() >= x.abs() { (s - t) + x } else { (x - t) + s };
+        s = t;
+    }
+    s + c
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(f64::MIN_POSITIVE)
+}
+
+/// Deterministic pseudo-random f32 values in [-4, 6).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 * 10.0 - 4.0
+        })
+        .collect()
+}
+
+#[test]
+fn f32_stats_stay_within_1e12_of_an_f64_reference() {
+    let dev = Device::Cpu;
+    let n = 3_000_003;
+    let mut v = noise(n, 7);
+    v[12_345] = f32::NAN;
+    v[2_000_000] = f32::NEG_INFINITY;
+    let t = Tensor::from_vec(v.clone(), n, &dev).unwrap();
+    let finite: Vec<f64> = v.iter().filter(|x| x.is_finite()).map(|&x| f64::from(x)).collect();
+    let m = finite.len() as f64;
+    let mean = reference_sum(finite.iter().copied()) / m;
+    let rms = (reference_sum(finite.iter().map(|x| x * x)) / m).sqrt();
+    let abs_max = finite.iter().fold(0f64, |a, x| a.max(x.abs()));
+    for x in [t.clone(), t.reshape((3, 1_000_001)).unwrap().t().unwrap()] {
+        let s = tensor_stats(&x).unwrap();
+        assert_eq!((s.elements, s.non_finite), (n as u64, 2));
+        assert!(rel(s.mean, mean) <= 1e-12 && rel(s.rms, rms) <= 1e-12, "{s:?} vs mean {mean} rms {rms}");
+        assert_eq!(s.abs_max, abs_max);
+    }
+}
+
+#[test]
+fn stats_of_every_cpu_dtype_and_layout() {
+    let dev = Device::Cpu;
+    let base = Tensor::new(&[[1f32, -2.0, 3.5], [0.25, -8.0, 4.0]], &dev).unwrap();
+    let exact = Stats { elements: 6, non_finite: 0, rms: (97.3125f64 / 6.0).sqrt(), abs_max: 8.0, mean: -1.25 / 6.0 };
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let x = base.to_dtype(dt).unwrap();
+        assert_eq!(tensor_stats(&x).unwrap(), exact, "{dt:?}");
+        let t = x.t().unwrap();
+        assert_eq!(tensor_stats(&t).unwrap(), exact, "{dt:?} transposed");
+        let nan = Tensor::cat(&[&x.flatten_all().unwrap(), &Tensor::new(&[f32::NAN, f32::INFINITY], &dev).unwrap().to_dtype(dt).unwrap()], 0).unwrap();
+        assert_eq!(tensor_stats(&nan).unwrap(), Stats { elements: 8, non_finite: 2, ..exact }, "{dt:?} with NaN and inf");
+    }
+    let ints = Tensor::new(&[[7i64, -3, 250], [0, 12, -250]], &dev).unwrap();
+    let s = tensor_stats(&ints).unwrap();
+    assert_eq!((s.non_finite, s.abs_max, s.mean), (0, 250.0, 16.0 / 6.0));
+    assert_eq!(s.rms, ((49.0f64 + 9.0 + 62500.0 + 144.0 + 62500.0) / 6.0).sqrt());
+    let u8s = Tensor::new(&[[7u8, 3, 250], [0, 12, 255]], &dev).unwrap();
+    let s = tensor_stats(&u8s.t().unwrap()).unwrap();
+    assert_eq!((s.elements, s.abs_max, s.mean), (6, 255.0, 527.0 / 6.0));
+    // i64 sums are exact where f64 partial sums would not be.
+    let big = Tensor::new(&[i64::MAX, i64::MAX, -i64::MAX, -i64::MAX, 3], &dev).unwrap();
+    assert_eq!(tensor_stats(&big).unwrap().mean, 3.0 / 5.0);
+    let s = tensor_stats(&Tensor::new(&[i64::MIN], &dev).unwrap()).unwrap();
+    assert_eq!((s.abs_max, s.mean), (2f64.powi(63), -(2f64.powi(63))));
+    // A broadcast view counts its repeats, like its contiguous copy.
+    let b = Tensor::new(&[2f32, -1.0], &dev).unwrap().broadcast_as((1000, 2)).unwrap();
+    assert_eq!(tensor_stats(&b).unwrap(), tensor_stats(&b.contiguous().unwrap()).unwrap());
+    assert_eq!(tensor_stats(&Tensor::zeros((3, 0), DType::U32, &dev).unwrap()).unwrap().elements, 0);
+    // f64 squares past f64::MAX: rms written as 0, the rest kept.
+    let huge = Tensor::new(&[1e300f64, -1e300], &dev).unwrap();
+    assert_eq!(tensor_stats(&huge).unwrap(), Stats { elements: 2, non_finite: 0, rms: 0.0, abs_max: 1e300, mean: 0.0 });
+}
+
+#[test]
+fn gradient_norms_classify_in_place() {
+    let dev = Device::Cpu;
+    let g = Tensor::new(&[[3f32, 0.0], [0.0, -4.0]], &dev).unwrap();
+    let zero = Tensor::zeros(4, DType::BF16, &dev).unwrap();
+    let nan = Tensor::new(&[1f32, f32::NAN], &dev).unwrap();
+    let inf = Tensor::new(&[f64::INFINITY], &dev).unwrap();
+    let overflow = Tensor::new(&[1e300f64, 1e300], &dev).unwrap();
+    let empty = Tensor::zeros(0, DType::F32, &dev).unwrap();
+    let half = g.t().unwrap().to_dtype(DType::F16).unwrap();
+    let norms = gradient_norms(&[&g, &zero, &nan, &inf, &overflow, &empty, &half]).unwrap();
+    assert_eq!(
+        norms,
+        [Gradient::Present(5.0), Gradient::Zero, Gradient::NonFinite, Gradient::NonFinite, Gradient::NonFinite, Gradient::Zero, Gradient::Present(5.0)]
+    );
+    assert_eq!(gradient_of(&g).unwrap(), Gradient::Present(5.0));
+    let v = noise(100_000, 3);
+    let want = reference_sum(v.iter().map(|&x| f64::from(x) * f64::from(x))).sqrt();
+    let Gradient::Present(n) = gradient_of(&Tensor::from_vec(v, (100, 1000), &dev).unwrap()).unwrap() else { panic!("not present") };
+    assert!(rel(n, want) <= 1e-12, "{n} vs {want}");
 }
 
 #[test]
