@@ -232,7 +232,8 @@ typedef struct ct_device_interval {
  * "measured_region_device_synchronized", "capture_contract",
  * "comparison_identity", "tags" (string -> string), "candle_version",
  * "measured_root": true to make the root span the measured region, and
- * "binding" (e.g. "python": meta.producer.binding, ours). Unknown
+ * "binding" (e.g. "python": meta.producer.binding, ours), "buffer" (a
+ * buffered session, below). Unknown
  * keys are refused (typos would otherwise vanish). The gradient manifest
  * digest of a gradient contract is computed here; do not pass one.
  * Parent folders of `path` are created. Nothing but the library's own files
@@ -247,6 +248,33 @@ typedef struct ct_device_interval {
  * into as it is (a trace session only: an aggregate summary needs a regular
  * file, see aggregate mode); a directory, a socket or a block device is
  * refused.
+ *
+ * Buffered session (a flight recorder of one training update):
+ * "buffer": {"max_bytes": N} keeps the whole trace in memory instead. Nothing
+ * is created or written at ct_open (no file, no folder), but the path is
+ * checked as above — an existing file must be one ct_open would reuse and
+ * writable, the nearest existing parent a folder this process may create
+ * files in — and refused with CT_ERR_IO otherwise. ct_finish and
+ * ct_finish_failed then make the folder and write the trace in one go, under
+ * the same file rules; when that fails they return CT_ERR_IO and leave
+ * nothing that claims to be a trace. ct_discard drops it unwritten.
+ * "max_bytes" is an integer from 1 to 68719476736 (64 GiB), default
+ * 67108864 (64 MiB) when "buffer" is {}; 0, a negative or non-integer
+ * number, null or another key inside "buffer" is CT_ERR_INVALID_ARGUMENT, as
+ * is "buffer" with "mode": "aggregate". The bound: once the trace would
+ * outgrow max_bytes, op, tensor, tensor_stats (scalars too), memory,
+ * device_memory, device_interval and data-edge records are dropped — that
+ * one and every later one — and the call still returns CT_OK. Spans, call
+ * edges and gradients are kept up to twice max_bytes; past that new spans
+ * are dropped with their ends, call edges and records, and so are call
+ * edges and gradients outside a gradient contract. What keeps the trace
+ * valid is always kept: the root, the end of every kept span, the measured
+ * region and the first span of each required semantic label (with the
+ * dropped spans they open under), a contract's gradients, the terminal.
+ * So memory stays within about 2 x max_bytes plus those lines. The terminal
+ * line states "dropped_records" and "dropped_bytes" (0 when nothing was);
+ * see ct_dropped_records. ct_flush on a buffered session writes nothing to
+ * disk (CT_OK once everything recorded is in the buffer).
  *
  * Thread-safe. Returns CT_OK and stores the handle in *out;
  * CT_ERR_INVALID_ARGUMENT for bad JSON or provenance (nothing is created);
@@ -502,7 +530,8 @@ ct_status ct_aggregate_enable(ct_session session, int enabled);
 /* ---- ending --------------------------------------------------------------- */
 
 /* Writes everything recorded so far to the file. Returns CT_OK when it is
- * there; CT_ERR_IO (and the session is poisoned) when a write failed. */
+ * there; CT_ERR_IO (and the session is poisoned) when a write failed. A
+ * buffered session writes nothing before it finishes: CT_OK. */
 ct_status ct_flush(ct_session session);
 
 /* Closes the root, writes the terminal `complete` line, flushes, closes the
@@ -522,6 +551,22 @@ ct_status ct_finish(ct_session session);
  * handle. Works on a poisoned session (the write may still fail: CT_ERR_IO,
  * and the handle is invalidated anyway). */
 ct_status ct_finish_failed(ct_session session, const char *reason);
+
+/* Ends a buffered session ("buffer" in the run JSON of ct_open) without
+ * writing anything: nothing is created at its path, its memory is freed and
+ * the handle becomes invalid (its slot is free for another ct_open). Spans
+ * still open, on any thread, do not matter. Running device collectors are
+ * stopped. On a session that writes its trace as it records, CT_ERR_STATE:
+ * the session stays open (end it with ct_finish or ct_finish_failed).
+ * CT_ERR_INVALID_HANDLE for 0, an unknown or finished session.
+ * Thread-safe. */
+ct_status ct_discard(ct_session session);
+
+/* How many records the bound of a buffered session has dropped so far (the
+ * terminal line's "dropped_records"; a dropped span counts as its two lines
+ * once it has ended). 0 for a session that is not buffered and on a bad
+ * handle. Thread-safe. */
+uint64_t ct_dropped_records(ct_session session);
 
 /* ---- library -------------------------------------------------------------- */
 

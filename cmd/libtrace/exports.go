@@ -351,6 +351,30 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	return status(finishing(s, func() error { return s.FinishFailed(r) }))
 }
 
+//export ctgo_discard
+func ctgo_discard(h C.ct_session) (rc C.int) {
+	defer guard("ct_discard", &rc)
+	s, err := lookup(h)
+	if err != nil {
+		return status(err)
+	}
+	return status(finishing(s, s.Discard))
+}
+
+//export ctgo_dropped_records
+func ctgo_dropped_records(h C.ct_session) (n C.uint64_t) {
+	defer func() {
+		if recover() != nil {
+			n = 0
+		}
+	}()
+	s, err := lookup(h)
+	if err != nil {
+		return 0
+	}
+	return C.uint64_t(s.Dropped().Records)
+}
+
 //export ctgo_aggregate_enable
 func ctgo_aggregate_enable(h C.ct_session, on C.int) (rc C.int) {
 	const fn = "ct_aggregate_enable"

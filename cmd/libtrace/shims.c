@@ -172,6 +172,16 @@ ct_status ct_finish_failed(ct_session s, const char *reason) {
     return (ct_status)ctgo_finish_failed(s, CSTR(reason));
 }
 
+ct_status ct_discard(ct_session s) {
+    FORK_GUARD("ct_discard");
+    return (ct_status)ctgo_discard(s);
+}
+
+uint64_t ct_dropped_records(ct_session s) {
+    if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
+    return ctgo_dropped_records(s);
+}
+
 const char *ct_last_error(void) { return ct__errbuf(); }
 
 const char *ct_version(void) { return CT_LIBRARY_VERSION; }

@@ -396,6 +396,26 @@ func AppendDataEdge(b []byte, fromTensor, toTensor string) []byte {
 type TracerTime struct{ Ns, EstimatedNs uint64 }
 
 func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, tracer TracerTime) []byte {
+	return append(appendTerminalFields(b, complete, timestampNs, reason, tracer), "}\n"...)
+}
+
+// Dropped counts the lines a buffered session left out of its trace to stay
+// within its bound.
+type Dropped struct{ Records, Bytes uint64 }
+
+// AppendBufferedTerminal is the terminal of a buffered session: that of
+// AppendTerminal plus "dropped_records" and "dropped_bytes" (ours), what its
+// bound left out (0 when nothing was).
+func AppendBufferedTerminal(b []byte, complete bool, timestampNs uint64, reason string, tracer TracerTime, d Dropped) []byte {
+	b = appendTerminalFields(b, complete, timestampNs, reason, tracer)
+	b = append(b, `,"dropped_records":`...)
+	b = strconv.AppendUint(b, d.Records, 10)
+	b = append(b, `,"dropped_bytes":`...)
+	b = strconv.AppendUint(b, d.Bytes, 10)
+	return append(b, "}\n"...)
+}
+
+func appendTerminalFields(b []byte, complete bool, timestampNs uint64, reason string, tracer TracerTime) []byte {
 	if complete {
 		b = append(b, `{"kind":"terminal","outcome":"complete","timestamp_ns":`...)
 	} else {
@@ -409,6 +429,5 @@ func AppendTerminal(b []byte, complete bool, timestampNs uint64, reason string, 
 	b = append(b, `,"tracer_ns":`...)
 	b = strconv.AppendUint(b, tracer.Ns, 10)
 	b = append(b, `,"tracer_estimated_ns":`...)
-	b = strconv.AppendUint(b, tracer.EstimatedNs, 10)
-	return append(b, "}\n"...)
+	return strconv.AppendUint(b, tracer.EstimatedNs, 10)
 }

@@ -56,6 +56,8 @@ func TestAppendSpanEndAndEdges(t *testing.T) {
 		{"terminal complete drops reason", AppendTerminal(nil, true, 800, "ignored", TracerTime{}), map[string]any{"kind": "terminal", "outcome": "complete", "timestamp_ns": num("800"), "tracer_ns": num("0"), "tracer_estimated_ns": num("0")}},
 		{"terminal failed", AppendTerminal(nil, false, 90, "oom\nat step 3", TracerTime{12, 5}), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "reason": "oom\nat step 3", "tracer_ns": num("12"), "tracer_estimated_ns": num("5")}},
 		{"terminal failed without reason", AppendTerminal(nil, false, 90, "", TracerTime{}), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "tracer_ns": num("0"), "tracer_estimated_ns": num("0")}},
+		{"buffered terminal states what was dropped", AppendBufferedTerminal(nil, false, 90, "nan loss", TracerTime{12, 5}, Dropped{Records: 7, Bytes: 1234}), map[string]any{"kind": "terminal", "outcome": "failed", "timestamp_ns": num("90"), "reason": "nan loss", "tracer_ns": num("12"), "tracer_estimated_ns": num("5"), "dropped_records": num("7"), "dropped_bytes": num("1234")}},
+		{"buffered terminal with nothing dropped", AppendBufferedTerminal(nil, true, 800, "", TracerTime{}, Dropped{}), map[string]any{"kind": "terminal", "outcome": "complete", "timestamp_ns": num("800"), "tracer_ns": num("0"), "tracer_estimated_ns": num("0"), "dropped_records": num("0"), "dropped_bytes": num("0")}},
 		{"measured span end states the tracer's time", AppendMeasuredSpanEnd(nil, 2, 600, 45), map[string]any{"kind": "span_end", "id": "s2", "duration_ns": num("600"), "tracer_ns": num("45")}},
 	}
 	for _, tt := range tests {

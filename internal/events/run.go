@@ -30,7 +30,26 @@ type Run struct {
 	// e.g. "python" or "rust"; "" leaves the session's default. Not a meta
 	// field of candle-graph's.
 	Binding string
+	// Buffer, when set ("buffer" in the run JSON), keeps the whole trace in
+	// memory until ct_finish writes it or ct_discard drops it: the flight
+	// recorder of one training update. nil: the trace is written as it is
+	// recorded.
+	Buffer *Buffer
 }
+
+// Buffer bounds a buffered session ("buffer": {"max_bytes": N}).
+type Buffer struct {
+	// MaxBytes is how many bytes of trace lines are kept before records that
+	// the trace's structure does not need are dropped (counted, not refused).
+	MaxBytes uint64
+}
+
+// DefaultBufferMaxBytes is "max_bytes" when "buffer" leaves it out (64 MiB);
+// MaxBufferMaxBytes is the largest accepted (64 GiB).
+const (
+	DefaultBufferMaxBytes uint64 = 64 << 20
+	MaxBufferMaxBytes     uint64 = 64 << 30
+)
 
 // runKeys are the keys the run JSON may carry; anything else is refused by name, because a
 // misspelt optional key would otherwise silently take its default.
@@ -38,7 +57,7 @@ var runKeys = []string{
 	"entrypoint", "phase", "capture_step", "device", "warmup_steps", "correlation_id",
 	"timing_mode", "measured_region_device_synchronized", "capture_contract",
 	"comparison_identity", "tags", "candle_version", "measured_root", "binding",
-	"mode", "aggregate_interval_ms",
+	"mode", "aggregate_interval_ms", "buffer",
 }
 
 // ParseRun parses and validates the run JSON given to ct_open.
@@ -151,6 +170,9 @@ func parseRun(data []byte) (*Run, error) {
 	if err := parseTags(f, r.Tags); err != nil {
 		return nil, err
 	}
+	if r.Buffer, err = parseBuffer(f, r.Mode); err != nil {
+		return nil, err
+	}
 	cf, ok, err := f.object("capture_contract", false)
 	if err != nil {
 		return nil, err
@@ -173,6 +195,33 @@ func parseRun(data []byte) (*Run, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// parseBuffer reads "buffer": an object with an optional "max_bytes"
+// (1..MaxBufferMaxBytes, default DefaultBufferMaxBytes); nil when absent.
+func parseBuffer(f fields, mode string) (*Buffer, error) {
+	bf, ok, err := f.object("buffer", false)
+	if err != nil || !ok {
+		return nil, err
+	}
+	if mode == "aggregate" {
+		return nil, fmt.Errorf("%q is only for \"mode\": \"trace\" (an aggregate summary is already bounded)", "buffer")
+	}
+	if err := bf.checkKeys("max_bytes"); err != nil {
+		return nil, err
+	}
+	n, has, err := bf.uint("max_bytes", false)
+	switch {
+	case err != nil:
+		return nil, err
+	case !has:
+		n = DefaultBufferMaxBytes
+	case n == 0:
+		return nil, fmt.Errorf("%s must be >= 1, got 0", bf.name("max_bytes"))
+	case n > MaxBufferMaxBytes:
+		return nil, fmt.Errorf("%s must be at most %d (64 GiB), got %d", bf.name("max_bytes"), MaxBufferMaxBytes, n)
+	}
+	return &Buffer{MaxBytes: n}, nil
 }
 
 func parseTags(f fields, dst map[string]string) error {

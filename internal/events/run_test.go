@@ -264,3 +264,40 @@ func TestParseRunModes(t *testing.T) {
 		require.ErrorContains(t, err, tc.msg, tc.run)
 	}
 }
+
+func TestParseRunBuffer(t *testing.T) {
+	const base = `"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu"`
+	tests := []struct {
+		name, extra string
+		want        *Buffer
+		msg         string
+	}{
+		{"absent", ``, nil, ""},
+		{"default size", `,"buffer":{}`, &Buffer{MaxBytes: DefaultBufferMaxBytes}, ""},
+		{"given size", `,"buffer":{"max_bytes":4096}`, &Buffer{MaxBytes: 4096}, ""},
+		{"one byte", `,"buffer":{"max_bytes":1}`, &Buffer{MaxBytes: 1}, ""},
+		{"largest", `,"buffer":{"max_bytes":68719476736}`, &Buffer{MaxBytes: MaxBufferMaxBytes}, ""},
+		{"zero", `,"buffer":{"max_bytes":0}`, nil, `"buffer.max_bytes" must be >= 1, got 0`},
+		{"negative", `,"buffer":{"max_bytes":-1}`, nil, `"buffer.max_bytes" must be a non-negative integer, got -1`},
+		{"fraction", `,"buffer":{"max_bytes":1.5}`, nil, `"buffer.max_bytes" must be an integer literal (no fraction or exponent), got 1.5`},
+		{"exponent", `,"buffer":{"max_bytes":1e6}`, nil, `"buffer.max_bytes" must be an integer literal`},
+		{"string", `,"buffer":{"max_bytes":"1"}`, nil, `"buffer.max_bytes" must be a non-negative integer, got string "1"`},
+		{"too large", `,"buffer":{"max_bytes":68719476737}`, nil, `"buffer.max_bytes" must be at most 68719476736 (64 GiB)`},
+		{"unknown key", `,"buffer":{"max_byte":10}`, nil, `unknown key "buffer.max_byte" (allowed: max_bytes)`},
+		{"null", `,"buffer":null`, nil, `"buffer" must be an object, got null`},
+		{"not an object", `,"buffer":4096`, nil, `"buffer" must be an object`},
+		{"aggregate", `,"mode":"aggregate","buffer":{}`, nil, `"buffer" is only for "mode": "trace"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := ParseRun([]byte(`{` + base + tc.extra + `}`))
+			if tc.msg != "" {
+				require.ErrorContains(t, err, tc.msg)
+				require.ErrorContains(t, err, "run JSON: ")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, r.Buffer)
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -69,6 +70,12 @@ func CheckReplace(path string, own Own) error {
 	if m := st.Mode(); !m.IsRegular() {
 		return fmt.Errorf("it is %s, not a regular file, and renaming a file over its path would replace it; give the path of a regular file", kind(m))
 	}
+	return checkOwnAt(path, st, own, "replace")
+}
+
+// checkOwnAt runs checkOwn on the regular file at path, opened for reading
+// only, which must still be the file st describes.
+func checkOwnAt(path string, st fs.FileInfo, own Own, verb string) error {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return err
@@ -77,7 +84,72 @@ func CheckReplace(path string, own Own) error {
 	if now, err := f.Stat(); err != nil || !os.SameFile(st, now) {
 		return errChanged
 	}
-	return checkOwn(f, own, "replace")
+	return checkOwn(f, own, verb)
+}
+
+// CheckCreate says whether Create would accept path, without creating,
+// truncating or opening anything for writing: nothing stands there, or a
+// character device or a FIFO, or a regular file this process may write that
+// is empty or own's. When nothing is there, the folder need not exist yet,
+// but the nearest folder that does must be one this process may create
+// files in. A buffered session checks its path so at ct_open and creates
+// the file only at ct_finish (with Create, which checks again).
+func CheckCreate(path string, own Own) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return checkFolder(filepath.Dir(path))
+	}
+	if err != nil {
+		return err
+	}
+	m := st.Mode()
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return errors.New("it is a symbolic link, which candle-trace does not follow; give the path of the file itself")
+	case m&fs.ModeNamedPipe != 0 || m&fs.ModeCharDevice != 0:
+		return nil
+	case !m.IsRegular():
+		return fmt.Errorf("it is %s; a trace is written to a regular file, a character device or a FIFO", kind(m))
+	}
+	if err := checkOwnAt(path, st, own, "overwrite"); err != nil {
+		return err
+	}
+	if err := syscall.Access(path, accessW); err != nil {
+		return fmt.Errorf("it exists and this process may not write it: %w", err)
+	}
+	return nil
+}
+
+// access(2) modes.
+const (
+	accessW = 0x2
+	accessX = 0x1
+)
+
+// checkFolder says whether MkdirAll(dir) could succeed and a file be created
+// in dir: its nearest existing ancestor is a folder this process may write
+// and search.
+func checkFolder(dir string) error {
+	for d := dir; ; {
+		st, err := os.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return fmt.Errorf("%s is not a directory, so its folder cannot be made", d)
+			}
+			if err := syscall.Access(d, accessW|accessX); err != nil {
+				return fmt.Errorf("cannot create files in folder %s: %w", d, err)
+			}
+			return nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("folder %s: %w", d, err)
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return nil
+		}
+		d = parent
+	}
 }
 
 // File is an output file opened by Create.
@@ -88,9 +160,14 @@ type File struct {
 
 // Discard closes f and removes it when Create made it (and it is still the
 // file at its path): a trace that could not start leaves nothing behind,
-// and what was there before is never deleted.
+// and what was there before is never deleted. A regular file Create found
+// (empty or own's, so truncated then) is emptied again: what was written
+// since goes, and an empty file claims nothing.
 func (f *File) Discard() {
 	st, err := f.Stat()
+	if err == nil && !f.created && st.Mode().IsRegular() {
+		_ = f.Truncate(0)
+	}
 	f.Close()
 	if err != nil || !f.created {
 		return

@@ -2,6 +2,7 @@ package outfile
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -140,4 +141,85 @@ func TestCheckReplace(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.msg)
 		})
 	}
+}
+
+// A reused file that Discard is given back is emptied: what this run wrote
+// into it goes, and nothing that claims to be a trace stays.
+func TestDiscardEmptiesAReusedFile(t *testing.T) {
+	reused := filepath.Join(t.TempDir(), "reused")
+	require.NoError(t, os.WriteFile(reused, []byte("OURS"), 0o600))
+	f, err := Create(reused, ours)
+	require.NoError(t, err)
+	_, err = f.WriteString("OURS, half written")
+	require.NoError(t, err)
+	f.Discard()
+	data, err := os.ReadFile(reused)
+	require.NoError(t, err)
+	assert.Empty(t, data)
+}
+
+// CheckCreate judges a path as Create would, and changes nothing.
+func TestCheckCreate(t *testing.T) {
+	tests := []struct {
+		name string
+		rel  string // the path under the test's folder
+		make func(t *testing.T, dir string)
+		msg  string
+	}{
+		{"nothing", "out", nil, ""},
+		{"folders to make", "a/b/c/out", nil, ""},
+		{"empty file", "out", func(t *testing.T, d string) { require.NoError(t, os.WriteFile(filepath.Join(d, "out"), nil, 0o600)) }, ""},
+		{"our file", "out", func(t *testing.T, d string) {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "out"), []byte("OURS"), 0o600))
+		}, ""},
+		{"fifo", "out", func(t *testing.T, d string) { require.NoError(t, syscall.Mkfifo(filepath.Join(d, "out"), 0o600)) }, ""},
+		{"someone else's file", "out", func(t *testing.T, d string) {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "out"), []byte("theirs"), 0o600))
+		}, "is not a candle-trace trace or summary (it starts with \"theirs\"); refusing to overwrite it"},
+		{"symlink", "out", func(t *testing.T, d string) { require.NoError(t, os.Symlink("elsewhere", filepath.Join(d, "out"))) },
+			"it is a symbolic link, which candle-trace does not follow"},
+		{"directory", "out", func(t *testing.T, d string) { require.NoError(t, os.Mkdir(filepath.Join(d, "out"), 0o755)) },
+			"it is a directory"},
+		{"parent is a file", "file/out", func(t *testing.T, d string) {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "file"), []byte("x"), 0o600))
+		}, "is not a directory"},
+		{"ancestor is a file", "file/sub/out", func(t *testing.T, d string) {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "file"), []byte("x"), 0o600))
+		}, "not a directory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.make != nil {
+				tc.make(t, dir)
+			}
+			before := listTree(t, dir)
+			err := CheckCreate(filepath.Join(dir, tc.rel), ours)
+			assert.Equal(t, before, listTree(t, dir), "CheckCreate changed the folder")
+			if tc.msg == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}
+
+// listTree names every entry under dir with its size and mode.
+func listTree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, fmt.Sprintf("%s %d %v", p, info.Size(), info.Mode()))
+		return nil
+	}))
+	return out
 }

@@ -93,7 +93,9 @@ func (s *Session) RecordOp(span uint64, op *events.Op) error {
 		return errorf(InvalidArgument, "%s: op %q [%d, %d] ns lies outside span s%d [%d, %d]%s", fn, op.OpName, op.TimestampNs, opEnd, span, start, end, openNote(closed))
 	}
 	op.SpanID = span
+	mark := len(s.buf)
 	s.buf = events.AppendOp(s.buf, op)
+	s.keepLine(lineDetail, mark)
 	for _, in := range op.Inputs {
 		s.knowTensor(in)
 	}
@@ -134,7 +136,9 @@ func (s *Session) RecordTensor(span uint64, t *events.Tensor) error {
 		return err
 	}
 	t.SpanID = span
+	mark := len(s.buf)
 	s.buf = events.AppendTensor(s.buf, t)
+	s.keepLine(lineDetail, mark)
 	s.knowTensor(t.TensorID)
 	s.maybeWrite()
 	return nil
@@ -182,7 +186,9 @@ func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats, sc
 		return nil
 	}
 	st.SpanID = span
+	mark := len(s.buf)
 	s.buf = events.AppendTensorStats(s.buf, st)
+	s.keepLine(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -212,7 +218,9 @@ func (s *Session) RecordMemory(span uint64, m *events.Memory) error {
 		return invalid(fn, err)
 	}
 	m.SpanID = span
+	mark := len(s.buf)
 	s.buf = events.AppendMemory(s.buf, m)
+	s.keepLine(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -234,7 +242,9 @@ func (s *Session) RecordDeviceMemory(d *events.DeviceMemory) error {
 	if d.TimestampNs > now {
 		return errorf(InvalidArgument, "%s: timestamp %d ns is in the future (now %d ns)", fn, d.TimestampNs, now)
 	}
+	mark := len(s.buf)
 	s.buf = events.AppendDeviceMemory(s.buf, d)
+	s.keepLine(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -259,7 +269,9 @@ func (s *Session) RecordDeviceInterval(span uint64, d *events.DeviceInterval) er
 		return err
 	}
 	d.SpanID = span
+	mark := len(s.buf)
 	s.buf = events.AppendDeviceInterval(s.buf, d)
+	s.keepLine(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -288,14 +300,18 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 		return 0, errorf(InvalidArgument, "%s: the span ends at %d ns, in the future (now %d ns)", fn, startNs+durNs, now)
 	}
 	id := nextSpanID(s.slot)
-	s.closed.put(closedSpan{id: id, parent: 1, start: startNs, dur: durNs})
+	c := closedSpan{id: id, parent: 1, start: startNs, dur: durNs}
 	if s.aggr != nil {
+		s.closed.put(c)
 		s.aggr.agg.Observe(s.spanKey(name, uint32(events.StepNone)), durNs)
 		return id, nil
 	}
+	mark := len(s.buf)
 	s.buf = events.AppendSpanStart(s.buf, id, 1, name, startNs, kind, false, events.StepNone, 0)
 	s.buf = events.AppendSpanEnd(s.buf, id, durNs)
 	s.countLabel(name)
+	c.dropped = !s.keepCompletedSpan(mark, name)
+	s.closed.put(c)
 	s.maybeWrite()
 	return id, nil
 }
@@ -316,11 +332,11 @@ func (s *Session) RecordCallEdge(from, to, hostDurationNs uint64) error {
 		return s.spanExists(fn, to)
 	}
 	var parent, dur uint64
-	closed := false
+	closed, dropped := false, false
 	if o, ok := s.open[to]; ok {
-		parent = o.parent
+		parent, dropped = o.parent, o.line != nil
 	} else if c, ok := s.closed.get(to); ok {
-		parent, dur, closed = c.parent, c.dur, true
+		parent, dur, closed, dropped = c.parent, c.dur, true, c.dropped
 	} else {
 		return s.unknownSpan(fn, to)
 	}
@@ -331,7 +347,9 @@ func (s *Session) RecordCallEdge(from, to, hostDurationNs uint64) error {
 	case closed && hostDurationNs != 0 && hostDurationNs != dur:
 		return errorf(InvalidArgument, "%s: host_duration_ns %d differs from s%d's duration %d ns (pass 0 to take it)", fn, hostDurationNs, to, dur)
 	case closed:
+		mark := len(s.buf)
 		s.buf = events.AppendCallEdge(s.buf, from, to, dur)
+		s.keepCallEdge(mark, dropped)
 	case hostDurationNs != 0:
 		return errorf(InvalidArgument, "%s: s%d is still open, so its duration is unknown; pass host_duration_ns 0 to take it when it closes", fn, to)
 	default:
@@ -359,7 +377,9 @@ func (s *Session) RecordDataEdge(from, to string) error {
 			return errorf(InvalidArgument, "%s: tensor %q is unknown: record it with ct_record_tensor or as an op input/output first (unknown_data_edge_tensor)", fn, t)
 		}
 	}
+	mark := len(s.buf)
 	s.buf = events.AppendDataEdge(s.buf, from, to)
+	s.keepLine(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -390,7 +410,12 @@ func (s *Session) RecordGradient(root, key string, state events.GradientState, n
 		s.expected[k] = true
 	}
 	s.nextGradient++
+	mark := len(s.buf)
 	s.buf = events.AppendGradient(s.buf, s.nextGradient, root, key, state, n, has)
+	if s.expected == nil {
+		// A contract's gradients are bounded by it, and the trace needs them.
+		s.keepLine(lineStructure, mark)
+	}
 	s.maybeWrite()
 	return nil
 }

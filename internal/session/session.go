@@ -32,6 +32,7 @@ type Session struct {
 	run          *events.Run
 	opts         options
 	sink         Sink
+	bound        *bufferSink // the sink of a buffered session; nil otherwise
 
 	aggr *aggState // aggregate sessions only
 
@@ -58,7 +59,9 @@ type gradKey struct{ root, key string }
 // Open validates the run provenance (see events.ParseRun), creates the trace
 // file (the opener's rules: DefaultOpener never follows a final symbolic
 // link nor truncates a file that is not empty or candle-trace's own) and
-// writes its meta line and root span s1.
+// writes its meta line and root span s1. A buffered session (run.Buffer)
+// creates nothing: it checks the path and keeps the trace in memory
+// (buffered.go).
 func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if Forked() {
 		return nil, errForked("ct_open")
@@ -71,7 +74,11 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 		return nil, errorf(InvalidArgument, "ct_open: %v", err)
 	}
 	o := newOptions(opts)
-	if dir := filepath.Dir(path); dir != "" {
+	if run.Buffer != nil {
+		if err := checkBuffered(path); err != nil {
+			return nil, err
+		}
+	} else if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
 		}
@@ -93,6 +100,8 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 			return nil, errorf(IO, "ct_open: aggregate summary %s: %v", path, err)
 		}
 		sink = discardSink{}
+	} else if run.Buffer != nil {
+		sink = newBufferSink(path, run.Buffer, o.opener)
 	} else if sink, err = o.opener(path); err != nil {
 		slotRelease(h)
 		return nil, errorf(IO, "ct_open: create %s: %v", path, err)
@@ -102,6 +111,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 		open:    map[uint64]openSpan{},
 		names:   map[string]string{},
 		memory:  newLifetimes(),
+		bound:   asBufferSink(sink),
 		tensors: map[string]struct{}{},
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -142,6 +152,12 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	startWaker()
 	go s.flushLoop()
 	return s, nil
+}
+
+// asBufferSink is sink when it is a buffered session's, else nil.
+func asBufferSink(sink Sink) *bufferSink {
+	b, _ := sink.(*bufferSink)
+	return b
 }
 
 // discardSink stands in for the trace file of an aggregate session, whose
@@ -277,13 +293,15 @@ func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
 // onSpanStart and onSpanEnd apply a drained ring record; mu is held.
 func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
 	o := openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
+	mark := len(s.buf)
 	s.buf = events.AppendSpanStart(s.buf, id, parent, string(name), start, events.SpanKind(kind), measured, events.Step(step), tid)
-	s.open[id] = o
 	if s.required != nil {
 		if _, ok := s.required[string(name)]; ok {
 			s.required[string(name)]++
 		}
 	}
+	s.keepSpanStart(&o, mark, name, measured)
+	s.open[id] = o
 	s.maybeWrite()
 }
 
@@ -293,17 +311,26 @@ func (s *Session) onSpanEnd(id, dur uint64, measured bool, tracer uint64) {
 		return
 	}
 	delete(s.open, id)
-	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur})
+	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur, dropped: o.line != nil})
+	mark := len(s.buf)
 	if measured {
 		s.buf = events.AppendMeasuredSpanEnd(s.buf, id, dur, tracer)
 	} else {
 		s.buf = events.AppendSpanEnd(s.buf, id, dur)
 	}
-	if froms, ok := s.pendingEdges[id]; ok {
+	froms, ok := s.pendingEdges[id]
+	if ok {
 		for _, from := range froms {
+			m := len(s.buf)
 			s.buf = events.AppendCallEdge(s.buf, from, id, dur)
+			if o.line == nil {
+				s.keepLine(lineStructure, m)
+			}
 		}
 		delete(s.pendingEdges, id)
+	}
+	if o.line != nil {
+		s.dropEndedLocked(o.line, mark, 1+len(froms))
 	}
 	s.maybeWrite()
 }
@@ -435,14 +462,15 @@ func (s *Session) Finish() error {
 	} else {
 		s.buf = events.AppendSpanEnd(s.buf, 1, now)
 	}
-	s.buf = events.AppendTerminal(s.buf, true, now, "", s.tracerTime(tracer))
+	s.appendTerminalLocked(true, now, "", tracer)
 	err := s.writeLocked()
+	note := " (the trace has no terminal line)"
 	if cerr := s.sink.Close(); err == nil {
-		err = cerr
+		err, note = cerr, ""
 	}
 	s.releaseLocked()
 	if err != nil {
-		return errorf(IO, "ct_finish: write %s: %v (the trace has no terminal line)", s.path, err)
+		return errorf(IO, "ct_finish: write %s: %v%s", s.path, err, note)
 	}
 	return nil
 }
@@ -538,12 +566,13 @@ func (s *Session) FinishFailed(reason string) error {
 	}
 	if s.poison == nil {
 		drainLocked()
-		s.buf = events.AppendTerminal(s.buf, false, s.Now(), reason, s.tracerTime(s.TracerNs()))
+		s.appendTerminalLocked(false, s.Now(), reason, s.TracerNs())
 		err = s.writeLocked()
 	} else {
 		// Whatever the poisoned stream holds, try to say why it ends here.
 		reason = fmt.Sprintf("%s (events after the last successful write are lost: %v)", reason, s.poison)
-		s.buf = events.AppendTerminal(s.buf[:0], false, s.Now(), reason, s.tracerTime(s.TracerNs()))
+		s.buf = s.buf[:0]
+		s.appendTerminalLocked(false, s.Now(), reason, s.TracerNs())
 		err = s.writeOut()
 	}
 	if cerr := s.sink.Close(); err == nil {

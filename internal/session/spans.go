@@ -5,11 +5,16 @@ type openSpan struct {
 	parent, start uint64
 	tid           int64
 	name          string // interned; "" when the intern table is full
+	// line is the span_start a buffered session's bound dropped (nil: it
+	// is in the trace), kept until the span ends in case a span the trace
+	// needs opens under it (keepSpanStart).
+	line []byte
 }
 
 // closedSpan keeps the bounds records are checked against.
 type closedSpan struct {
 	id, parent, start, dur uint64
+	dropped                bool // left out of a buffered session's trace
 }
 
 // MaxClosedSpans bounds the closed-span table: records may be attached to any

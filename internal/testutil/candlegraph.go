@@ -65,12 +65,29 @@ type Health struct {
 // error (nil = valid and complete under --require-valid), its health and output.
 func Summarize(t testing.TB, trace string) (error, Health, string) {
 	t.Helper()
+	return summarize(t, trace, "--require-valid")
+}
+
+// RequireValidFailed fails the test unless candle-graph reads the trace as
+// a structurally valid capture that failed (`summary` without
+// --require-valid, whose output is then JSON alone).
+func RequireValidFailed(t testing.TB, trace string) Health {
+	t.Helper()
+	err, h, out := summarize(t, trace)
+	require.NoError(t, err, "candle-graph summary %s:\n%s", trace, out)
+	require.True(t, h.StructurallyValid, out)
+	require.False(t, h.CaptureComplete, out)
+	return h
+}
+
+func summarize(t testing.TB, trace string, flags ...string) (error, Health, string) {
+	t.Helper()
 	bin := CandleGraph(t)
 	dir := t.TempDir()
 	data, err := os.ReadFile(trace)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "trace.jsonl"), data, 0o644))
-	cmd := exec.Command(bin, "summary", "trace.jsonl", "--require-valid")
+	cmd := exec.Command(bin, append([]string{"summary", "trace.jsonl"}, flags...)...)
 	cmd.Dir = dir
 	out, runErr := cmd.CombinedOutput()
 	var doc struct {

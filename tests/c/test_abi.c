@@ -664,6 +664,7 @@ static ct_status h_tracer_end(ct_session s) { return ct_tracer_end(s); }
 static ct_status h_tracer_begin_earlier(ct_session s) { return ct_tracer_begin_earlier(s, 1000); }
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
+static ct_status h_discard(ct_session s) { return ct_discard(s); }
 
 static const struct {
     const char *name;
@@ -692,6 +693,7 @@ static const struct {
     {"ct_tracer_begin_earlier", h_tracer_begin_earlier},
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
+    {"ct_discard", h_discard},
 };
 
 static void test_handles(void) {
@@ -2156,6 +2158,8 @@ static void test_fork(void) {
         CHILD_EXPECT_STATE(ct_flush(s));
         CHILD_EXPECT_STATE(ct_finish(s));
         CHILD_EXPECT_STATE(ct_finish_failed(s, "fork/child-failed"));
+        CHILD_EXPECT_STATE(ct_discard(s));
+        if (ct_dropped_records(s) != 0) child_fail++;
         CHILD_EXPECT_STATE(ct_open(child_path, RUN_INFER("test_abi::fork_child"), &s2));
         CHILD_EXPECT_STATE(ct_span_begin(0, "fork/child-span", CT_SPAN_FUNCTION, CT_STEP_NONE, &y));
         if (ct_now_ns(s) != 0) {
@@ -2316,6 +2320,173 @@ static void test_many_sessions(void) {
             check_trace_file(outpath(names[i]), "complete");
         }
     }
+}
+
+/* ---- buffered sessions (the flight recorder) -------------------------------- */
+
+#define RUN_BUFFERED(ep, buffer)                                                       \
+    "{\"entrypoint\":\"" ep "\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\"," \
+    "\"buffer\":" buffer "}"
+
+static const struct {
+    const char *buffer, *sub, *what;
+} BAD_BUFFERS[] = {
+    {"{\"max_bytes\":0}", "\"buffer.max_bytes\" must be >= 1, got 0", "max_bytes 0"},
+    {"{\"max_bytes\":-1}", "\"buffer.max_bytes\" must be a non-negative integer, got -1", "max_bytes -1"},
+    {"{\"max_bytes\":1.5}", "\"buffer.max_bytes\" must be an integer literal (no fraction or exponent), got 1.5", "max_bytes 1.5"},
+    {"{\"max_bytes\":1e3}", "\"buffer.max_bytes\" must be an integer literal", "max_bytes 1e3"},
+    {"{\"max_bytes\":\"4096\"}", "\"buffer.max_bytes\" must be a non-negative integer, got string", "max_bytes a string"},
+    {"{\"max_bytes\":68719476737}", "\"buffer.max_bytes\" must be at most 68719476736", "max_bytes over 64 GiB"},
+    {"{\"max_bytes\":4096,\"slots\":2}", "unknown key \"buffer.slots\" (allowed: max_bytes)", "unknown key in buffer"},
+    {"null", "\"buffer\" must be an object, got null", "buffer null"},
+    {"4096", "\"buffer\" must be an object, got number 4096", "buffer a number"},
+};
+
+/* One buffered update: a measured region, a forward span, n ops on it. */
+static void buffered_update(ct_session s, int n_ops) {
+    ct_span m, fwd;
+    MUST(ct_measurement_begin(s, "buffered/update", &m));
+    MUST(ct_span_begin(s, "buffered/forward", CT_SPAN_MODULE, CT_STEP_FORWARD, &fwd));
+    int bad = 0;
+    for (int i = 0; i < n_ops; i++) {
+        ct_op o = op_tmpl();
+        if (ct_record_op(s, fwd, &o) != CT_OK) bad++;
+        if (ct_record_scalar(s, fwd, "buffered/loss", 0.5) != CT_OK) bad++;
+    }
+    CHECK(bad == 0, "%d records of a buffered session were refused (a dropped record must return CT_OK)", bad);
+    MUST(ct_span_end(s, fwd));
+    MUST(ct_span_end(s, m));
+}
+
+static void test_buffered(void) {
+    g_section = "buffered sessions";
+    ct_session s = 0;
+    const char *p = outpath("buffered-never.jsonl");
+
+    for (size_t i = 0; i < sizeof BAD_BUFFERS / sizeof BAD_BUFFERS[0]; i++) {
+        char run[512], desc[160];
+        snprintf(run, sizeof run,
+                 "{\"entrypoint\":\"e\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"buffer\":%s}",
+                 BAD_BUFFERS[i].buffer);
+        snprintf(desc, sizeof desc, "ct_open(buffer: %s)", BAD_BUFFERS[i].what);
+        s = 0;
+        CHECK_ROW(desc, ct_open(p, run, &s), CT_ERR_INVALID_ARGUMENT, BAD_BUFFERS[i].sub);
+        CHECK(strncmp(ct_last_error(), "ct_open: run JSON: ", 19) == 0, "%s: message \"%s\"", desc, ct_last_error());
+        CHECK(s == 0, "%s: a refused ct_open stored a handle", desc);
+        if (s) ct_discard(s);
+        CHECK(!exists(p), "%s: a refused ct_open left %s", desc, p);
+    }
+    CHECK_STATUS(ct_open(p,
+                         "{\"entrypoint\":\"e\",\"phase\":\"infer\",\"device\":\"cpu\","
+                         "\"mode\":\"aggregate\",\"buffer\":{}}",
+                         &s),
+                 CT_ERR_INVALID_ARGUMENT, "\"buffer\" is only for \"mode\": \"trace\"");
+    CHECK(!exists(p), "a refused aggregate ct_open left %s", p);
+
+    /* Bad paths are refused at ct_open, before anything is recorded. */
+    const char *regular = outpath("buffered-regular-file");
+    FILE *f = fopen(regular, "w");
+    if (f) {
+        fputs("not a folder\n", f);
+        fclose(f);
+    }
+    CHECK_STATUS(ct_open(outpath("buffered-regular-file/t.jsonl"), RUN_BUFFERED("e", "{}"), &s), CT_ERR_IO,
+                 "not a directory");
+    const char *foreign = outpath("buffered-train.py");
+    f = fopen(foreign, "w");
+    if (f) {
+        fputs("import torch\n", f);
+        fclose(f);
+    }
+    CHECK_STATUS(ct_open(foreign, RUN_BUFFERED("e", "{}"), &s), CT_ERR_IO, "is not a candle-trace trace or summary");
+    char *fb = slurp(foreign, NULL);
+    CHECK(fb && strcmp(fb, "import torch\n") == 0, "a refused buffered ct_open changed %s", foreign);
+    free(fb);
+
+    /* ct_discard on a session that writes as it records: refused, still usable. */
+    const char *streaming = outpath("valid-buffered-discard-refused.jsonl");
+    ct_session st = 0;
+    MUST(ct_open(streaming, RUN_INFER("test_abi::streaming"), &st));
+    CHECK_STATUS(ct_discard(st), CT_ERR_STATE, "writes its trace as it records, so there is nothing to discard");
+    CHECK(ct_dropped_records(st) == 0, "ct_dropped_records of a streaming session != 0");
+    CHECK(exists(streaming), "ct_discard removed a streaming session's trace");
+    buffered_update(st, 2);
+    CHECK_STATUS(ct_finish(st), CT_OK, NULL);
+    check_trace_file(streaming, "complete");
+    CHECK(ct_dropped_records(0) == 0 && ct_dropped_records(st) == 0 && ct_dropped_records(UINT64_MAX) == 0,
+          "ct_dropped_records of a bad handle != 0");
+
+    /* Open, record, discard: nothing ever exists at the path. */
+    const char *gone = outpath("buffered-discarded/update-7/trace.jsonl");
+    ct_session b = 0;
+    MUST(ct_open(gone, RUN_BUFFERED("test_abi::discarded", "{\"max_bytes\":65536}"), &b));
+    CHECK(!exists(outpath("buffered-discarded")), "a buffered ct_open created a folder");
+    buffered_update(b, 5);
+    ct_span open_span;
+    MUST(ct_span_begin(b, "buffered/left-open", CT_SPAN_FUNCTION, CT_STEP_NONE, &open_span));
+    CHECK_STATUS(ct_flush(b), CT_OK, NULL);
+    CHECK(!exists(outpath("buffered-discarded")), "ct_flush of a buffered session wrote something");
+    CHECK_STATUS(ct_discard(b), CT_OK, NULL);
+    CHECK(!exists(outpath("buffered-discarded")), "ct_discard left something behind");
+    CHECK_STATUS(ct_discard(b), CT_ERR_INVALID_HANDLE, "unknown or already finished");
+    CHECK_STATUS(ct_span_end(b, open_span), CT_ERR_INVALID_HANDLE, "");
+    CHECK_STATUS(ct_finish(b), CT_ERR_INVALID_HANDLE, "unknown or already finished");
+
+    /* Open, record, finish: the trace appears only then. */
+    const char *kept = outpath("valid-buffered.jsonl");
+    MUST(ct_open(kept, RUN_BUFFERED("test_abi::buffered", "{}"), &b));
+    buffered_update(b, 5);
+    CHECK(!exists(kept), "a buffered session wrote before ct_finish");
+    CHECK_STATUS(ct_finish(b), CT_OK, NULL);
+    check_trace_file(kept, "complete");
+    char *kb = slurp(kept, NULL);
+    CHECK(kb && strstr(kb, "\"dropped_records\":0,\"dropped_bytes\":0"), "the terminal does not state 0 dropped");
+    free(kb);
+
+    /* Past max_bytes: records dropped, counted, CT_OK; the trace stays valid. */
+    const char *over = outpath("valid-buffered-overflow.jsonl");
+    MUST(ct_open(over, RUN_BUFFERED("test_abi::overflow", "{\"max_bytes\":4096}"), &b));
+    buffered_update(b, 200);
+    CHECK_STATUS(ct_flush(b), CT_OK, NULL);
+    uint64_t dropped = ct_dropped_records(b);
+    CHECK(dropped > 0 && dropped <= 400, "ct_dropped_records = %llu, want 1..400", (unsigned long long)dropped);
+    CHECK_STATUS(ct_finish(b), CT_OK, NULL);
+    check_trace_file(over, "complete");
+    char want[96];
+    snprintf(want, sizeof want, "\"dropped_records\":%llu,", (unsigned long long)dropped);
+    char *ob = slurp(over, NULL);
+    CHECK(ob && strstr(ob, want), "the terminal does not state %s", want);
+    struct stat sb;
+    CHECK(stat(over, &sb) == 0 && sb.st_size <= 2 * 4096 + 1024, "the trace outgrew its bound: %lld bytes",
+          (long long)sb.st_size);
+    free(ob);
+
+    /* The flight recorder's trigger: an exception ends it as failed. */
+    const char *failed = outpath("failed-buffered-overflow.jsonl");
+    MUST(ct_open(failed, RUN_BUFFERED("test_abi::overflow_failed", "{\"max_bytes\":2048}"), &b));
+    buffered_update(b, 50);
+    ct_span boom;
+    MUST(ct_span_begin(b, "buffered/optimizer", CT_SPAN_MODULE, CT_STEP_OPTIMIZER, &boom));
+    CHECK_STATUS(ct_finish_failed(b, "loss is NaN"), CT_OK, NULL);
+    check_trace_file(failed, "failed");
+    CHECK(ct_dropped_records(b) == 0, "ct_dropped_records of a finished session != 0");
+
+    /* Many recordings in a row, each discarded: slots are freed. */
+    int bad = 0;
+    for (int i = 0; i < 1000; i++) {
+        ct_session c = 0;
+        if (ct_open(gone, RUN_BUFFERED("test_abi::cycle", "{\"max_bytes\":8192}"), &c) != CT_OK) {
+            bad++;
+            break;
+        }
+        ct_span x;
+        if (ct_span_begin(c, "cycle/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &x) != CT_OK) bad++;
+        ct_op o = op_tmpl();
+        if (ct_record_op(c, x, &o) != CT_OK) bad++;
+        if (ct_discard(c) != CT_OK) bad++;
+    }
+    CHECK(bad == 0, "%d calls of 1000 open/record/discard cycles failed: %s", bad, ct_last_error());
+    CHECK(!exists(outpath("buffered-discarded")), "the discarded cycles left something behind");
 }
 
 /* ---- JSON escaping and extreme numbers ------------------------------------- */
@@ -2487,6 +2658,7 @@ int main(int argc, char **argv) {
     test_threads();
     test_finish_refused_concurrently();
     test_many_sessions();
+    test_buffered();
     test_escapes();
     test_thread_exit_open_span();
     test_old_closed_spans();

@@ -261,6 +261,8 @@ PROTOTYPES = {
     "ct_aggregate_enable": (_st, [c_session, ctypes.c_int]),
     "ct_finish": (_st, [c_session]),
     "ct_finish_failed": (_st, [c_session, _p_char]),
+    "ct_discard": (_st, [c_session]),
+    "ct_dropped_records": (_u64, [c_session]),
     "ct_last_error": (_p_char, []),
     "ct_version": (_p_char, []),
     "ct_abi_version": (ctypes.c_uint32, []),

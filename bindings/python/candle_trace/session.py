@@ -441,6 +441,28 @@ class Session:
                                                                   "as failed anyway")
         self._call(st)
 
+    def discard(self) -> None:
+        """Ends a buffered session without writing anything (``ct_discard``): nothing is
+        left at its path. Open one with ``run={"buffer": {"max_bytes": N}}``; its trace
+        stays in memory and finish() or finish_failed() (also on an exception in a
+        ``with`` block) write it. On a session that writes as it records the library
+        refuses (CandleTraceError, CT_ERR_STATE) and the session stays usable. On a
+        session already ended it does nothing."""
+        if not self.enabled or self._finished:
+            return
+        st = self._c.ct_discard(self.handle)
+        if st in (Status.CT_OK, Status.CT_ERR_INVALID_HANDLE):
+            self._ended()
+        self._call(st)
+
+    @property
+    def dropped_records(self) -> int:
+        """How many records a buffered session's bound has dropped so far
+        (``ct_dropped_records``; the terminal line states it too); 0 otherwise."""
+        if not self.enabled or self._finished:
+            return 0
+        return self._c.ct_dropped_records(self.handle)
+
     def flush(self) -> None:
         """Writes everything recorded so far (``ct_flush``)."""
         if self.enabled:

@@ -321,3 +321,56 @@ def test_tracer_work_refuses_an_end_without_begin(tmp_path):
                 s._call(s._c.ct_tracer_end(s.handle))
             assert e.value.status == Status.CT_ERR_STATE
             assert "ct_tracer_end: no tracer interval is open" in str(e.value)
+
+
+def test_buffered_session_writes_only_at_finish(tmp_path):
+    path = tmp_path / "flight" / "t.jsonl"
+    with open_session(tmp_path, "flight/t.jsonl", run={"buffer": {"max_bytes": 1 << 20}}) as s:
+        with s.measure("update"):
+            with s.span("fwd", kind="module", step="forward") as fwd:
+                s.record_scalar(fwd, "loss", 0.5)
+        s.flush()
+        assert not path.parent.exists(), "a buffered session creates nothing before finish"
+        assert s.dropped_records == 0
+    lines = read_trace(path)
+    assert lines[-1]["outcome"] == "complete"
+    assert lines[-1]["dropped_records"] == 0
+    candle_graph(path, tmp_path)
+
+
+def test_buffered_session_discard_leaves_nothing(tmp_path):
+    s = open_session(tmp_path, "flight/t.jsonl", run={"buffer": {"max_bytes": 1 << 12}})
+    with s.measure("update"):
+        with s.span("fwd") as fwd:
+            for i in range(200):
+                s.record_scalar(fwd, "loss", float(i))
+    assert s.dropped_records > 0, "past max_bytes records are dropped, not refused"
+    s.discard()
+    assert s.finished
+    assert not (tmp_path / "flight").exists()
+    s.discard()  # ended already: nothing to do, no error
+    assert s.dropped_records == 0
+
+
+def test_discard_of_a_streaming_session_is_refused(tmp_path):
+    with open_session(tmp_path, measured_root=True) as s:
+        with pytest.raises(CandleTraceError) as e:
+            s.discard()
+        assert e.value.status == Status.CT_ERR_STATE
+        assert "nothing to discard" in e.value.message
+        assert not s.finished
+    assert read_trace(tmp_path / "t.jsonl")[-1]["outcome"] == "complete"
+
+
+@pytest.mark.parametrize("buffer, message", [
+    ({"max_bytes": 0}, '"buffer.max_bytes" must be >= 1, got 0'),
+    ({"max_bytes": -1}, '"buffer.max_bytes" must be a non-negative integer, got -1'),
+    ({"max_bytes": 1.5}, '"buffer.max_bytes" must be an integer literal'),
+    ({"size": 1}, 'unknown key "buffer.size"'),
+])
+def test_buffered_session_refuses_a_bad_buffer(tmp_path, buffer, message):
+    with pytest.raises(CandleTraceError) as e:
+        open_session(tmp_path, run={"buffer": buffer})
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
+    assert message in e.value.message
+    assert not (tmp_path / "t.jsonl").exists()

@@ -280,6 +280,8 @@ ct_fns! {
     pub fn ct_aggregate_enable(session: ct_session, enabled: c_int) -> ct_status;
     pub fn ct_finish(session: ct_session) -> ct_status;
     pub fn ct_finish_failed(session: ct_session, reason: *const c_char) -> ct_status;
+    pub fn ct_discard(session: ct_session) -> ct_status;
+    pub fn ct_dropped_records(session: ct_session) -> u64;
     pub fn ct_last_error() -> *const c_char;
     pub fn ct_version() -> *const c_char;
     pub fn ct_abi_version() -> u32;

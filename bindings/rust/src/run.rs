@@ -263,6 +263,14 @@ pub struct Run {
     mode: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     aggregate_interval_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buffer: Option<Buffer>,
+}
+
+/// The `buffer` object of the run JSON (see [`Run::buffered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct Buffer {
+    max_bytes: u64,
 }
 
 impl Run {
@@ -284,6 +292,7 @@ impl Run {
             binding: "rust",
             mode: None,
             aggregate_interval_ms: None,
+            buffer: None,
         }
     }
 
@@ -303,6 +312,15 @@ impl Run {
     pub fn aggregate(mut self, interval_ms: Option<u64>) -> Self {
         self.mode = Some("aggregate");
         self.aggregate_interval_ms = interval_ms;
+        self
+    }
+
+    /// A flight recorder: the trace stays in memory, within `max_bytes` (past
+    /// it records are dropped and counted, never refused; see `ct_open`),
+    /// until [`crate::Session::finish`] or `finish_failed` writes it or
+    /// [`crate::Session::discard`] drops it. Nothing is created at open.
+    pub fn buffered(mut self, max_bytes: u64) -> Self {
+        self.buffer = Some(Buffer { max_bytes });
         self
     }
 

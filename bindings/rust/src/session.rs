@@ -456,6 +456,29 @@ impl Session {
         let reason = if reason.trim().is_empty() { "finish_failed without a reason" } else { reason };
         self.r.raw_finish_failed(reason)
     }
+
+    /// Ends a buffered session ([`crate::Run::buffered`]) without writing
+    /// anything: nothing is left at its path (`ct_discard`). A session that
+    /// writes as it records refuses with `CT_ERR_STATE`; it is then ended
+    /// with a `failed` terminal saying so, as a dropped session would be.
+    pub fn discard(mut self) -> Result<()> {
+        self.ended = true;
+        // SAFETY: plain handle.
+        let res = check(unsafe { ffi::ct_discard(self.r.0.handle) });
+        if let Err(err) = &res {
+            if err.status() == Some(Status::State) {
+                let _ = self.r.raw_finish_failed(&format!("discard refused: {}", err.message()));
+            }
+        }
+        res
+    }
+
+    /// How many records a buffered session's bound has dropped so far
+    /// (`ct_dropped_records`); 0 for other sessions.
+    pub fn dropped_records(&self) -> u64 {
+        // SAFETY: plain handle.
+        unsafe { ffi::ct_dropped_records(self.r.0.handle) }
+    }
 }
 
 impl Drop for Session {

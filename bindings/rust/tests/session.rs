@@ -333,3 +333,39 @@ fn tracer_work_is_left_out_of_spans_and_stated() {
     let mend = of_kind(&l, "span_end").into_iter().find(|e| e["id"] == m).unwrap();
     assert!(mend["tracer_ns"].as_u64().unwrap() >= 50_000_000);
 }
+
+#[test]
+fn a_buffered_session_writes_only_at_finish_and_discard_leaves_nothing() {
+    let dir = fresh_dir("buffered");
+    let kept = dir.path().join("flight").join("kept.jsonl");
+    let session = Session::open(&kept, small_run().buffered(1 << 12)).unwrap();
+    {
+        let _update = session.measure("train/update").unwrap();
+        let fwd = session.span_with("train/forward", SpanKind::Module, Step::Forward);
+        for i in 0..200 {
+            session.scalar(&fwd, "loss", f64::from(i)).unwrap();
+        }
+    }
+    session.flush().unwrap();
+    assert!(!kept.parent().unwrap().exists(), "nothing is created before finish");
+    let dropped = session.dropped_records();
+    assert!(dropped > 0, "past max_bytes records are dropped, not refused");
+    session.finish().unwrap();
+    let l = lines(&kept);
+    assert_eq!(l.last().unwrap()["dropped_records"].as_u64(), Some(dropped));
+    assert_valid_complete(&kept);
+
+    let gone = dir.path().join("gone").join("t.jsonl");
+    let session = Session::open(&gone, small_run().buffered(1 << 20)).unwrap();
+    {
+        let _update = session.measure("train/update").unwrap();
+    }
+    session.discard().unwrap();
+    assert!(!gone.parent().unwrap().exists(), "a discarded session leaves nothing");
+
+    let streaming = dir.path().join("streaming.jsonl");
+    let session = Session::open(&streaming, small_run()).unwrap();
+    let err = session.discard().unwrap_err();
+    assert_eq!(err.status(), Some(Status::State));
+    assert_eq!(lines(&streaming).last().unwrap()["outcome"], "failed", "a refused discard ends the session as failed");
+}
