@@ -63,3 +63,21 @@ def validate(trace) -> str:
                        text=True, timeout=60)
     assert r.returncode == 0, f"candle-trace validate refused {trace}:\n{r.stdout}\n{r.stderr}"
     return r.stdout
+
+
+def judged(trace, tmp_path: Path, complete: bool = True) -> list:
+    """The trace read back, once candle-graph (alone in a fresh folder) found it
+    structurally valid and complete (or failed), and our validator agreed."""
+    summary = candle_graph(trace, tmp_path, require_valid=complete)
+    h = summary["health"]
+    assert h["structurally_valid"], [i for i in h["issues"] if i["severity"] == "error"]
+    assert h["capture_complete"] == complete
+    if complete:
+        validate(trace)
+    else:  # our validator fails a failed capture, and says it is structurally valid
+        if not VALIDATOR.exists():
+            pytest.skip(f"{VALIDATOR} is not built (make cli)")
+        r = subprocess.run([str(VALIDATOR), "validate", str(trace)], capture_output=True,
+                           text=True, timeout=60)
+        assert "structurally valid, outcome failed; 0 errors" in r.stdout, r.stdout + r.stderr
+    return read_trace(trace)

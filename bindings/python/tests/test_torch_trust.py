@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
 
 import pytest
-from conftest import REPO, VALIDATOR, candle_graph, observer_expected, read_trace, validate
+from conftest import REPO, candle_graph, judged, observer_expected, read_trace
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -35,21 +34,6 @@ def spans_of(lines):
     for e in by_kind(lines, "span_end"):
         spans[e["id"]]["duration_ns"] = e["duration_ns"]
     return spans
-
-
-def judged(path, tmp_path, complete=True):
-    """The trace at ``path`` read back; candle-graph and our validator judged it."""
-    summary = candle_graph(path, tmp_path, require_valid=complete)
-    h = summary["health"]
-    assert h["structurally_valid"], [i for i in h["issues"] if i["severity"] == "error"]
-    assert h["capture_complete"] == complete
-    if complete:
-        validate(path)
-    else:  # our validator fails a failed capture, and says it is structurally valid
-        r = subprocess.run([str(VALIDATOR), "validate", str(path)], capture_output=True,
-                           text=True, timeout=60)
-        assert "structurally valid, outcome failed; 0 errors" in r.stdout, r.stdout + r.stderr
-    return read_trace(path)
 
 
 def loop(w, prof, steps, *, before_update=None):

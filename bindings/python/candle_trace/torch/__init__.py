@@ -82,5 +82,7 @@ from ..session import CandleTraceError  # noqa: F401 - raised by profile
 from ._common import DTYPES
 from ._profile import profile
 from ._stats import tensor_stats
+from ._triggers import Fired, Triggers
+from ._watch import watch
 
-__all__ = ["profile", "tensor_stats", "DTYPES"]
+__all__ = ["profile", "watch", "Triggers", "Fired", "tensor_stats", "DTYPES"]

@@ -54,6 +54,12 @@ class Config:
     stats: bool = True
     gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None
     device_collect: List[str] = field(default_factory=list)
+    #: keep the trace in memory, at most this many bytes, until end() or fail() write
+    #: it -- or discard() drops it (a flight recorder); None: written as recorded
+    buffer_bytes: Optional[int] = None
+    #: the measured region opens when the capture arms (at the step() before the
+    #: update: the input pipeline is part of it), not at the update's first forward
+    begin_at_arm: bool = False
 
 
 class Capture:
@@ -131,8 +137,10 @@ class Capture:
         """Creates the trace (its path and provenance are checked now)."""
         self.ops = _ops.choose(self.params, self.cfg.ops, self.cfg.memory)
         c = self.cfg
+        run = None if c.buffer_bytes is None else {"buffer": {"max_bytes": int(c.buffer_bytes)}}
         self.session = Session(c.path, c.entrypoint, c.phase, c.capture_step, c.device,
-                               tags=c.tags, contract=self._contract(), identity=c.identity)
+                               tags=c.tags, contract=self._contract(), identity=c.identity,
+                               run=run)
         self.spans = Spans(self.session)
         if c.stats:
             self.stats = StatsRecorder(self.session)
@@ -171,6 +179,8 @@ class Capture:
                 self._wrap_backward()
                 if self.optimizer is not None:
                     self._wrap_optimizer(self.optimizer)
+            if self.cfg.begin_at_arm:
+                self.begin()
         finally:
             self.spans.resume()
 
@@ -241,6 +251,34 @@ class Capture:
                 s.finish_failed(reason)
             except CandleTraceError:
                 pass
+
+    def note(self, label: str, value: float) -> None:
+        """A scalar of the capture's measured region (why it was kept, say), written as
+        tracer work; only while the update is under way."""
+        if self.state == "capturing":
+            self.guard_call(self.session.record_scalar, self._measured, label, float(value))  # type: ignore[union-attr]
+
+    def discard(self) -> None:
+        """Ends a buffered capture without writing anything: its hooks go, the op
+        mechanism drops what it buffered, nothing is left at its path."""
+        if self.state in ("done", "failed", "new"):
+            return
+        self.state = "failed"
+        self.spans.pause()
+        try:
+            if self.ops is not None and self._measured:
+                self.ops.stop()
+                self.ops.discard()
+            self.device.stop(self.session)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - never into the program
+            pass
+        finally:
+            self._disarm()
+            self.spans.resume()
+        try:
+            self.session.discard()  # type: ignore[union-attr]
+        except CandleTraceError:
+            pass
 
     def abort(self, e: BaseException) -> None:
         """An error inside the tracer: the capture fails, the program goes on."""

@@ -54,6 +54,9 @@ class OpSource:
     def emit(self) -> None:
         """Writes what was recorded (after the update, or at its failure)."""
 
+    def discard(self) -> None:
+        """Drops what was recorded (a flight recorder's update that was not kept)."""
+
 
 class ObserverOps(OpSource):
     mechanism = "observer"
@@ -87,6 +90,11 @@ class ObserverOps(OpSource):
         if self._on:
             self._spans.on_innermost = lambda sid: None
             self._obs.stop()
+
+    def discard(self) -> None:
+        if self._on:
+            self._on = False
+            self._obs.discard()
 
     def emit(self) -> None:
         if not self._on:
@@ -260,6 +268,12 @@ class DispatchOps(OpSource):
             ref = None
         self._tids[key] = (tid, ref)
         return tid
+
+    def discard(self) -> None:
+        self._ops.clear()
+        self._mem.clear()
+        self._edges.clear()
+        self._tids.clear()
 
     def emit(self) -> None:
         s = self._session

@@ -1,0 +1,269 @@
+"""``candle_trace.torch.watch``: catch the update that goes wrong, with no capture step
+given.
+
+    with candle_trace.torch.watch(model, optimizer, "traces/") as w:
+        for x, y in loader:
+            ...                      # the update, as before
+            w.step()
+
+Every update runs under a *flight recorder*: a capture kept in memory (ops, memory,
+module spans; no tensor statistics, so it stays cheap; at most ``recorder_bytes``, what
+does not fit is dropped and counted in the trace) from the ``step()`` before it -- the
+input pipeline included -- to its own ``step()``. When a trigger fires for it (see
+``_triggers``: slow, non-finite loss, an exception, ``trigger(why)``) it is written as
+``update-<N>-<trigger>.jsonl`` (``failed`` with the exception's type and message for an
+exception, complete otherwise, the trigger's value and threshold as scalars
+``candle_trace/trigger/...`` of its measured region); otherwise it is dropped unwritten.
+After a trigger, the next update is also captured in full, stats included
+(``update-<N>-after-<trigger>.jsonl``; most slow-step causes recur). At most
+``max_traces`` traces are written in a run. ``watch.fired`` lists what fired, with the
+trace written for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..session import CandleTraceError
+from ._capture import Capture, Config
+from ._common import compiled_inner, exception_reason, warn_once
+from ._profile import _tops
+from ._triggers import Evaluator, Fired, Triggers
+
+__all__ = ["watch", "Triggers", "Fired"]
+
+DEFAULT_RECORDER_BYTES = 64 << 20
+INTERNAL = "candle_trace internal error"
+
+
+class _LossTap:
+    """The 1-element tensor last given to ``torch.autograd.backward`` (the loss)."""
+
+    def __init__(self) -> None:
+        self.loss: Optional[torch.Tensor] = None
+        self._orig: Any = None
+
+    def install(self) -> None:
+        orig = self._orig = torch.autograd.backward
+
+        @functools.wraps(orig)
+        def backward(tensors: Any, *a: Any, **k: Any) -> Any:
+            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                self.loss = tensors.detach()
+            return orig(tensors, *a, **k)
+
+        torch.autograd.backward = backward
+
+    def take(self) -> Optional[float]:
+        loss, self.loss = self.loss, None
+        return None if loss is None else float(loss)
+
+    def remove(self) -> None:
+        if self._orig is not None:
+            torch.autograd.backward = self._orig
+            self._orig = None
+
+
+class watch:
+    """Keeps the updates that go wrong (see the module's doc).
+
+    Arguments: ``model`` (an nn.Module or an object holding modules), ``optimizer``
+    (or None), ``folder`` for the traces. Keywords: ``triggers`` (a :class:`Triggers`),
+    ``max_traces`` (default 3), ``flight_recorder`` (default True; False keeps only the
+    capture of the update after a trigger), ``recorder_bytes`` (the flight recorder's
+    bound, default 64 MiB), ``capture_next`` (default True), ``name``, ``device``,
+    ``tags``, ``gradient_families``, ``enabled``.
+    """
+
+    def __init__(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
+                 folder: Union[str, os.PathLike], *, triggers: Optional[Triggers] = None,
+                 max_traces: int = 3, flight_recorder: bool = True,
+                 recorder_bytes: int = DEFAULT_RECORDER_BYTES, capture_next: bool = True,
+                 name: Optional[str] = None, device: Optional[str] = None,
+                 tags: Optional[Mapping[str, str]] = None,
+                 gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None,
+                 enabled: bool = True) -> None:
+        if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 0:
+            raise CandleTraceError(1, f"candle_trace.torch.watch: max_traces must be an integer "
+                                      f">= 0, got {max_traces!r}")
+        if not isinstance(recorder_bytes, int) or recorder_bytes < 1:
+            raise CandleTraceError(1, f"candle_trace.torch.watch: recorder_bytes must be an "
+                                      f"integer >= 1, got {recorder_bytes!r}")
+        self._triggers = triggers or Triggers()
+        try:
+            self._eval = Evaluator(self._triggers)
+        except ValueError as e:
+            raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
+        self.model, self.optimizer = model, optimizer
+        self._tops = _tops(model)
+        self.folder = os.fspath(folder)
+        self.name = name or type(compiled_inner(model) or model).__name__
+        if device is None:
+            p = next((p for _, m in self._tops for p in m.parameters()), None)
+            device = str(p.device) if p is not None else "cpu"
+        self.device = device
+        self.tags = dict(tags or {})
+        self.gradient_families = gradient_families
+        self.max_traces = max_traces
+        self.flight_recorder = flight_recorder
+        self.recorder_bytes = recorder_bytes
+        self.capture_next = capture_next
+        self.enabled = enabled
+        #: the triggers that fired, in order, each with the trace written for it
+        self.fired: List[Fired] = []
+        self.traces: List[str] = []  #: the traces written, in order
+        self.updates = 0  #: step() calls so far
+        self._cap: Optional[Capture] = None
+        self._cap_kind = ""  # "flight" or "after"
+        self._after: Optional[Fired] = None  # the trigger the next full capture follows
+        self._tap = _LossTap()
+        self._last = 0.0
+        self._started = False
+
+    # -- the run ------------------------------------------------------------------------
+
+    def start(self) -> "watch":
+        if self._started:
+            raise CandleTraceError(5, "candle_trace.torch.watch: start() was already called")
+        self._started = True
+        if not self.enabled:
+            return self
+        os.makedirs(self.folder, exist_ok=True)
+        self._tap.install()
+        self._last = time.perf_counter()
+        self._arm_next()
+        return self
+
+    def trigger(self, why: str) -> None:
+        """Keeps the update under way (a condition only the program knows)."""
+        self._eval.ask(str(why))
+
+    def step(self) -> None:
+        """Marks the end of one update."""
+        self.updates += 1
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        loss = self._tap.take()
+        cap, kind = self._cap, self._cap_kind
+        self._cap = None
+        fired: Optional[Fired] = None
+        if cap is not None and cap.state == "failed" and cap.reason:
+            if cap.reason.startswith(INTERNAL):  # the tracer's failure, not the update's
+                self._keep(cap, self.updates, "tracer-error")
+            else:  # the update raised and the loop went on: the exception is the trigger
+                fired = self._exception(cap)
+        else:
+            fired = self._eval.end_of_update(self.updates, seconds, loss)
+            if cap is not None:
+                self._close(cap, kind, fired)
+        if fired is not None:
+            self.fired.append(fired)
+            if self.capture_next and fired.trigger != "exception":
+                self._after = fired
+        self._arm_next()
+
+    def stop(self, exc_type: Any = None, exc: Any = None) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if not self.enabled:
+            return
+        cap, kind = self._cap, self._cap_kind
+        self._cap = None
+        try:
+            if cap is not None:
+                if exc_type is not None and cap.state == "capturing":
+                    cap.fail(exception_reason(exc_type, exc))
+                if cap.state == "failed" and cap.reason:
+                    self.fired.append(self._exception(cap, update=self.updates + 1))
+                elif kind == "flight":
+                    cap.discard()
+                else:  # a full capture the loop did not reach the end of
+                    cap.fail(f"the loop ended before update {self.updates + 1} completed")
+                    self._keep(cap, self.updates + 1, f"after-{self._after.trigger}"
+                               if self._after else "after")
+        finally:
+            self._tap.remove()
+
+    def __enter__(self) -> "watch":
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.stop(exc_type, exc)
+        return False
+
+    # -- captures -----------------------------------------------------------------------
+
+    def _left(self) -> int:
+        return self.max_traces - len(self.traces)
+
+    def _arm_next(self) -> None:
+        n = self.updates + 1
+        if self._after is not None and self._left() > 0:
+            after, self._after = self._after, None
+            self._cap = self._capture(n, full=True, path=self._path(n, f"after-{after.trigger}"))
+            self._cap_kind = "after"
+        elif self.flight_recorder and self._left() > 0:
+            self._cap = self._capture(n, full=False, path=self._path(n, "recording"))
+            self._cap_kind = "flight"
+        else:
+            self._after = None
+            return
+        try:
+            self._cap.open()
+            self._cap.arm()
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            warn_once(f"watch-arm-{type(e).__name__}", f"watch: update {n} is not recorded: {e}")
+            self._cap = None
+
+    def _capture(self, n: int, full: bool, path: str) -> Capture:
+        cfg = Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
+                     capture_step=n, device=self.device, tags=dict(self.tags),
+                     stats=full, memory=True, ops=True, gradient_families=self.gradient_families,
+                     buffer_bytes=None if full else self.recorder_bytes, begin_at_arm=not full)
+        return Capture(cfg, self._tops, self.optimizer)
+
+    def _path(self, n: int, what: str) -> str:
+        return os.path.join(self.folder, f"update-{n:06d}-{what}.jsonl")
+
+    def _close(self, cap: Capture, kind: str, fired: Optional[Fired]) -> None:
+        if kind == "after":
+            cap.end()
+            self.traces.append(cap.cfg.path)
+            return
+        if fired is None or self._left() <= 0:
+            cap.discard()
+            return
+        cap.note(f"candle_trace/trigger/{fired.trigger}", fired.value)
+        cap.note(f"candle_trace/trigger/{fired.trigger}/threshold", fired.threshold)
+        cap.end()
+        fired.trace = self._keep(cap, fired.update, fired.trigger)
+
+    def _exception(self, cap: Capture, update: Optional[int] = None) -> Fired:
+        n = update if update is not None else self.updates
+        fired = Fired(n, "exception", 0.0, 0.0, cap.reason or "")
+        fired.trace = self._keep(cap, n, "exception")
+        return fired
+
+    def _keep(self, cap: Capture, n: int, what: str) -> Optional[str]:
+        """The written trace under its final name (a buffered one was written under a
+        working name); None when nothing was written."""
+        src = cap.cfg.path
+        if not os.path.exists(src):
+            return None
+        dst = self._path(n, what)
+        if dst != src:
+            i = 1
+            while os.path.exists(dst):  # never over another file
+                i += 1
+                dst = self._path(n, f"{what}-{i}")
+            os.rename(src, dst)
+        self.traces.append(dst)
+        return dst
