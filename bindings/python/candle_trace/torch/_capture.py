@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -34,7 +34,7 @@ from ._modules import ModuleSpans
 from ._spans import Spans
 from ._stats import StatsRecorder
 
-__all__ = ["Capture", "Config"]
+__all__ = ["Capture", "Config", "Layout"]
 
 
 @dataclass
@@ -62,19 +62,31 @@ class Config:
     begin_at_arm: bool = False
 
 
-class Capture:
-    """The capture of one update: see the module's doc."""
+class Layout:
+    """What a capture walks of a model -- its modules and parameters, named -- found once
+    for every capture of it (a watch captures every update)."""
 
-    def __init__(self, cfg: Config, tops: Sequence[Tuple[str, torch.nn.Module]],
-                 optimizer: Optional[torch.optim.Optimizer]) -> None:
-        self.cfg = cfg
-        self.optimizer = optimizer
-        self._tops = [m for _, m in tops]
+    def __init__(self, tops: Sequence[Tuple[str, torch.nn.Module]], cfg: Config) -> None:
+        self.tops = [m for _, m in tops]
         self.modules: List[Tuple[str, torch.nn.Module]] = _named(tops, "modules")
         self.params = _named(tops, "parameters")
         self.grad_params = [(n, p) for n, p in self.params if p.requires_grad]
         _gradients.check_families(cfg.gradient_families,
                                   [_gradients.family_of(cfg.name, n) for n, _ in self.grad_params])
+
+
+class Capture:
+    """The capture of one update: see the module's doc."""
+
+    def __init__(self, cfg: Config, tops: Union[Sequence[Tuple[str, torch.nn.Module]], Layout],
+                 optimizer: Optional[torch.optim.Optimizer]) -> None:
+        self.cfg = cfg
+        self.optimizer = optimizer
+        layout = tops if isinstance(tops, Layout) else Layout(tops, cfg)
+        self._tops = layout.tops
+        self.modules = layout.modules
+        self.params = layout.params
+        self.grad_params = layout.grad_params
         self.state = "new"  # new -> open -> armed -> capturing -> done | failed
         self.session: Optional[Session] = None
         self.ops: Optional[_ops.OpSource] = None

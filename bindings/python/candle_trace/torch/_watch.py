@@ -30,7 +30,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from ..session import CandleTraceError
-from ._capture import Capture, Config
+from ._capture import Capture, Config, Layout
 from ._common import compiled_inner, exception_reason, warn_once
 from ._profile import _tops
 from ._triggers import Evaluator, Fired, Triggers
@@ -122,6 +122,10 @@ class watch:
         self._cap_kind = ""  # "flight" or "after"
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
+        try:
+            self._layout = Layout(self._tops, self._capture_cfg(1, True, ""))
+        except ValueError as e:
+            raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self._last = 0.0
         self._started = False
 
@@ -223,12 +227,14 @@ class watch:
             warn_once(f"watch-arm-{type(e).__name__}", f"watch: update {n} is not recorded: {e}")
             self._cap = None
 
+    def _capture_cfg(self, n: int, full: bool, path: str) -> Config:
+        return Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
+                      capture_step=n, device=self.device, tags=dict(self.tags),
+                      stats=full, memory=True, ops=True, gradient_families=self.gradient_families,
+                      buffer_bytes=None if full else self.recorder_bytes, begin_at_arm=not full)
+
     def _capture(self, n: int, full: bool, path: str) -> Capture:
-        cfg = Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
-                     capture_step=n, device=self.device, tags=dict(self.tags),
-                     stats=full, memory=True, ops=True, gradient_families=self.gradient_families,
-                     buffer_bytes=None if full else self.recorder_bytes, begin_at_arm=not full)
-        return Capture(cfg, self._tops, self.optimizer)
+        return Capture(self._capture_cfg(n, full, path), self._layout, self.optimizer)
 
     def _path(self, n: int, what: str) -> str:
         return os.path.join(self.folder, f"update-{n:06d}-{what}.jsonl")

@@ -1,0 +1,118 @@
+"""What always-on watching costs per update (issue 13): ``candle_trace.torch.watch`` with
+its flight recorder, and without it (triggers only), beside the untraced update, on the
+GPT-style model at batch 8 x 64 and the MNIST-style CNN at batch 64
+(examples/python/workloads.py), one thread; and the flight recorder's memory over a long
+run of the MLP.
+
+    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_watch.py [ROUNDS] [LONG]
+
+Per round, in a rotating order: ``BLOCK`` untraced updates, ``BLOCK`` under a watch with
+the flight recorder, ``BLOCK`` under a watch without it; process CPU per update (update and
+``step()``), medians over the rounds. The long run: ``LONG`` MLP updates (default 10,000)
+under a watch with no anomaly, peak RSS sampled every 1,000 updates.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bindings" / "python"))
+sys.path.insert(0, str(REPO / "examples" / "python"))
+
+BLOCK = 6
+
+
+def _cpu(fn) -> int:
+    t = time.process_time_ns()
+    fn()
+    return time.process_time_ns() - t
+
+
+def _block(w, out, watcher=None):
+    for _ in range(BLOCK):
+        x, y = w.batch()
+        out.append(_cpu(lambda: (w.update(x, y), watcher.step() if watcher else None)))
+
+
+def run(rounds: int, names=("gpt-b8", "cnn")) -> dict:
+    import torch
+
+    import candle_trace.torch as ctt
+    import workloads
+
+    torch.set_num_threads(1)
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            w = workloads.WORKLOADS[name]()
+            for _ in range(5):
+                w.update(*w.batch())
+            out = {"untraced": [], "flight": [], "triggers": []}
+            for r in range(rounds):
+                for mode in (["untraced", "flight", "triggers"] * 2)[r % 3:r % 3 + 3]:
+                    if mode == "untraced":
+                        _block(w, out[mode])
+                        continue
+                    folder = os.path.join(tmp, f"{name}-{mode}-{r}")
+                    with ctt.watch(w.model, w.optimizer, folder,
+                                   flight_recorder=mode == "flight") as wt:
+                        w.update(*w.batch())  # the first update arms what follows
+                        wt.step()
+                        _block(w, out[mode], wt)
+                    assert not os.listdir(folder), f"{name}: a run without anomaly wrote a trace"
+            res[name] = out
+    return res
+
+
+def long_run(n: int) -> dict:
+    import torch
+
+    import candle_trace.torch as ctt
+    import workloads
+
+    torch.set_num_threads(1)
+    w = workloads.mlp()
+    rss = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with ctt.watch(w.model, w.optimizer, tmp) as wt:
+            for i in range(1, n + 1):
+                w.update(*w.batch())
+                wt.step()
+                if i % 1000 == 0:
+                    with open("/proc/self/status") as f:
+                        kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+                    rss.append(kb)
+            traces = os.listdir(tmp)
+    return {"updates": n, "rss_kb": rss, "traces": traces, "fired": [(f.update, f.trigger) for f in wt.fired]}
+
+
+def main() -> int:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    long_n = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
+    import torch
+
+    med = statistics.median
+    print(f"always-on watch, torch {torch.__version__}, 1 thread, {rounds} rounds of {BLOCK} "
+          f"updates per mode, CPU per update (median)")
+    print(f"  {'workload':8s} {'untraced':>10s} {'flight recorder':>16s} {'':>7s} "
+          f"{'triggers only':>14s} {'':>7s}")
+    for name, out in run(rounds).items():
+        u, f, t = med(out["untraced"]), med(out["flight"]), med(out["triggers"])
+        print(f"  {name:8s} {u / 1e6:8.2f}ms {f / 1e6:14.2f}ms {f / u - 1:+6.1%} "
+              f"{t / 1e6:12.2f}ms {t / u - 1:+6.1%}")
+    r = long_run(long_n)
+    print(f"\n{r['updates']} MLP updates under watch (flight recorder on): traces written "
+          f"{len(r['traces'])}, triggers fired {r['fired']}")
+    print(f"  RSS every 1,000 updates (MiB): {[round(k / 1024, 1) for k in r['rss_kb']]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
