@@ -29,7 +29,9 @@ static void ct_crash_stop(void) { ct_crash_stop_fn(); }
 import "C"
 
 import (
+	"fmt"
 	"runtime"
+	"syscall"
 
 	"github.com/candle-trace/candle-trace/internal/session"
 )
@@ -64,22 +66,39 @@ func startCrashFlush(s *session.Session) {
 			return
 		}
 		serving <- true
-		if C.ct_crash_wait() == 0 {
+		sig := int(C.ct_crash_wait())
+		if sig == 0 {
 			return // the session ended
 		}
-		crashFlush(s)
+		crashFlush(s, sig)
 		C.ct_crash_done()
 	}()
 	crashServing = <-serving
 }
 
-// crashFlush writes what s has recorded. The process is dying, so errors
-// (a poisoned or already finishing session) are only skipped, and a panic is
-// recovered: unrecovered on this goroutine it would end the process with
-// Go's exit status instead of the signal, and done would never be said.
-func crashFlush(s *session.Session) {
+// crashFlush writes what s has recorded and ends it failed, naming the
+// signal (candle-graph reads no trace without a terminal line). The process
+// is dying, so errors (a poisoned or already finishing session) are only
+// skipped, and a panic is recovered: unrecovered on this goroutine it would
+// end the process with Go's exit status instead of the signal, and done
+// would never be said.
+func crashFlush(s *session.Session, sig int) {
 	defer func() { _ = recover() }()
-	_ = s.Flush()
+	reason := fmt.Sprintf("killed by %s (signal %d) before the capture completed", signalName(sig), sig)
+	if err := finishing(s, func() error { return s.FinishFailed(reason) }); err != nil {
+		_ = s.Flush()
+	}
+}
+
+// signalName is the C name of a signal the shim handles.
+func signalName(sig int) string {
+	names := map[syscall.Signal]string{syscall.SIGHUP: "SIGHUP", syscall.SIGQUIT: "SIGQUIT",
+		syscall.SIGILL: "SIGILL", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS",
+		syscall.SIGFPE: "SIGFPE", syscall.SIGSEGV: "SIGSEGV", syscall.SIGTERM: "SIGTERM"}
+	if n, ok := names[syscall.Signal(sig)]; ok {
+		return n
+	}
+	return "signal"
 }
 
 // stopCrashFlush tells the shim the session is ending: its handlers stop

@@ -115,7 +115,11 @@ static int matches(const char *patterns, const char *a, const char *b) {
  * crashed thread holds the library's lock). */
 #define CRASH_FLUSH_WAIT_MS 500
 
-static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+/* Not SIGINT: CPython (and others) install their own SIGINT handler only over
+ * SIG_DFL, so taking it at load would turn Ctrl-C's KeyboardInterrupt into a
+ * kill; a program that ends on KeyboardInterrupt exits through its exit
+ * handlers anyway. */
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM, SIGHUP, SIGQUIT};
 #define N_FATAL (sizeof fatal_signals / sizeof fatal_signals[0])
 static struct sigaction previous[N_FATAL]; /* the disposition ours replaced */
 static int installed[N_FATAL];
@@ -126,6 +130,7 @@ static uint32_t req;        /* futex: REQ_FLUSH (a fatal signal) | REQ_STOP (the
 static uint32_t done;       /* futex: 1 once the library has written the trace */
 static uint32_t ready;      /* 1 while the library's waiter thread serves requests */
 static uint32_t fired;      /* 1 once a handler has asked for the flush: one per process */
+static int fired_sig;       /* the signal of that handler (the trace's reason names it) */
 static pid_t waiter_pid;    /* the process the waiter belongs to (not a fork child) */
 static pid_t waiter_tid;    /* the waiter's thread */
 
@@ -165,6 +170,7 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *uctx) {
          * any that crash meanwhile) waits for the same flush, so none of
          * them kills the process before the trace is written. */
         if (!__atomic_exchange_n(&fired, 1, __ATOMIC_ACQ_REL)) {
+            __atomic_store_n(&fired_sig, sig, __ATOMIC_RELAXED);
             __atomic_fetch_or(&req, REQ_FLUSH, __ATOMIC_RELEASE);
             futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
         }
@@ -216,13 +222,15 @@ static void remove_fatal_handlers(void) {
  * handler never waits longer than CRASH_FLUSH_WAIT_MS. */
 
 /* Called on the waiter thread: 0 when there is a handler to serve (the
- * thread now blocks SIGTERM and SIGABRT and is the one the handlers ask),
- * -1 when none was installed. */
+ * thread now blocks the asynchronous ones, SIGTERM, SIGHUP, SIGQUIT and
+ * SIGABRT, and is the one the handlers ask), -1 when none was installed. */
 int ct__preload_crash_waiter_begin(void) {
     if (!any_installed) return -1;
     sigset_t block;
     sigemptyset(&block);
     sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGQUIT);
     sigaddset(&block, SIGABRT);
     pthread_sigmask(SIG_BLOCK, &block, NULL);
     waiter_pid = getpid();
@@ -233,11 +241,12 @@ int ct__preload_crash_waiter_begin(void) {
     return 0;
 }
 
-/* Blocks until a fatal signal asks for a flush (1) or stop was called (0). */
+/* Blocks until a fatal signal asks for a flush (its number) or stop was
+ * called (0). */
 int ct__preload_crash_wait(void) {
     for (;;) {
         uint32_t r = __atomic_load_n(&req, __ATOMIC_ACQUIRE);
-        if (r & REQ_FLUSH) return 1;
+        if (r & REQ_FLUSH) return __atomic_load_n(&fired_sig, __ATOMIC_RELAXED);
         if (r & REQ_STOP) return 0;
         futex(&req, FUTEX_WAIT_PRIVATE, r, NULL);
     }

@@ -2,6 +2,7 @@
 that process exit finishes, for programs nobody instrumented."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -320,12 +321,16 @@ def shim_env(trace: Path, flush_ms: str | None = "60000") -> dict:
     return env
 
 
-def check_flushed(trace: Path, tmp_path: Path, prefixes: list[str], n: int) -> None:
-    """Every span and op recorded before the signal, as whole lines, no terminal."""
+def check_flushed(trace: Path, tmp_path: Path, prefixes: list[str], n: int, signame: str) -> None:
+    """Every span and op recorded before the signal, as whole lines, and a failed
+    terminal naming the signal."""
     data = trace.read_bytes()
     assert data.endswith(b"\n"), "only whole lines are on disk"
     events = lines(trace)
-    assert events[-1]["kind"] != "terminal" and all(e["kind"] != "terminal" for e in events)
+    term = events[-1]
+    assert term["kind"] == "terminal" and term["outcome"] == "failed", term
+    assert term["reason"].startswith(f"killed by {signame} (signal "), term
+    assert sum(e["kind"] == "terminal" for e in events) == 1
     names = {e["id"]: e["name"] for e in events if e["kind"] == "span_start"}
     assert "doomed" in names.values()
     for prefix in prefixes:
@@ -338,11 +343,18 @@ def check_flushed(trace: Path, tmp_path: Path, prefixes: list[str], n: int) -> N
         assert len(ops) == n and {o["span_id"] for o in ops} == started
     cli = REPO / "build" / "candle-trace"
     if cli.exists():
-        partial = subprocess.run([str(cli), "validate", "--allow-partial", str(trace)],
-                                 capture_output=True, text=True, timeout=30)
-        assert partial.returncode == 0, partial.stdout + partial.stderr
         strict = subprocess.run([str(cli), "validate", str(trace)], capture_output=True, text=True, timeout=30)
         assert strict.returncode == 1, "a crash is not a complete capture"
+        assert "structurally valid, outcome failed; 0 errors" in strict.stdout, strict.stdout
+    # candle-graph reads it: a failed capture, not a broken file
+    d = tmp_path / f"cg-{trace.stem}"
+    d.mkdir()
+    (d / "trace.jsonl").write_bytes(data)
+    cg = subprocess.run([os.environ.get("CANDLE_GRAPH", str(REPO / "build/tools/bin/candle-graph")),
+                         "summary", "trace.jsonl"], cwd=d, capture_output=True, text=True, timeout=60)
+    assert cg.returncode == 0, cg.stdout[-2000:] + cg.stderr
+    health = json.loads(cg.stdout)["health"]
+    assert health["structurally_valid"] and not health["capture_complete"]
 
 
 @pytest.mark.parametrize("how,signum,flush_ms", [
@@ -359,22 +371,23 @@ def test_a_fatal_signal_under_the_shim_flushes_every_record(tmp_path: Path, dyin
     took = time.monotonic() - start
     assert proc.returncode == -signum, f"the program still dies of its own signal: {proc.returncode} {proc.stderr!r}"
     assert took < 3, f"dying took {took:.2f} s"
-    check_flushed(trace, tmp_path, ["work"], n)
+    check_flushed(trace, tmp_path, ["work"], n, signal.Signals(signum).name)
 
 
-def test_sigterm_under_the_shim_flushes_every_record(tmp_path: Path, dying: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_a_kill_under_the_shim_flushes_every_record(tmp_path: Path, dying: Path, signum: int) -> None:
     trace, n = tmp_path / "term.jsonl", 200
     proc = subprocess.Popen([str(dying), "term", str(n)], env=shim_env(trace), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "recorded\n", proc.stderr.read()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         proc.wait(timeout=10)
     finally:
         proc.kill()
         proc.communicate()
-    assert proc.returncode == -signal.SIGTERM
-    check_flushed(trace, tmp_path, ["work"], n)
+    assert proc.returncode == -signum
+    check_flushed(trace, tmp_path, ["work"], n, signal.Signals(signum).name)
 
 
 def test_two_threads_crashing_share_one_flush(tmp_path: Path, dying: Path) -> None:
@@ -385,7 +398,7 @@ def test_two_threads_crashing_share_one_flush(tmp_path: Path, dying: Path) -> No
     proc = subprocess.run([str(dying), "threads", str(n)], env=shim_env(trace), cwd=tmp_path,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == -signal.SIGSEGV, proc.stderr
-    check_flushed(trace, tmp_path, ["work", "other"], n)
+    check_flushed(trace, tmp_path, ["work", "other"], n, "SIGSEGV")
 
 
 def test_the_shim_leaves_a_programs_own_sigterm_handler_alone(tmp_path: Path) -> None:
