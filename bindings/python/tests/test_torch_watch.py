@@ -6,10 +6,11 @@ no capture step given, every trace judged by the real candle-graph and our valid
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
-from conftest import candle_graph, judged, read_trace
+from conftest import REPO, candle_graph, judged, read_trace
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -173,3 +174,24 @@ def test_the_programs_own_trigger_and_the_cap(tmp_path):
 def test_bad_options_are_refused(kw, msg):
     with pytest.raises(ctt.CandleTraceError, match=msg.replace(".", r"\.")):
         ctt.watch(nn.Linear(2, 2), None, "never", **kw)
+
+
+def test_whole_run_statistics_beside_the_watch(tmp_path):
+    import json
+
+    summary = tmp_path / "stats.json"
+
+    def stall(i, model, opt):
+        if i == 15:
+            time.sleep(0.1)
+
+    w, folder = watched(tmp_path, 18, stall, aggregate_path=summary)
+    assert [(f.update, f.trigger) for f in w.fired] == [(15, "slow")]
+    doc = json.loads(summary.read_text())
+    spans = {s["name"]: s for s in doc["spans"]}
+    assert spans["train/step"]["count"] == 18 and spans["train/forward"]["count"] == 18
+    scalars = {s["label"]: s for s in doc["scalars"]}
+    assert scalars["trigger/slow"]["count"] == 1 and scalars["loss"]["count"] == 18
+    r = subprocess.run([str(REPO / "build" / "candle-trace"), "report", str(summary)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "trigger/slow" in r.stdout, r.stdout + r.stderr

@@ -30,6 +30,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from ..session import CandleTraceError
+from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
 from ._common import compiled_inner, exception_reason, warn_once
 from ._profile import _tops
@@ -77,7 +78,10 @@ class watch:
     ``max_traces`` (default 3), ``flight_recorder`` (default True; False keeps only the
     capture of the update after a trigger), ``recorder_bytes`` (the flight recorder's
     bound, default 64 MiB), ``capture_next`` (default True), ``name``, ``device``,
-    ``tags``, ``gradient_families``, ``enabled``.
+    ``tags``, ``gradient_families``, ``enabled``; ``aggregate_path`` (and
+    ``aggregate_interval_ms``, ``aggregate_prefix``) keeps whole-run statistics beside it,
+    as ``profile`` does, with each trigger that fires as a scalar ``trigger/<name>`` (its
+    value) of the summary.
     """
 
     def __init__(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
@@ -87,7 +91,9 @@ class watch:
                  name: Optional[str] = None, device: Optional[str] = None,
                  tags: Optional[Mapping[str, str]] = None,
                  gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, aggregate_path: Optional[Union[str, os.PathLike]] = None,
+                 aggregate_interval_ms: Optional[int] = None,
+                 aggregate_prefix: str = "train") -> None:
         if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 0:
             raise CandleTraceError(1, f"candle_trace.torch.watch: max_traces must be an integer "
                                       f">= 0, got {max_traces!r}")
@@ -122,6 +128,9 @@ class watch:
         self._cap_kind = ""  # "flight" or "after"
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
+        self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
+        #: the whole-run statistics (aggregate_path given), else None
+        self.whole_run: Optional[WholeRun] = None
         try:
             self._layout = Layout(self._tops, self._capture_cfg(1, True, ""))
         except ValueError as e:
@@ -138,6 +147,12 @@ class watch:
         if not self.enabled:
             return self
         os.makedirs(self.folder, exist_ok=True)
+        path, interval, prefix = self._aggregate_args
+        if path is not None:
+            self.whole_run = WholeRun(os.fspath(path), f"{self.name}::train", "train", 1,
+                                      self.device, self.tags, interval, prefix, want_loss=False)
+            self.whole_run.install(self.model if isinstance(self.model, torch.nn.Module)
+                                   else self._tops[0][1], self.optimizer)
         self._tap.install()
         self._last = time.perf_counter()
         self._arm_next()
@@ -171,6 +186,12 @@ class watch:
             self.fired.append(fired)
             if self.capture_next and fired.trigger != "exception":
                 self._after = fired
+        if self.whole_run is not None:
+            if loss is not None:
+                self.whole_run.session.record_scalar(1, "loss", loss)
+            if fired is not None:
+                self.whole_run.session.record_scalar(1, f"trigger/{fired.trigger}", fired.value)
+            self.whole_run.step()
         self._arm_next()
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
@@ -195,6 +216,9 @@ class watch:
                                if self._after else "after")
         finally:
             self._tap.remove()
+            if self.whole_run is not None:
+                wr, self.whole_run = self.whole_run, None
+                wr.close(exc_type, exc)
 
     def __enter__(self) -> "watch":
         return self.start()
