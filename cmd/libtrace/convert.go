@@ -31,7 +31,20 @@ func goString(fn, field string, p *C.char) (string, error) {
 	if p == nil {
 		return "", argErr(fn, "%s is NULL", field)
 	}
-	return C.GoStringN(p, C.int(C.strlen(p))), nil
+	return boundedString(fn, field, p)
+}
+
+// maxStringBytes bounds every string a record carries, as the C fast path
+// bounds span names: a trace line holding a larger one would be refused by
+// the trace's readers (line_too_long) after the call said OK.
+const maxStringBytes = 1 << 20
+
+func boundedString(fn, field string, p *C.char) (string, error) {
+	n := C.strlen(p)
+	if n > maxStringBytes {
+		return "", argErr(fn, "%s is longer than 1 MiB (%d bytes)", field, uint64(n))
+	}
+	return C.GoStringN(p, C.int(n)), nil
 }
 
 // reqString copies a required string: not NULL; emptiness and UTF-8 are
@@ -39,11 +52,12 @@ func goString(fn, field string, p *C.char) (string, error) {
 func reqString(fn, field string, p *C.char) (string, error) { return goString(fn, field, p) }
 
 // optString copies a string where NULL means absent.
-func optString(p *C.char) (string, bool) {
+func optString(fn, field string, p *C.char) (string, bool, error) {
 	if p == nil {
-		return "", false
+		return "", false, nil
 	}
-	return C.GoStringN(p, C.int(C.strlen(p))), true
+	s, err := boundedString(fn, field, p)
+	return s, err == nil, err
 }
 
 // maxRecordSize bounds a record's size: a larger one is garbage, not the
@@ -166,7 +180,9 @@ func convertOp(fn string, p *C.ct_op) (_ *events.Op, err error) {
 	} else {
 		o.Inputs = []string{}
 	}
-	o.Output, o.HasOutput = optString(op.output)
+	if o.Output, o.HasOutput, err = optString(fn, "op.output", op.output); err != nil {
+		return nil, err
+	}
 	if o.Shape, err = convertShape(fn, "op.shape", op.shape, op.rank); err != nil {
 		return nil, err
 	}
@@ -195,7 +211,9 @@ func convertTensor(fn string, p *C.ct_tensor) (_ *events.Tensor, err error) {
 	if x.Device, err = reqString(fn, "tensor.device", t.device); err != nil {
 		return nil, err
 	}
-	x.Label, _ = optString(t.label)
+	if x.Label, _, err = optString(fn, "tensor.label", t.label); err != nil {
+		return nil, err
+	}
 	if x.Shape, err = convertShape(fn, "tensor.shape", t.shape, t.rank); err != nil {
 		return nil, err
 	}
@@ -255,7 +273,9 @@ func convertMemory(fn string, action events.MemoryAction, p *C.ct_memory) (_ *ev
 	if x.Dtype, err = reqString(fn, "memory.dtype", m.dtype); err != nil {
 		return nil, err
 	}
-	x.OpName, _ = optString(m.op_name)
+	if x.OpName, _, err = optString(fn, "memory.op_name", m.op_name); err != nil {
+		return nil, err
+	}
 	if x.Shape, err = convertShape(fn, "memory.shape", m.shape, m.rank); err != nil {
 		return nil, err
 	}
@@ -296,8 +316,12 @@ func convertDeviceInterval(fn string, p *C.ct_device_interval) (_ *events.Device
 	if x.Backend, err = reqString(fn, "interval.backend", d.backend); err != nil {
 		return nil, err
 	}
-	x.ClockID, _ = optString(d.clock_id)
-	x.Name, _ = optString(d.name)
+	if x.ClockID, _, err = optString(fn, "interval.clock_id", d.clock_id); err != nil {
+		return nil, err
+	}
+	if x.Name, _, err = optString(fn, "interval.name", d.name); err != nil {
+		return nil, err
+	}
 	if d.flags&C.CT_HAS_CORRELATION_ID != 0 {
 		x.CorrelationID, x.HasCorrelationID = uint64(d.correlation_id), true
 	}

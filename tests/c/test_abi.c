@@ -904,6 +904,19 @@ static void test_strings(ct_session s, ct_span span) {
                       BAD_STRINGS[i].sub);
         }
     }
+    /* Every string a record carries is bounded as span names are: a line
+     * holding a larger one would be refused by the trace's readers. */
+    size_t n = (1u << 20) + 1;
+    char *big = malloc(n + 1);
+    if (!big) return;
+    memset(big, 'a', n);
+    big[n] = 0;
+    for (size_t t = 0; t < sizeof STR_TARGETS / sizeof STR_TARGETS[0]; t++) {
+        char desc[160];
+        snprintf(desc, sizeof desc, "%s = 1 MiB + 1 byte", STR_TARGETS[t].name);
+        CHECK_ROW(desc, STR_TARGETS[t].fn(s, span, big), CT_ERR_INVALID_ARGUMENT, "longer than 1 MiB");
+    }
+    free(big);
 }
 
 /* ---- NULL pointers ------------------------------------------------------- */
