@@ -5,6 +5,7 @@ no capture step given, every trace judged by the real candle-graph and our valid
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import time
@@ -56,15 +57,22 @@ def watched(tmp_path, steps, before=None, **kw):
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     folder = tmp_path / "traces"
-    with ctt.watch(model, opt, folder, **kw) as w:
-        for i in range(1, steps + 1):
-            if before is not None:
-                before(i, model, opt)
-            x, y = torch.randn(8, 16), torch.randn(8, 4)
-            opt.zero_grad()
-            ((FailingBackward.apply(model(x)) - y) ** 2).mean().backward()
-            opt.step()
-            w.step()
+    # A full collection of the interpreter's heap can pause an update for tens of
+    # milliseconds: a real slow update, but not the one these tests make. Off here.
+    gc.collect()
+    gc.disable()
+    try:
+        with ctt.watch(model, opt, folder, **kw) as w:
+            for i in range(1, steps + 1):
+                if before is not None:
+                    before(i, model, opt)
+                x, y = torch.randn(8, 16), torch.randn(8, 4)
+                opt.zero_grad()
+                ((FailingBackward.apply(model(x)) - y) ** 2).mean().backward()
+                opt.step()
+                w.step()
+    finally:
+        gc.enable()
     return w, folder
 
 
