@@ -20,7 +20,7 @@ import (
 //export ctbench_naive_span_begin
 func ctbench_naive_span_begin(h C.ct_session, name *C.char, kind, step C.uint32_t, out *C.ct_span) (rc C.int) {
 	defer guard("naive_span_begin", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ctbench_naive_span_begin", h)
 	if err != nil {
 		return status(err)
 	}
@@ -34,7 +34,7 @@ func ctbench_naive_span_begin(h C.ct_session, name *C.char, kind, step C.uint32_
 //export ctbench_naive_span_end
 func ctbench_naive_span_end(h C.ct_session, span C.ct_span) (rc C.int) {
 	defer guard("naive_span_end", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ctbench_naive_span_end", h)
 	if err != nil {
 		return status(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -79,13 +80,20 @@ func ctgo_open(path, runJSON *C.char, out *C.ct_session) (rc C.int) {
 	return C.CT_OK
 }
 
-func lookup(h C.ct_session) (*session.Session, error) { return session.Lookup(uint64(h)) }
+// lookup finds the live session h for fn; a refusal names fn, as the C side's do.
+func lookup(fn string, h C.ct_session) (*session.Session, error) {
+	s, err := session.Lookup(uint64(h))
+	if e, ok := err.(*session.Error); ok {
+		return nil, &session.Error{Code: e.Code, Msg: fn + ": " + strings.TrimPrefix(e.Msg, "ct_*: ")}
+	}
+	return s, err
+}
 
 //export ctgo_record_completed_span
 func ctgo_record_completed_span(h C.ct_session, name *C.char, kind C.uint32_t, start, dur C.uint64_t, out *C.ct_span) (rc C.int) {
 	const fn = "ct_record_completed_span"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_completed_span", h)
 	if err != nil {
 		return status(err)
 	}
@@ -104,7 +112,7 @@ func ctgo_record_completed_span(h C.ct_session, name *C.char, kind C.uint32_t, s
 func ctgo_record_op(h C.ct_session, span C.ct_span, op *C.ct_op) (rc C.int) {
 	const fn = "ct_record_op"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_op", h)
 	if err != nil {
 		return status(err)
 	}
@@ -119,7 +127,7 @@ func ctgo_record_op(h C.ct_session, span C.ct_span, op *C.ct_op) (rc C.int) {
 func ctgo_record_tensor(h C.ct_session, span C.ct_span, t *C.ct_tensor) (rc C.int) {
 	const fn = "ct_record_tensor"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_tensor", h)
 	if err != nil {
 		return status(err)
 	}
@@ -134,7 +142,7 @@ func ctgo_record_tensor(h C.ct_session, span C.ct_span, t *C.ct_tensor) (rc C.in
 func ctgo_record_tensor_stats(h C.ct_session, span C.ct_span, st *C.ct_tensor_stats) (rc C.int) {
 	const fn = "ct_record_tensor_stats"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_tensor_stats", h)
 	if err != nil {
 		return status(err)
 	}
@@ -149,7 +157,7 @@ func ctgo_record_tensor_stats(h C.ct_session, span C.ct_span, st *C.ct_tensor_st
 func ctgo_record_tensor_stats_f32(h C.ct_session, span C.ct_span, label *C.char, data *C.float, shape *C.int64_t, rank C.size_t) (rc C.int) {
 	const fn = "ct_record_tensor_stats_f32"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_tensor_stats_f32", h)
 	if err != nil {
 		return status(err)
 	}
@@ -179,7 +187,7 @@ func ctgo_record_tensor_stats_f32(h C.ct_session, span C.ct_span, label *C.char,
 func ctgo_record_scalar(h C.ct_session, span C.ct_span, label *C.char, v C.double) (rc C.int) {
 	const fn = "ct_record_scalar"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_scalar", h)
 	if err != nil {
 		return status(err)
 	}
@@ -194,7 +202,7 @@ func ctgo_record_scalar(h C.ct_session, span C.ct_span, label *C.char, v C.doubl
 func ctgo_record_memory(h C.ct_session, span C.ct_span, action C.uint32_t, m *C.ct_memory) (rc C.int) {
 	const fn = "ct_record_memory"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_memory", h)
 	if err != nil {
 		return status(err)
 	}
@@ -209,7 +217,7 @@ func ctgo_record_memory(h C.ct_session, span C.ct_span, action C.uint32_t, m *C.
 func ctgo_record_device_memory(h C.ct_session, m *C.ct_device_memory) (rc C.int) {
 	const fn = "ct_record_device_memory"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_device_memory", h)
 	if err != nil {
 		return status(err)
 	}
@@ -224,7 +232,7 @@ func ctgo_record_device_memory(h C.ct_session, m *C.ct_device_memory) (rc C.int)
 func ctgo_record_device_interval(h C.ct_session, span C.ct_span, d *C.ct_device_interval) (rc C.int) {
 	const fn = "ct_record_device_interval"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_device_interval", h)
 	if err != nil {
 		return status(err)
 	}
@@ -238,7 +246,7 @@ func ctgo_record_device_interval(h C.ct_session, span C.ct_span, d *C.ct_device_
 //export ctgo_record_call_edge
 func ctgo_record_call_edge(h C.ct_session, from, to C.ct_span, dur C.uint64_t) (rc C.int) {
 	defer guard("ct_record_call_edge", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_call_edge", h)
 	if err != nil {
 		return status(err)
 	}
@@ -249,7 +257,7 @@ func ctgo_record_call_edge(h C.ct_session, from, to C.ct_span, dur C.uint64_t) (
 func ctgo_record_data_edge(h C.ct_session, from, to *C.char) (rc C.int) {
 	const fn = "ct_record_data_edge"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_data_edge", h)
 	if err != nil {
 		return status(err)
 	}
@@ -268,7 +276,7 @@ func ctgo_record_data_edge(h C.ct_session, from, to *C.char) (rc C.int) {
 func ctgo_record_gradient(h C.ct_session, root, key *C.char, state C.uint32_t, norm *C.double) (rc C.int) {
 	const fn = "ct_record_gradient"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_record_gradient", h)
 	if err != nil {
 		return status(err)
 	}
@@ -295,7 +303,7 @@ func ctgo_record_gradient(h C.ct_session, root, key *C.char, state C.uint32_t, n
 //export ctgo_device_start
 func ctgo_device_start(h C.ct_session, options *C.char) (rc C.int) {
 	defer guard("ct_device_start", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_device_start", h)
 	if err != nil {
 		return status(err)
 	}
@@ -309,7 +317,7 @@ func ctgo_device_start(h C.ct_session, options *C.char) (rc C.int) {
 //export ctgo_device_stop
 func ctgo_device_stop(h C.ct_session) (rc C.int) {
 	defer guard("ct_device_stop", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_device_stop", h)
 	if err != nil {
 		return status(err)
 	}
@@ -319,7 +327,7 @@ func ctgo_device_stop(h C.ct_session) (rc C.int) {
 //export ctgo_flush
 func ctgo_flush(h C.ct_session) (rc C.int) {
 	defer guard("ct_flush", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_flush", h)
 	if err != nil {
 		return status(err)
 	}
@@ -329,7 +337,7 @@ func ctgo_flush(h C.ct_session) (rc C.int) {
 //export ctgo_finish
 func ctgo_finish(h C.ct_session) (rc C.int) {
 	defer guard("ct_finish", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_finish", h)
 	if err != nil {
 		return status(err)
 	}
@@ -340,7 +348,7 @@ func ctgo_finish(h C.ct_session) (rc C.int) {
 func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	const fn = "ct_finish_failed"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_finish_failed", h)
 	if err != nil {
 		return status(err)
 	}
@@ -354,7 +362,7 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 //export ctgo_discard
 func ctgo_discard(h C.ct_session) (rc C.int) {
 	defer guard("ct_discard", &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_discard", h)
 	if err != nil {
 		return status(err)
 	}
@@ -368,7 +376,7 @@ func ctgo_dropped_records(h C.ct_session) (n C.uint64_t) {
 			n = 0
 		}
 	}()
-	s, err := lookup(h)
+	s, err := lookup("ct_dropped_records", h)
 	if err != nil {
 		return 0
 	}
@@ -379,7 +387,7 @@ func ctgo_dropped_records(h C.ct_session) (n C.uint64_t) {
 func ctgo_aggregate_enable(h C.ct_session, on C.int) (rc C.int) {
 	const fn = "ct_aggregate_enable"
 	defer guard(fn, &rc)
-	s, err := lookup(h)
+	s, err := lookup("ct_aggregate_enable", h)
 	if err != nil {
 		return status(err)
 	}

@@ -725,6 +725,14 @@ static void test_handles(void) {
             CHECK_ROW(desc, HANDLE_FNS[i].fn(handles[h].h), CT_ERR_INVALID_HANDLE, handles[h].sub);
         }
     }
+    /* Every refusal of a handle names the function that refused it. */
+    for (size_t i = 0; i < sizeof HANDLE_FNS / sizeof HANDLE_FNS[0]; i++) {
+        HANDLE_FNS[i].fn(fin);
+        const char *msg = ct_last_error();
+        size_t n = strlen(HANDLE_FNS[i].name);
+        CHECK(strncmp(msg, HANDLE_FNS[i].name, n) == 0 && msg[n] == ':',
+              "%s(finished handle): the message does not name the function: %s", HANDLE_FNS[i].name, msg);
+    }
     size_t len;
     char *buf = slurp(outpath("valid-finished-handle.jsonl"), &len);
     CHECK(buf && count_str(buf, "\"name\":\"h\"") == 0,
