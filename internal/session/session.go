@@ -150,7 +150,12 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	live[h] = s
 	mu.Unlock()
 	startWaker()
-	go s.flushLoop()
+	if asBufferSink(sink) == nil {
+		// A buffered session writes nothing until it ends: no flusher to run
+		// (the waker still drains a ring that fills), which is most of what
+		// a flight recorder's session costs per update to open and drop.
+		go s.flushLoop()
+	}
 	return s, nil
 }
 
