@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import torch
 
