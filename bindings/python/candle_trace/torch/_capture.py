@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..session import CandleTraceError, Session
-from . import _gradients, _ops
+from . import _gradients, _observer, _ops
 from ._common import (compiled_inner, dtype_name, exception_reason, outside_dynamo, patch,
                       restore, warn_once)
 from ._device import Device
@@ -113,23 +113,12 @@ class Capture:
     def op_mechanism(self) -> str:
         return self.ops.mechanism if self.ops is not None else "none"
 
-    def guard(self, fn: Callable, when: str = "capturing") -> Callable:
-        """``fn`` as a hook: it runs only while the capture is ``when`` (or capturing),
-        as tracer work, and an error inside it fails the capture instead of the program."""
-        states = ("armed", "capturing") if when == "armed" else ("capturing",)
+    def guard(self, fn: Callable) -> Callable:
+        """``fn`` as a hook (returning None, as torch wants): :meth:`guard_call` on each
+        call."""
 
         def hook(*args: Any) -> None:
-            if self.state not in states:
-                return None
-            spans = self.spans
-            spans.pause()
-            try:
-                fn(*args)
-            except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
-                self.abort(e)
-            finally:
-                spans.resume()
-            return None
+            self.guard_call(fn, *args)
 
         return hook
 
@@ -206,7 +195,7 @@ class Capture:
         if self.ops is not None:
             try:
                 self.ops.begin(s, self.spans, self._measured, self.params)
-            except _observer_unavailable() as e:  # e.g. another capture holds it
+            except _observer.ObserverUnavailable as e:  # e.g. another capture holds it
                 self.ops = _ops.fallback_to_dispatch(e, self.cfg.memory)
                 if self.ops is None:
                     raise
@@ -443,11 +432,6 @@ class Capture:
             warnings.warn("candle_trace.torch: the captured update breaks the gradient "
                           f"contract ({self.cfg.path}): " + "; ".join(self.violations),
                           RuntimeWarning, stacklevel=4)
-
-
-def _observer_unavailable() -> type:
-    from . import _observer
-    return _observer.ObserverUnavailable
 
 
 def _named(tops: Sequence[Tuple[str, torch.nn.Module]], what: str) -> List[Tuple[str, Any]]:

@@ -36,6 +36,21 @@ def _tops(model: Any) -> List[Tuple[str, torch.nn.Module]]:
     return tops
 
 
+def _identity(model: Any, tops: Sequence[Tuple[str, torch.nn.Module]], name: Optional[str],
+              device: Optional[str]) -> Tuple[str, str]:
+    """The model's name (its class's; a compiled module's, the class it compiles) and
+    device (its first parameter's, else cpu), where they are not given."""
+    if device is None:
+        p = next((p for _, m in tops for p in m.parameters()), None)
+        device = str(p.device) if p is not None else "cpu"
+    return name or type(compiled_inner(model) or model).__name__, device
+
+
+def _first_module(model: Any, tops: Sequence[Tuple[str, torch.nn.Module]]) -> torch.nn.Module:
+    """The module whose forward starts an update for the whole-run statistics."""
+    return model if isinstance(model, torch.nn.Module) else tops[0][1]
+
+
 class profile:
     """Captures the ``capture_step``-th update of a training loop into ``path``.
 
@@ -87,16 +102,13 @@ class profile:
         if phase not in PHASES:
             raise CandleTraceError(1, f"candle_trace.torch.profile: phase must be one of "
                                       f"{', '.join(PHASES)}, got {phase!r}")
-        tops = _tops(model)
+        tops = self._tops = _tops(model)
         self.model = model
         self.optimizer = optimizer
         self.path = str(path)
         self.capture_step = capture_step
         self.phase = phase
-        self.name = name or type(compiled_inner(model) or model).__name__
-        if device is None:
-            p = next((p for _, m in tops for p in m.parameters()), None)
-            device = str(p.device) if p is not None else "cpu"
+        self.name, device = _identity(model, tops, name, device)
         if device_collect == "auto":
             device_collect = ["cupti"] if device.startswith("cuda") else []
         elif isinstance(device_collect, str):
@@ -182,8 +194,7 @@ class profile:
                 self.whole_run = WholeRun(str(path), self.cfg.entrypoint, self.phase,
                                           self.capture_step, self.device, self.cfg.tags,
                                           interval, prefix, loss)
-                self.whole_run.install(self.model if isinstance(self.model, torch.nn.Module)
-                                       else self.capture._tops[0], self.optimizer)
+                self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
             except BaseException as e:
                 self.capture.fail(f"the aggregate session could not open: {e}")
                 raise

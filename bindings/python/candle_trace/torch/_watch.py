@@ -32,8 +32,8 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
-from ._common import compiled_inner, exception_reason, warn_once
-from ._profile import _tops
+from ._common import exception_reason, warn_once
+from ._profile import _first_module, _identity, _tops
 from ._triggers import Evaluator, Fired, Triggers
 
 __all__ = ["watch", "Triggers", "Fired"]
@@ -108,11 +108,7 @@ class watch:
         self.model, self.optimizer = model, optimizer
         self._tops = _tops(model)
         self.folder = os.fspath(folder)
-        self.name = name or type(compiled_inner(model) or model).__name__
-        if device is None:
-            p = next((p for _, m in self._tops for p in m.parameters()), None)
-            device = str(p.device) if p is not None else "cpu"
-        self.device = device
+        self.name, self.device = _identity(model, self._tops, name, device)
         self.tags = dict(tags or {})
         self.gradient_families = gradient_families
         self.max_traces = max_traces
@@ -151,8 +147,7 @@ class watch:
         if path is not None:
             self.whole_run = WholeRun(os.fspath(path), f"{self.name}::train", "train", 1,
                                       self.device, self.tags, interval, prefix, want_loss=False)
-            self.whole_run.install(self.model if isinstance(self.model, torch.nn.Module)
-                                   else self._tops[0][1], self.optimizer)
+            self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
         self._tap.install()
         self._last = time.perf_counter()
         self._arm_next()
