@@ -355,7 +355,7 @@ func (b *reportBuilder) build(a *analyzer, lt *lifetimes) *Report {
 		return float64(ns) / float64(measured.dur)
 	}
 
-	r.Spans = b.spanStats(a, share)
+	r.Spans = b.spanStats(a, share, measured)
 	for _, name := range b.opOrder {
 		acc := b.ops[name]
 		st := statsOf(name, &acc.d, share)
@@ -394,7 +394,7 @@ func sortStats(s []NameStats) {
 
 // spanStats groups closed spans by name. Self time is the span's duration
 // less its closed direct children's.
-func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64) []NameStats {
+func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64, measured *span) []NameStats {
 	for _, s := range a.spanList {
 		s.childDur = 0
 	}
@@ -425,7 +425,7 @@ func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64) []Nam
 		x.d.add(s.dur)
 		x.self = satAdd(x.self, s.dur-min(s.dur, s.childDur))
 	}
-	enclosing := enclosingNames(a)
+	enclosing := enclosingNames(a, measured)
 	out := []NameStats{}
 	for _, name := range order {
 		x := byName[name]
@@ -441,16 +441,9 @@ func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64) []Nam
 }
 
 // enclosingNames counts, per span name, the spans that are ancestors of the
-// measured span (none without one).
-func enclosingNames(a *analyzer) map[string]uint64 {
+// measured span (none when it is nil).
+func enclosingNames(a *analyzer, measured *span) map[string]uint64 {
 	out := map[string]uint64{}
-	var measured *span
-	for _, s := range a.spanList {
-		if s.measured {
-			measured = s
-			break
-		}
-	}
 	// At most one step per span: a parent cycle (an invalid trace) ends the walk.
 	for s, steps := measured, 0; s != nil && s.hasParent && steps < len(a.spanList); steps++ {
 		p, ok := a.spans[s.parent]
