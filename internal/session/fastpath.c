@@ -174,9 +174,16 @@ static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, 
     uint64_t seq = LOAD(&s->tracer_seq);
     if (__builtin_expect(seq == 0, 1)) {
         uint64_t now = clock_now();
-        /* A first interval that began meanwhile is seen by the next read. */
-        if (excluded) *excluded = 0;
-        return now - s->t0;
+        /* Still no interval once the clock is read: the value is the plain
+         * clock's. Otherwise the first interval began in between and froze
+         * the clock at its own reading, which may be earlier than ours (this
+         * thread was preempted between the two loads): read again under the
+         * sequence, or the next read would go back. */
+        if (__builtin_expect(__atomic_load_n(&s->tracer_seq, __ATOMIC_SEQ_CST) == 0, 1)) {
+            if (excluded) *excluded = 0;
+            return now - s->t0;
+        }
+        seq = LOAD(&s->tracer_seq);
     }
     for (;;) {
         if (seq & 1) {

@@ -260,6 +260,45 @@ static void *clock_reader(void *arg) {
     return NULL;
 }
 
+/* A session's first tracer interval racing a reader that was already past
+ * the "no interval yet" check: the reader must not hand out a value above the
+ * one the interval froze the clock at. Fresh sessions, many times. */
+static uint64_t first_handle;
+static int first_stop;
+static unsigned long first_backwards;
+
+static void *first_reader(void *arg) {
+    (void)arg;
+    uint64_t last = 0;
+    while (!__atomic_load_n(&first_stop, __ATOMIC_ACQUIRE)) {
+        uint64_t now = ct__session_now(__atomic_load_n(&first_handle, __ATOMIC_ACQUIRE));
+        if (now < last) first_backwards++;
+        last = now;
+    }
+    return NULL;
+}
+
+static void first_intervals(int sessions) {
+    for (int i = 0; i < sessions; i++) {
+        uint64_t h = ct__slot_alloc();
+        __atomic_store_n(&first_handle, h, __ATOMIC_RELEASE);
+        __atomic_store_n(&first_stop, 0, __ATOMIC_RELEASE);
+        pthread_t r;
+        pthread_create(&r, NULL, first_reader, NULL);
+        for (volatile int k = 0; k < 2000 + (i % 7) * 300; k++) {
+        }
+        CHECK(ct__tracer_begin_earlier(h, 1000000) == CT_OK && ct__tracer_end(h) == CT_OK, "first interval: %s",
+              ct__errbuf());
+        for (volatile int k = 0; k < 2000; k++) {
+        }
+        __atomic_store_n(&first_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(r, NULL);
+        ct__slot_release(h);
+    }
+    CHECK(first_backwards == 0, "the clock went back %lu times around a session's first tracer interval",
+          first_backwards);
+}
+
 static void *leaver(void *arg) {
     (void)arg;
     ct_span sp;
@@ -353,6 +392,7 @@ int main(void) {
     ct__slot_release(agg_handles[0]);
     ct__slot_release(agg_handles[1]);
     ct__slot_release(trace_handle);
+    first_intervals(2000);
     ct__ring_unlink_dead();
     int rings = 0;
     for (ct_ring *r = ct__rings; r; r = r->next) rings++;
