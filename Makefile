@@ -14,6 +14,7 @@ LIB       := $(BUILD)/libcandle_trace.so
 # exported too (bench_spans, tests/python/test_runtime.py); never shipped.
 BENCH_LIB := $(BUILD)/bench/libcandle_trace.so
 PRELOAD   := $(BUILD)/libcandle_trace_preload.so
+ARCHIVE   := $(BUILD)/libcandle_trace.a
 CLI       := $(BUILD)/candle-trace
 CFLAGS    ?= -O2 -Wall -Wextra -Werror -std=c99
 # candle-graph, the reference reader: installed by tools (or .ci/run) from crates.io.
@@ -31,18 +32,25 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
 lib: $(LIB)
 cli: $(CLI)
+# The static archive for CANDLE_TRACE_LIB_DIR=build (bindings/rust/build.rs).
+archive: $(ARCHIVE)
 
 # A linker version script keeps every symbol but the header's ct_* functions
 # local (cmd/libtrace/exports.map; tests/abi checks it).
 $(LIB): $(GO_SRC) cmd/libtrace/exports.map
 	$(GO) build -buildmode=c-shared -ldflags '-extldflags -Wl,--version-script=$(abspath cmd/libtrace/exports.map)' -o $@ ./cmd/libtrace
 	@rm -f $(BUILD)/libcandle_trace.h   # the hand-written include/candle_trace.h is the header
+
+# A c-archive takes no version script: the program it is linked into exports nothing.
+$(ARCHIVE): $(GO_SRC)
+	$(GO) build -buildmode=c-archive -o $@ ./cmd/libtrace
+	@rm -f $(BUILD)/libcandle_trace.h
 
 $(BENCH_LIB): $(GO_SRC) cmd/libtrace/exports_bench.map
 	@mkdir -p $(dir $@)
@@ -156,10 +164,13 @@ torch2-venv:
 bench-python: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
 
-# The Rust binding (bindings/rust): links build/libcandle_trace.so; the
-# candle feature builds candle-core/candle-nn 0.11 from crates.io.
-test-rust: setup $(LIB)
-	cd bindings/rust && CANDLE_TRACE_LIB_DIR=$(abspath $(BUILD)) cargo test --all-features
+# The Rust binding (bindings/rust): its build.rs builds the library as a static
+# archive with Go (unless CANDLE_TRACE_LIB_DIR names one); the candle feature builds
+# candle-core/candle-nn 0.11 from crates.io. tests/rust_dependent: a crate depending
+# on it builds and runs with no rpath and no variable set.
+test-rust: setup
+	cd bindings/rust && cargo test --all-features
+	./tests/rust_dependent/run.sh
 
 # The same MLP in candle and PyTorch, compared (needs torch and cargo).
 compare-demo: $(LIB) $(CLI)
@@ -191,4 +202,4 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/libcandle_trace.a $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo
