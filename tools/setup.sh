@@ -60,6 +60,11 @@ check_cargo() {  # only needed while candle-graph is not installed
 
 apt_packages() {
   local installed pkg missing=""
+  if ! command -v dpkg-query >/dev/null; then
+    echo "tools/setup.sh: no dpkg here (not Debian): not checking for the packages $APT_PACKAGES;" \
+      "install their equivalents (torch 1.13+ for /usr/bin/python3, pytest, g++, ninja, torch's headers, venv)" >&2
+    return 0
+  fi
   # dpkg-query exits 1 when a package is unknown to dpkg: that is a missing one too.
   installed=" $(dpkg-query -W -f='${db:Status-Status}:${Package} ' $APT_PACKAGES 2>/dev/null || true)"
   for pkg in $APT_PACKAGES; do

@@ -106,6 +106,9 @@ class BuildPyWithNative(build_py):
     """build_py that also builds and copies the bundled native files."""
 
     def run(self) -> None:
+        # pip builds in place: a module deleted from the sources must not live on in
+        # the wheel from an earlier build's copy.
+        shutil.rmtree(Path(self.build_lib) / "candle_trace", ignore_errors=True)
         super().run()
         check_sources()
         go, make = check_tools()
