@@ -13,7 +13,8 @@
 #   3. `python -m candle_trace --help` shows the command's usage and torch-observer;
 #   4. a torch program captured with candle_trace.torch.profile gives a trace that the
 #      real candle-graph accepts, through the C++ op observer (no fallback warning);
-#      `candle-trace torch-observer` then names the built observer;
+#      `candle-trace torch-observer` then names the built observer, and into an empty
+#      cache `--build` compiles it with a progress line;
 #   5. a wheel built with `pip wheel` is py3-none-<platform> and bundles the three files;
 #   6. installing a copy of bindings/python without the repository, or without Go,
 #      fails with a message naming what is missing.
@@ -120,6 +121,24 @@ observer=$(candle-trace torch-observer) || fail "candle-trace torch-observer exi
 [ -f "$observer" ] || fail "torch-observer printed $observer, which is no file"
 [ "$(candle-trace torch-observer --build)" = "$observer" ] ||
   fail "torch-observer --build names another observer than torch-observer"
+# A first build, into an empty cache (XDG_CACHE_HOME: no CANDLE_TRACE_* variable): not
+# built says so (exit 1); --build compiles it with a progress line, then it is found.
+set +e
+XDG_CACHE_HOME="$OUT/empty-cache" candle-trace torch-observer >/dev/null 2>not-built.txt
+not_built_status=$?
+set -e
+[ "$not_built_status" = 1 ] || fail "torch-observer with an empty cache exited $not_built_status, not 1"
+grep -q 'not built yet.*torch-observer --build' not-built.txt ||
+  fail "torch-observer with an empty cache does not say how to build: $(cat not-built.txt)"
+fresh=$(XDG_CACHE_HOME="$OUT/empty-cache" candle-trace torch-observer --build 2>first-build.txt) ||
+  fail "torch-observer --build failed: $(tail -20 first-build.txt)"
+grep -q '^candle_trace: compiling the PyTorch op observer for torch .* (once, ~[0-9]*s)\.\.\.$' first-build.txt ||
+  fail "no progress line before the first build: $(head -5 first-build.txt)"
+grep -q '^candle_trace: op observer compiled in [0-9.]*s into ' first-build.txt ||
+  fail "no line after the first build: $(tail -5 first-build.txt)"
+case $fresh in "$OUT/empty-cache/candle_trace/"*) ;; *) fail "--build built $fresh, not in the empty cache" ;; esac
+[ "$(XDG_CACHE_HOME="$OUT/empty-cache" candle-trace torch-observer)" = "$fresh" ] ||
+  fail "torch-observer does not find what --build built"
 
 # 4b. zero-code capture: the `candle-trace run -- python examples/...` check of issue 15
 # goes here when `candle-trace run` lands (internal/runner): it must write a complete
