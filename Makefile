@@ -150,8 +150,9 @@ test-python: setup $(LIB) $(CLI)
 	PYTHON=$(PYTHON) ./bindings/python/run_tests.sh
 
 # pip install bindings/python into a fresh venv, then use it with no CANDLE_TRACE_*
-# variable set (tests/packaging/fresh_venv.sh).
-test-packaging: setup
+# variable set (tests/packaging/fresh_venv.sh). The install runs make for the three
+# files it bundles: built first here, so that under -j no two makes write them at once.
+test-packaging: setup $(LIB) $(CLI) $(PRELOAD)
 	./tests/packaging/fresh_venv.sh
 
 # A virtualenv with PyPI's torch 2.x, pinned in bindings/python/requirements-torch2.txt:
