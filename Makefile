@@ -2,6 +2,8 @@
 #   make          build/libcandle_trace.so and build/candle-trace
 #   make demo     build and run the C demo, check its trace with candle-graph
 #   make test     every test of the project
+#   make setup    what make test needs on a fresh Debian 12 (tools/setup.sh; make demo
+#                 runs its smaller part, setup-demo); both are quick once done
 #   make bench    the benchmarks (figures go into BENCHMARKS.md)
 
 GO        ?= go
@@ -12,6 +14,7 @@ LIB       := $(BUILD)/libcandle_trace.so
 # exported too (bench_spans, tests/python/test_runtime.py); never shipped.
 BENCH_LIB := $(BUILD)/bench/libcandle_trace.so
 PRELOAD   := $(BUILD)/libcandle_trace_preload.so
+ARCHIVE   := $(BUILD)/libcandle_trace.a
 CLI       := $(BUILD)/candle-trace
 CFLAGS    ?= -O2 -Wall -Wextra -Werror -std=c99
 # candle-graph, the reference reader: installed by tools (or .ci/run) from crates.io.
@@ -19,24 +22,35 @@ CANDLE_GRAPH_VERSION := 0.10.1
 TOOLS     := $(BUILD)/tools
 CANDLE_GRAPH ?= $(TOOLS)/bin/candle-graph
 export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
+# The Python of every test: a virtualenv over Debian's /usr/bin/python3 that sees its
+# torch 1.13 (tools/setup.sh makes it).
+VENV      := $(BUILD)/venv
+PYTHON    := $(abspath $(VENV))/bin/python
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.S') include/candle_trace.h go.mod
 # go-nvml's cgo wrappers call NVML functions nvml.h marks deprecated; the
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
 lib: $(LIB)
 cli: $(CLI)
+# The static archive for CANDLE_TRACE_LIB_DIR=build (bindings/rust/build.rs).
+archive: $(ARCHIVE)
 
 # A linker version script keeps every symbol but the header's ct_* functions
 # local (cmd/libtrace/exports.map; tests/abi checks it).
 $(LIB): $(GO_SRC) cmd/libtrace/exports.map
 	$(GO) build -buildmode=c-shared -ldflags '-extldflags -Wl,--version-script=$(abspath cmd/libtrace/exports.map)' -o $@ ./cmd/libtrace
 	@rm -f $(BUILD)/libcandle_trace.h   # the hand-written include/candle_trace.h is the header
+
+# A c-archive takes no version script: the program it is linked into exports nothing.
+$(ARCHIVE): $(GO_SRC)
+	$(GO) build -buildmode=c-archive -o $@ ./cmd/libtrace
+	@rm -f $(BUILD)/libcandle_trace.h
 
 $(BENCH_LIB): $(GO_SRC) cmd/libtrace/exports_bench.map
 	@mkdir -p $(dir $@)
@@ -65,6 +79,13 @@ $(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
 
 tools: $(CANDLE_GRAPH)
 
+# Idempotent set-up for a fresh Debian 12 (apt packages when root, build/venv,
+# candle-graph, real libraries, torch 2.x venv): tools/setup.sh says what and why.
+setup:
+	./tools/setup.sh test
+setup-demo:
+	./tools/setup.sh demo
+
 # A tiny program that writes traces with candle-graph's own TraceSession, so
 # the reader is checked against what candle-graph writes, not only reads.
 WRITER := $(BUILD)/cargo/release/candle_graph_writer
@@ -83,7 +104,7 @@ $(REAL_LIBS)/.fetched: tests/reallibs/fetch.py
 	python3 tests/reallibs/fetch.py $(REAL_LIBS)
 	@touch $@
 
-demo: $(LIB) $(CLI) $(BUILD)/train_step tools
+demo: setup-demo $(LIB) $(CLI) $(BUILD)/train_step
 	rm -rf $(BUILD)/demo && mkdir -p $(BUILD)/demo
 	$(BUILD)/train_step $(BUILD)/demo/demo.jsonl
 	@echo "--- first lines of the trace:"; head -c 1200 $(BUILD)/demo/demo.jsonl; echo " ..."
@@ -93,14 +114,14 @@ demo: $(LIB) $(CLI) $(BUILD)/train_step tools
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
 
-test: test-go test-c test-sanitize test-load test-python test-rust test-twins test-aggregate-demo
+test: test-go test-c test-sanitize test-load test-python test-rust test-twins test-aggregate-demo test-packaging
 
-test-go: $(LIB) $(BENCH_LIB) tools $(WRITER)
+test-go: setup $(LIB) $(BENCH_LIB) $(WRITER)
 	@unformatted=$$(gofmt -l cmd internal tests); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	CANDLE_GRAPH_WRITER=$(abspath $(WRITER)) CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) $(GO) test -race -count=1 ./...
 
-test-c: $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/train_step $(CLI) tools
+test-c: setup $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/train_step $(CLI)
 	CANDLE_GRAPH=$(CANDLE_GRAPH) ./tests/c/run.sh $(BUILD)
 
 # The C span path alone (fastpath.c, aggkeys.c, ticks.c with stand-ins for
@@ -119,14 +140,20 @@ test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
 	@# setarch -R: gcc 12's TSan refuses the high-entropy mmap layouts of newer kernels
 	CANDLE_TRACE_RING_KB=64 TSAN_OPTIONS=halt_on_error=1 $$(command -v setarch >/dev/null && echo setarch $$(uname -m) -R) ./$(BUILD)/fastpath_tsan
 
-test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
-	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) python3 -m pytest -q tests/python
+test-load: setup $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
+	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) $(PYTHON) -m pytest -q tests/python
 
-# The Python binding: non-torch tests under python3, torch tests under Debian's
-# /usr/bin/python3 with python3-torch 1.13 and under PyPI's torch 2.x in
+# The Python binding: non-torch tests and torch 1.13 tests under $(PYTHON) (Debian's
+# python3-torch, seen through the venv), torch tests again under PyPI's torch 2.x in
 # $(TORCH2_VENV) (TORCH_PYTHON=PY: under PY alone).
-test-python: $(LIB) $(CLI) tools torch2-venv
-	./bindings/python/run_tests.sh
+test-python: setup $(LIB) $(CLI)
+	PYTHON=$(PYTHON) ./bindings/python/run_tests.sh
+
+# pip install bindings/python into a fresh venv, then use it with no CANDLE_TRACE_*
+# variable set (tests/packaging/fresh_venv.sh). The install runs make for the three
+# files it bundles: built first here, so that under -j no two makes write them at once.
+test-packaging: setup $(LIB) $(CLI) $(PRELOAD)
+	./tests/packaging/fresh_venv.sh
 
 # A virtualenv with PyPI's torch 2.x, pinned in bindings/python/requirements-torch2.txt:
 # made once (about 40 s from the wheel folder ~/.cache/candle_trace/wheels, which a first
@@ -138,25 +165,28 @@ torch2-venv:
 bench-python: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
 
-# The Rust binding (bindings/rust): links build/libcandle_trace.so; the
-# candle feature builds candle-core/candle-nn 0.11 from crates.io.
-test-rust: $(LIB) tools
-	cd bindings/rust && CANDLE_TRACE_LIB_DIR=$(abspath $(BUILD)) cargo test --all-features
+# The Rust binding (bindings/rust): its build.rs builds the library as a static
+# archive with Go (unless CANDLE_TRACE_LIB_DIR names one); the candle feature builds
+# candle-core/candle-nn 0.11 from crates.io. tests/rust_dependent: a crate depending
+# on it builds and runs with no rpath and no variable set.
+test-rust: setup
+	cd bindings/rust && cargo test --all-features
+	./tests/rust_dependent/run.sh
 
 # The same MLP in candle and PyTorch, compared (needs torch and cargo).
 compare-demo: $(LIB) $(CLI)
 	./tests/compare_demo.sh
 
-test-twins: $(LIB) $(CLI) test-rust
-	./tests/compare_demo.sh --check
+test-twins: setup $(LIB) $(CLI) test-rust
+	TORCH_PYTHON=$(PYTHON) ./tests/compare_demo.sh --check
 
 # Both examples, 10,000 updates with aggregate statistics: every update
 # counted, the report shown, peak memory flat (tests/aggregate_demo.sh).
 aggregate-demo: $(LIB) $(CLI)
 	./tests/aggregate_demo.sh
 
-test-aggregate-demo: $(LIB) $(CLI) test-rust
-	./tests/aggregate_demo.sh --check
+test-aggregate-demo: setup $(LIB) $(CLI) test-rust
+	TORCH_PYTHON=$(PYTHON) ./tests/aggregate_demo.sh --check
 
 bench-rust: $(LIB)
 	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead && cargo bench --features candle --bench stats
@@ -173,4 +203,4 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/libcandle_trace.a $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo

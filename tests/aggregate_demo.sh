@@ -12,7 +12,7 @@ out=build/aggregate-demo
 rm -rf "$out" && mkdir -p "$out"
 export CANDLE_TRACE_LIB="$PWD/build/libcandle_trace.so"
 PY=${TORCH_PYTHON:-/usr/bin/python3}
-(cd bindings/rust && CANDLE_TRACE_LIB_DIR="$PWD/../../build" cargo build -q --example train_mlp --features candle)
+(cd bindings/rust && cargo build -q --example train_mlp --features candle)
 RUST=bindings/rust/target/debug/examples/train_mlp
 
 # maxrss CMD... — runs CMD (stdout to /dev/null), prints its peak RSS in KiB.

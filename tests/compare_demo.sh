@@ -10,7 +10,7 @@ out=build/compare-demo
 rm -rf "$out" && mkdir -p "$out"
 export CANDLE_TRACE_LIB="$PWD/build/libcandle_trace.so"
 PYTHONPATH=bindings/python "${TORCH_PYTHON:-/usr/bin/python3}" examples/python/train_mlp.py "$out/pytorch.jsonl"
-(cd bindings/rust && CANDLE_TRACE_LIB_DIR="$PWD/../../build" cargo run -q --example train_mlp --features candle -- "../../$out/candle.jsonl")
+(cd bindings/rust && cargo run -q --example train_mlp --features candle -- "../../$out/candle.jsonl")
 build/candle-trace validate "$out/candle.jsonl" "$out/pytorch.jsonl"
 build/candle-trace compare "$out/candle.jsonl" "$out/pytorch.jsonl"
 if [ "${1:-}" = "--check" ]; then

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Tests of the Python binding against the real library:
-#   - without torch, under python3 (any Python >= 3.8 with pytest);
+#   - without torch, under $PYTHON (default build/venv/bin/python: make setup; any
+#     Python >= 3.8 with pytest);
 #   - with torch, under each interpreter of $TORCH_PYTHONS, by default two:
-#     /usr/bin/python3 (Debian's python3-torch 1.13 installs there only) and
-#     build/venv-torch2/bin/python (PyPI's torch 2.x: make torch2-venv).
-#     TORCH_PYTHON=PY runs them under PY alone.
+#     build/venv/bin/python (a venv over /usr/bin/python3 with its site-packages, so
+#     Debian's python3-torch 1.13 is its torch) and build/venv-torch2/bin/python
+#     (PyPI's torch 2.x: make torch2-venv). TORCH_PYTHON=PY runs them under PY alone.
 # Needs build/libcandle_trace.so, build/candle-trace and build/tools/bin/candle-graph.
 # The op observer (candle_trace/torch/_observer.cpp) is compiled on first use into
 # $CANDLE_TRACE_CACHE (default ~/.cache/candle_trace) and needs g++, ninja (Debian's
@@ -15,11 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
 export CANDLE_TRACE_LIB="${CANDLE_TRACE_LIB:-$PWD/build/libcandle_trace.so}"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-build/venv/bin/python}"
 if [ -n "${TORCH_PYTHON:-}" ]; then
   TORCH_PYS="$TORCH_PYTHON"
 else
-  TORCH_PYS="${TORCH_PYTHONS:-/usr/bin/python3 build/venv-torch2/bin/python}"
+  TORCH_PYS="${TORCH_PYTHONS:-build/venv/bin/python build/venv-torch2/bin/python}"
 fi
 
 "$PY" -m pytest -q -p no:cacheprovider bindings/python/tests/test_abi_mirror.py \
@@ -29,6 +30,7 @@ for tpy in $TORCH_PYS; do
   if ! "$tpy" -c "import torch, pytest" 2>/dev/null; then
     case "$tpy" in
       */venv-torch2/*) hint="make torch2-venv" ;;
+      */venv/*) hint="make setup: Debian's python3-torch and python3-pytest, build/venv" ;;
       *) hint="apt-get install python3-torch python3-pytest" ;;
     esac
     echo "run_tests.sh: $tpy has no torch or pytest ($hint)" >&2

@@ -275,8 +275,9 @@ class LibraryNotFound(OSError):
 
 
 def candidate_paths() -> list[Path]:
-    """Where the library is looked for, in order: $CANDLE_TRACE_LIB, next to this
-    package, the repository's build/ folder (for a source checkout)."""
+    """Where the library is looked for, in order: $CANDLE_TRACE_LIB (an override), the
+    copy bundled in this package (pip install bindings/python puts it there), the
+    repository's build/ folder (a source checkout used through PYTHONPATH)."""
     env = os.environ.get("CANDLE_TRACE_LIB")
     if env:
         return [Path(env)]
@@ -352,5 +353,6 @@ def load() -> Library:
     raise LibraryNotFound(
         "candle_trace: libcandle_trace.so not found; looked at "
         + ", ".join(tried)
-        + ". Build it (make lib) or point CANDLE_TRACE_LIB at it."
+        + ". Install the package from the repository (pip install bindings/python builds "
+        "and bundles it), or in a checkout run make lib, or point CANDLE_TRACE_LIB at it."
     )

@@ -19,8 +19,10 @@
 //! # let _ = path; Ok(()) }
 //! ```
 //!
-//! The library is `libcandle_trace.so` (its C ABI is `include/candle_trace.h`;
-//! [`ffi`] mirrors it). Features: `candle` (capture helpers for candle-core
+//! The library is candle-trace's Go library, built by this crate's build.rs
+//! and linked statically unless `CANDLE_TRACE_LIB_DIR` names a shared one
+//! (README.md says how and why; its C ABI is `include/candle_trace.h`, which
+//! [`ffi`] mirrors). Features: `candle` (capture helpers for candle-core
 //! and candle-nn: [`candle`]), `tracing` (a `tracing_subscriber::Layer`:
 //! [`layer`]).
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -82,6 +82,13 @@ def build(verbose: bool = False) -> Path:
         return so
     from torch.utils import cpp_extension
 
+    # The compile takes 5-6 s on a 2-core machine at load 1.5 (torch 1.13 and 2.15), and
+    # was seen to take 39 s on a busy one: say up front that the wait happens once.
+    sys.stderr.write(
+        f"candle_trace: compiling the PyTorch op observer for torch {torch.__version__} "
+        "(once, ~10s)...\n")
+    sys.stderr.flush()
+    started = time.monotonic()
     cpp_extension.load(
         name=name, sources=[str(SOURCE)], build_directory=str(folder),
         # NDEBUG as in torch's own (release) build: at::RecordFunction has debug-only
@@ -90,6 +97,8 @@ def build(verbose: bool = False) -> Path:
         is_python_module=False, verbose=verbose)
     if not so.exists():
         raise ObserverUnavailable(f"the build left no {so}")
+    sys.stderr.write(f"candle_trace: op observer compiled in {time.monotonic() - started:.1f}s "
+                     f"into {folder}\n")
     return so
 
 
