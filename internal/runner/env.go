@@ -121,13 +121,11 @@ func (e env) prepend(name, value, sep string) env {
 }
 
 // Environ is the child's environment: base (this process's) with the
-// capture set up. python: the command is a Python process (siteDir holds
+// capture set up (the paths in o absolute: the child may change directory).
+// python: the command is a Python process (siteDir holds
 // the sitecustomize); otherwise the drop-in.
 func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir string) ([]string, error) {
-	out, err := filepath.Abs(o.Output)
-	if err != nil {
-		return nil, err
-	}
+	out := o.Output
 	collect, _ := o.Collectors() // checked by Parse
 	e := env(append([]string(nil), base...)).set("CANDLE_TRACE_LIB", libs.Lib)
 	if python {
@@ -153,11 +151,7 @@ func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir st
 		}
 		e = e.set(EnvDeviceCollect, dc)
 		if o.Aggregate != "" {
-			agg, err := filepath.Abs(o.Aggregate)
-			if err != nil {
-				return nil, err
-			}
-			e = e.set(EnvAggregate, agg)
+			e = e.set(EnvAggregate, o.Aggregate)
 		}
 		return e, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 )
 
@@ -119,6 +120,22 @@ func (o *Options) check() error {
 	}
 	if _, err := o.Collectors(); err != nil {
 		return err
+	}
+	return nil
+}
+
+// Absolute makes the output and aggregate patterns absolute, so that the
+// child writes where the runner looks whatever directory it changes to.
+func (o *Options) Absolute() error {
+	for _, p := range []*string{&o.Output, &o.Aggregate} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		*p = abs
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
-	"time"
 	"unsafe"
 )
 
@@ -51,6 +50,9 @@ func (r Runner) Run(args []string) int {
 		io.WriteString(r.Stdout, Usage)
 		return 0
 	}
+	if err == nil {
+		err = o.Absolute()
+	}
 	if err != nil {
 		fmt.Fprintf(r.Stderr, "candle-trace run: %v\n\n", err)
 		io.WriteString(r.Stderr, Usage)
@@ -80,7 +82,7 @@ func (r Runner) Run(args []string) int {
 		fmt.Fprintf(r.Stderr, "candle-trace run: %v\n", err)
 		return ExitUsage
 	}
-	start := time.Now()
+	before := SnapshotAll(Patterns(o, python))
 	cmd := exec.Command(path, o.Command[1:]...)
 	cmd.Args[0] = o.Command[0] // the name it was given, as a shell runs it
 	cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = envv, r.Stdin, r.Stdout, r.Stderr
@@ -89,7 +91,7 @@ func (r Runner) Run(args []string) int {
 		fmt.Fprintf(r.Stderr, "candle-trace run: %v\n", err)
 		return ExitNotFound
 	}
-	Summarize(r.Stderr, o, python, start)
+	Summarize(r.Stderr, o, python, before)
 	return code
 }
 

@@ -12,16 +12,37 @@ import (
 	"github.com/candle-trace/candle-trace/internal/report"
 )
 
-// Written lists the files a run wrote under a path pattern: every file the
-// pattern matches with %p and %r as wildcards, modified at or after since
-// (an earlier run's traces under the same pattern are not this run's).
-func Written(pattern string, since time.Time) []string {
+// Files is what a path pattern matches now (%p and %r as wildcards), with
+// each file's modification time and size.
+type Files map[string]fileState
+
+type fileState struct {
+	mod  time.Time
+	size int64
+}
+
+// Snapshot lists the files pattern matches.
+func Snapshot(pattern string) Files {
 	glob := strings.NewReplacer("%p", "*", "%r", "*", "%%", "%").Replace(pattern)
 	matches, _ := filepath.Glob(glob)
-	var out []string
+	out := Files{}
 	for _, m := range matches {
-		if st, err := os.Stat(m); err == nil && st.Mode().IsRegular() && !st.ModTime().Before(since) {
-			out = append(out, m)
+		if st, err := os.Stat(m); err == nil && st.Mode().IsRegular() {
+			out[m] = fileState{st.ModTime(), st.Size()}
+		}
+	}
+	return out
+}
+
+// Written lists, sorted, the files pattern matches that are new or changed
+// since before: an earlier run's traces under the same pattern are not this
+// run's. (A comparison of times with the start would not do: file times
+// come from a coarse clock, a few milliseconds behind time.Now.)
+func Written(pattern string, before Files) []string {
+	var out []string
+	for p, st := range Snapshot(pattern) {
+		if old, ok := before[p]; !ok || old != st {
+			out = append(out, p)
 		}
 	}
 	sort.Strings(out)
@@ -101,14 +122,37 @@ func topSpan(r *report.Report) *report.NameStats {
 	return top
 }
 
+// Patterns are the path patterns a run's files may match, absolute: the
+// traces, a torchrun rank's traces (.rank%r before the extension, added by
+// candle_trace/torch/_run.py when the pattern has no %r) and the summary.
+func Patterns(o *Options, python bool) []string {
+	out := []string{o.Output}
+	if python && !strings.Contains(o.Output, "%r") {
+		out = append(out, rankPattern(o.Output))
+	}
+	if o.Aggregate != "" {
+		out = append(out, o.Aggregate)
+	}
+	return out
+}
+
+// SnapshotAll is Snapshot of each pattern, in one set.
+func SnapshotAll(patterns []string) Files {
+	out := Files{}
+	for _, p := range patterns {
+		for k, v := range Snapshot(p) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // Summarize writes the end-of-run lines: a verdict per trace written, the
 // summaries written, or why there is none.
-func Summarize(w io.Writer, o *Options, python bool, since time.Time) {
-	out, _ := filepath.Abs(o.Output)
-	traces := Written(out, since)
+func Summarize(w io.Writer, o *Options, python bool, before Files) {
+	traces := Written(o.Output, before)
 	if python && !strings.Contains(o.Output, "%r") {
-		// torchrun ranks add .rank%r before the extension (_run.py).
-		traces = union(traces, Written(rankPattern(out), since))
+		traces = union(traces, Written(rankPattern(o.Output), before))
 	}
 	cwd, _ := os.Getwd()
 	for _, t := range traces {
@@ -122,8 +166,7 @@ func Summarize(w io.Writer, o *Options, python bool, since time.Time) {
 		fmt.Fprintf(w, "candle-trace: no trace written to %s: %s\n", o.Output, why)
 	}
 	if o.Aggregate != "" {
-		agg, _ := filepath.Abs(o.Aggregate)
-		for _, a := range Written(agg, since) {
+		for _, a := range Written(o.Aggregate, before) {
 			fmt.Fprintf(w, "candle-trace: whole-run summary %s (candle-trace report %s)\n",
 				relative(cwd, a), relative(cwd, a))
 		}
