@@ -25,7 +25,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -127,6 +127,13 @@ test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
 # $(TORCH2_VENV) (TORCH_PYTHON=PY: under PY alone).
 test-python: $(LIB) $(CLI) tools torch2-venv
 	./bindings/python/run_tests.sh
+
+# `candle-trace run` alone: the runner's Go tests (a fake child) and the unmodified
+# programs of tests/python/programs under each torch (also part of test-go and test-python).
+test-run: $(LIB) $(CLI) tools torch2-venv
+	$(GO) test -race -count=1 ./internal/runner
+	for py in /usr/bin/python3 $(TORCH2_VENV)/bin/python; do \
+	  PATH="$$(dirname $$py):$$PATH" $$py -m pytest -q -p no:cacheprovider bindings/python/tests/test_run.py || exit 1; done
 
 # A virtualenv with PyPI's torch 2.x, pinned in bindings/python/requirements-torch2.txt:
 # made once (about 40 s from the wheel folder ~/.cache/candle_trace/wheels, which a first
