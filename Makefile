@@ -125,12 +125,12 @@ test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
 # The Python binding: non-torch tests under python3, torch tests under Debian's
 # /usr/bin/python3 with python3-torch 1.13 and under PyPI's torch 2.x in
 # $(TORCH2_VENV) (TORCH_PYTHON=PY: under PY alone).
-test-python: $(LIB) $(CLI) tools torch2-venv
+test-python: $(LIB) $(CLI) $(PRELOAD) tools torch2-venv
 	./bindings/python/run_tests.sh
 
 # `candle-trace run` alone: the runner's Go tests (a fake child) and the unmodified
 # programs of tests/python/programs under each torch (also part of test-go and test-python).
-test-run: $(LIB) $(CLI) tools torch2-venv
+test-run: $(LIB) $(CLI) $(PRELOAD) tools torch2-venv
 	$(GO) test -race -count=1 ./internal/runner
 	for py in /usr/bin/python3 $(TORCH2_VENV)/bin/python; do \
 	  PATH="$$(dirname $$py):$$PATH" $$py -m pytest -q -p no:cacheprovider bindings/python/tests/test_run.py || exit 1; done

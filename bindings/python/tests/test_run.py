@@ -293,3 +293,50 @@ while True:
     [trace] = traces(tmp_path)
     judged(trace, tmp_path)
     assert "valid, complete" in err
+
+
+def test_sigterm_ends_the_trace_then_kills_as_before(tmp_path):
+    ready = tmp_path / "ready"
+    prog = write(tmp_path, "forever.py", TINY + f"""
+import pathlib, time
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 10**9):
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+    if step == 4:
+        pathlib.Path({str(ready)!r}).write_text("go")
+    time.sleep(0.01)
+""")
+    p = subprocess.Popen([str(RUNNER), "run", "--capture-step", "100", "--output",
+                          str(tmp_path / "t-%p.jsonl"), "--", sys.executable, str(prog)],
+                         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ready.exists():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.terminate()  # SIGTERM to the runner, which forwards it
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path, complete=False)
+    reason = lines[-1]["reason"]
+    assert reason.startswith("the loop ended by Terminated: killed by SIGTERM (signal 15) after "), reason
+    assert reason.endswith("before capture step 100 completed"), reason
+
+
+def test_a_program_that_is_no_python_runs_under_the_drop_in(tmp_path):
+    if not (REPO / "build" / "libcandle_trace_preload.so").exists():
+        pytest.fail("build/libcandle_trace_preload.so is not built (make build/libcandle_trace_preload.so)")
+    r = subprocess.run([str(RUNNER), "run", "--output", str(tmp_path / "t-%p.jsonl"), "--",
+                        "sleep", "0.3"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert lines[0]["tags"]["mode"] == "drop-in"
+    region = [s for s in lines if s["kind"] == "span_start" and s["name"] == "sleep"]
+    assert len(region) == 1
+    end = next(s for s in lines if s["kind"] == "span_end" and s["id"] == region[0]["id"])
+    # the whole run but the few ms before the library's Go runtime has started
+    assert 250_000_000 <= end["duration_ns"] < 2_000_000_000
+    assert f"{trace.name}: valid, complete; sleep " in verdict_line(r)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import signal
 import sys
 import threading
 import types
@@ -96,6 +97,10 @@ def models_of(params: Sequence[torch.Tensor]) -> List[torch.nn.Module]:
     return [m for m in holders if id(m) not in inside]
 
 
+class Terminated(BaseException):
+    """What ended a run that a SIGTERM killed (the reason of its failed trace)."""
+
+
 def _model(tops: Sequence[torch.nn.Module]) -> Any:
     """What profile takes: the module, or an object holding each one as an attribute
     named after its class."""
@@ -139,6 +144,31 @@ class Autorun:
             previous(tp, value, tb)
 
         sys.excepthook = excepthook
+        self._handle_sigterm()
+
+    def _handle_sigterm(self) -> None:
+        """A SIGTERM (the runner forwards its own; a scheduler's) would kill Python with
+        no exit handler run, leaving the trace without a terminal line. Where the
+        disposition is still the default, the trace is ended first -- failed, naming the
+        signal, unless its capture is complete -- then the default is put back and the
+        signal raised again: the process dies of it as it would have. A forked child
+        gets the default back at once (it has no trace to end)."""
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                if self.here and self.prof is not None:
+                    self.prof.stop(Terminated, Terminated(
+                        f"killed by SIGTERM (signal {int(signal.SIGTERM)})"))
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                            if signal.getsignal(signal.SIGTERM) is on_sigterm else None)
 
     @property
     def here(self) -> bool:
