@@ -340,3 +340,21 @@ def test_a_program_that_is_no_python_runs_under_the_drop_in(tmp_path):
     # the whole run but the few ms before the library's Go runtime has started
     assert 250_000_000 <= end["duration_ns"] < 2_000_000_000
     assert f"{trace.name}: valid, complete; sleep " in verdict_line(r)
+
+
+def test_aggregate_counts_every_update_and_every_forward(tmp_path):
+    r = run(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "6", "--eval-every", "2"],
+            "--aggregate", str(tmp_path / "agg-%p.json"))
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    judged(trace, tmp_path)
+    [summary] = tmp_path.glob("agg-*.json")
+    assert f"whole-run summary {summary.name}" in r.stderr
+    rep = subprocess.run([str(RUNNER), "report", "--json", str(summary)], capture_output=True,
+                         text=True, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    counts = {s["name"]: s["count"] for s in json.loads(rep.stdout)["spans"]}
+    # 6 updates, each one optimizer step and one backward; 6 training forwards and the
+    # 3 evaluations after updates 2, 4 and 6
+    assert (counts["train/step"], counts["train/optimizer"], counts["train/backward"]) == (6, 6, 6)
+    assert counts["train/forward"] == 9

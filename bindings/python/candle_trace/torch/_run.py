@@ -181,20 +181,30 @@ class Autorun:
 
         def __init__(opt: torch.optim.Optimizer, *a: Any, **k: Any) -> None:
             init(opt, *a, **k)
-            if run.here and "step" not in opt.__dict__:
-                # A bound method, as LR schedulers expect of opt.step (they wrap
-                # its __func__).
-                opt.step = types.MethodType(_counted_step, opt)  # type: ignore[method-assign]
+            if run.here:
                 run.optimizer_created(opt)
 
-        def _counted_step(opt: torch.optim.Optimizer, *a: Any, **k: Any) -> Any:
-            out = type(opt).step(opt, *a, **k)
+        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
+        self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", init))
+
+    def _count(self, obj: Any, attr: str) -> None:
+        """Makes each call of ``obj.<attr>`` (an optimizer's step, the inference model's
+        forward) end an update once it returns. Installed over the wrappers the profile
+        has put there when it started (the whole-run statistics' spans), so that the
+        update ends after they have closed theirs; the capture's own wrappers, installed
+        when it arms, go over this one and leave their spans to the capture's end. A
+        bound method, as LR schedulers expect of ``optimizer.step`` (they wrap its
+        ``__func__``)."""
+        inner = getattr(obj, attr)
+        run = self
+
+        def counted(_: Any, *a: Any, **k: Any) -> Any:
+            out = inner(*a, **k)
             if run.here:
                 run.stepped()
             return out
 
-        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
-        self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", init))
+        setattr(obj, attr, types.MethodType(counted, obj))
 
     def _watch_forwards(self) -> None:
         hooks = torch.nn.modules.module
@@ -227,7 +237,8 @@ class Autorun:
     # -- the capture ------------------------------------------------------------------
 
     def _profile(self, model: Any, optimizer: Optional[torch.optim.Optimizer], phase: str,
-                 capture_step: int) -> Optional[profile]:
+                 capture_step: int, counted: Any, attr: str) -> Optional[profile]:
+        """Starts the profile, then counts the calls of ``counted.<attr>`` as updates."""
         s = self.settings
         try:
             prof = profile(model, optimizer, self.path, capture_step, phase=phase,
@@ -238,12 +249,16 @@ class Autorun:
         except Exception as e:  # noqa: BLE001 - the program runs on, untraced
             print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
             return None
+        self.prof = prof
+        self._count(counted, attr)
         atexit.register(self.stop)  # after the session's own exit hook: runs before it
         return prof
 
     def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
-        """The first optimizer starts the capture over the models it trains."""
+        """The first optimizer starts the capture over the models it trains; every
+        optimizer's step ends an update."""
         if self.prof is not None:
+            self._count(opt, "step")
             return
         self._unwatch_forwards()
         params = [p for g in opt.param_groups for p in g["params"]]
@@ -252,27 +267,17 @@ class Autorun:
             print("candle-trace run: no capture: the optimizer's parameters belong to no "
                   "nn.Module", file=sys.stderr)
             return
-        self.prof = self._profile(_model(tops), opt, "train", self.settings.capture_step)
+        self._profile(_model(tops), opt, "train", self.settings.capture_step, opt, "step")
 
     def _start_infer(self, module: torch.nn.Module) -> None:
         """No optimizer after capture_step - 1 outermost calls: an inference loop whose
         steps are the calls of ``module``."""
         self._unwatch_forwards()
-        step = max(self.settings.capture_step, 2)
-        orig = module.forward
-        run = self
-
-        def forward(*a: Any, **k: Any) -> Any:
-            out = orig(*a, **k)
-            if run.here:
-                run.stepped()
-            return out
-
-        module.forward = forward  # type: ignore[method-assign]
-        self.prof = self._profile(module, None, "infer", step)
-        if self.prof is not None:
+        prof = self._profile(module, None, "infer", max(self.settings.capture_step, 2),
+                             module, "forward")
+        if prof is not None:
             for _ in range(self.forwards):  # the calls that ran before it existed
-                self.prof.step()
+                prof.step()
 
     def stepped(self) -> None:
         """An update (an optimizer step, or a call of the inference model) ended."""
