@@ -358,3 +358,44 @@ def test_aggregate_counts_every_update_and_every_forward(tmp_path):
     # 3 evaluations after updates 2, 4 and 6
     assert (counts["train/step"], counts["train/optimizer"], counts["train/backward"]) == (6, 6, 6)
     assert counts["train/forward"] == 9
+
+
+LAUNCH = """
+import os, subprocess, sys
+# What torchrun does for each rank: the rendezvous in the environment, one process each.
+port, program = sys.argv[1], sys.argv[2]
+env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+ranks = [subprocess.Popen([sys.executable, program], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+         for r in range(2)]
+sys.exit(max(p.wait() for p in ranks))
+"""
+
+
+def free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_ranks_write_one_trace_each(tmp_path):
+    port = str(free_port())
+    if int(torch.__version__.split(".")[0]) >= 2:
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    else:  # Debian's torch 1.13 torchrun fails on Python 3.11 (elastic's to_map), traced or not
+        launcher = [str(write(tmp_path, "launch.py", LAUNCH)), port]
+    r = run(tmp_path, [*launcher, str(PROGRAMS / "ddp_ranks.py")], env=clean_env(OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 of 2 done" in r.stdout and "rank 1 of 2 done" in r.stdout
+    found = traces(tmp_path)  # the launcher (it steps no optimizer) writes none
+    assert [t.name.split(".")[-2] for t in found] == ["rank0", "rank1"], found
+    grads = []
+    for rank, t in enumerate(found):
+        lines = judged(t, tmp_path)
+        assert lines[0]["process"]["rank"] == rank and lines[0]["process"]["world_size"] == 2
+        assert t.name == f"t-{lines[0]['process']['pid']}.rank{rank}.jsonl"
+        grads.append({g["key"]: g["norm"] for g in lines if g["kind"] == "gradient"})
+    assert set(grads[0]) == {"module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"}
+    for key, norm in grads[0].items():  # all-reduced: the same mean gradient on each rank
+        assert math.isclose(norm, grads[1][key], rel_tol=1e-6), key
