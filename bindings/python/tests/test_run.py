@@ -25,6 +25,48 @@ PROGRAMS = REPO / "tests" / "python" / "programs"
 sys.path.insert(0, str(PROGRAMS))
 
 
+@pytest.mark.parametrize("pattern,rank,want", [
+    ("t-%p.jsonl", None, "t-42.jsonl"),
+    ("t-%p-%r.jsonl", None, "t-42-0.jsonl"),
+    ("t-%p-%r.jsonl", "3", "t-42-3.jsonl"),
+    ("t-%p.jsonl", "3", "t-42.rank3.jsonl"),       # a rank's name says whose it is
+    ("dir.d/trace", "1", "dir.d/trace.rank1"),
+    ("100%%-%p", None, "100%-42"),
+])
+def test_expand(pattern, rank, want):
+    from candle_trace.torch._run import expand  # noqa: PLC0415
+
+    assert expand(pattern, 42, rank) == want
+
+
+def test_settings_from_the_runner_s_variables():
+    from candle_trace.torch._run import Settings  # noqa: PLC0415
+
+    s = Settings.from_env({"CANDLE_TRACE_RUN_OUTPUT": "/o-%p", "CANDLE_TRACE_RUN_CAPTURE_STEP": "5",
+                           "CANDLE_TRACE_RUN_DEVICE_COLLECT": "cupti, nvml",
+                           "CANDLE_TRACE_RUN_AGGREGATE": "/a.json"})
+    assert (s.output, s.capture_step, s.device_collect, s.aggregate) == (
+        "/o-%p", 5, ["cupti", "nvml"], "/a.json")
+    assert Settings.from_env({"CANDLE_TRACE_RUN_DEVICE_COLLECT": "none"}).device_collect is None
+    assert Settings.from_env({}) == Settings()
+
+
+def test_models_of_finds_the_outermost_holders():
+    from candle_trace.torch._run import models_of  # noqa: PLC0415
+
+    enc, head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+    model = torch.nn.Sequential(enc, torch.nn.ReLU(), head)
+    critic = torch.nn.Linear(2, 1)
+    ema = torch.nn.Linear(3, 3)  # a copy: other tensors
+    ema.load_state_dict(enc.state_dict())
+    assert models_of(list(model.parameters())) == [model]
+    assert models_of(list(head.parameters())) == [model]  # the model holds the head
+    found = models_of(list(model.parameters()) + list(critic.parameters()))
+    assert sorted(map(id, found)) == sorted([id(model), id(critic)])
+    assert models_of([torch.zeros(1, requires_grad=True)]) == []
+    del ema
+
+
 def clean_env(**extra: str) -> Dict[str, str]:
     """No CANDLE_TRACE_* variable and no PYTHONPATH: the runner finds everything
     itself. The interpreter's bin first (a virtualenv's ninja builds the observer)."""
