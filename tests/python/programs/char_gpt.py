@@ -1,8 +1,8 @@
-"""A character-level GPT trained with AdamW on synthetic text, in the shape of the small
-public GPT scripts: token and position embeddings, pre-LayerNorm blocks of causal
-self-attention and an MLP, a head; an evaluation pass under torch.no_grad() every few
-updates. Nothing in it knows candle_trace: `candle-trace run -- python char_gpt.py`
-traces it as it is.
+"""A character-level GPT trained with AdamW and a cosine learning-rate schedule on
+synthetic text, in the shape of the small public GPT scripts: token and position
+embeddings, pre-LayerNorm blocks of causal self-attention and an MLP, a head; an
+evaluation pass under torch.no_grad() every few updates. Nothing in it knows
+candle_trace: `candle-trace run -- python char_gpt.py` traces it as it is.
 
 Two things are here for the tests: the model has a layer it never calls
 (``unused``, which must show as parameters with no gradient) and a branch taken only
@@ -107,6 +107,7 @@ def main() -> None:
     context, batch = 16, 8
     model = CharGPT(len(chars), context)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.updates)
     norms_file = os.environ.get("CHAR_GPT_GRAD_NORMS")
     stream = batches(data, context, batch, torch.Generator().manual_seed(1))
     for update in range(1, args.updates + 1):
@@ -120,6 +121,7 @@ def main() -> None:
             with open(norms_file, "a") as f:
                 f.write(json.dumps({"update": update, "norms": grad_norms(model)}) + "\n")
         opt.step()
+        schedule.step()
         if update % args.eval_every == 0:
             model.eval()
             with torch.no_grad():

@@ -129,8 +129,7 @@ class Autorun:
         self.forwards = 0  # outermost module calls while no optimizer exists
         self._depth = threading.local()
         self._hooks: List[Any] = []
-        self._exc: Any = (None, None)
-        self._undo: List[Any] = []
+        self._exc: Any = (None, None)  # what an uncaught exception ended the program with
 
     # -- installing -------------------------------------------------------------------
 
@@ -167,9 +166,12 @@ class Autorun:
             finally:
                 os.kill(os.getpid(), signal.SIGTERM)
 
+        def in_fork_child() -> None:
+            if signal.getsignal(signal.SIGTERM) is on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
         signal.signal(signal.SIGTERM, on_sigterm)
-        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                            if signal.getsignal(signal.SIGTERM) is on_sigterm else None)
+        os.register_at_fork(after_in_child=in_fork_child)
 
     @property
     def here(self) -> bool:
@@ -186,7 +188,6 @@ class Autorun:
                 run.optimizer_created(opt)
 
         torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
-        self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", init))
 
     def _count(self, obj: Any, attr: str) -> None:
         """Makes each call of ``obj.<attr>`` (an optimizer's step, the inference model's
