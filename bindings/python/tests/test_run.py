@@ -134,6 +134,9 @@ def test_char_gpt_unmodified(tmp_path):
             env=clean_env(CHAR_GPT_GRAD_NORMS=str(norms)))
     assert r.returncode == 0, r.stderr
     assert "trained 5 updates" in r.stdout
+    plain = subprocess.run([sys.executable, str(PROGRAMS / "char_gpt.py"), "--updates", "5"],
+                           capture_output=True, text=True, timeout=600, env=clean_env())
+    assert plain.stdout == r.stdout  # the same losses: the capture changes no number
     [trace] = traces(tmp_path)
     line = verdict_line(r)
     assert f"{trace.name}: valid, complete; update " in line and "gradients" in line, line
