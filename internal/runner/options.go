@@ -86,7 +86,7 @@ var ErrHelp = errors.New("help requested")
 
 // Parse reads the flags; the command starts at "--" or at the first
 // argument that is no flag.
-func Parse(args []string, stderr io.Writer) (*Options, error) {
+func Parse(args []string) (*Options, error) {
 	o := &Options{}
 	fs := flag.NewFlagSet("candle-trace run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned; the caller prints them with Usage

@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,7 +35,7 @@ func TestParse(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := Parse(tc.args, io.Discard)
+			o, err := Parse(tc.args)
 			if tc.err != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.err)
@@ -49,7 +48,7 @@ func TestParse(t *testing.T) {
 			assert.Equal(t, tc.collect, c)
 		})
 	}
-	_, err := Parse([]string{"--help"}, io.Discard)
+	_, err := Parse([]string{"--help"})
 	assert.ErrorIs(t, err, ErrHelp)
 }
 

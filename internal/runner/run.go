@@ -45,7 +45,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // Run parses args, runs the command and returns its exit status (128+N
 // when a signal N killed it).
 func (r Runner) Run(args []string) int {
-	o, err := Parse(args, r.Stderr)
+	o, err := Parse(args)
 	if errors.Is(err, ErrHelp) {
 		io.WriteString(r.Stdout, Usage)
 		return 0
