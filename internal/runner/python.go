@@ -73,3 +73,34 @@ func WriteSitecustomize() (string, error) {
 	}
 	return dir, nil
 }
+
+// SkipsSitecustomize returns the interpreter flag among args (those before
+// the script, -m or -c) that keeps Python from importing the injected
+// sitecustomize: -I (isolated) and -E ignore PYTHONPATH, -S skips site. ""
+// when there is none.
+func SkipsSitecustomize(args []string) string {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			return ""
+		}
+		if strings.HasPrefix(a, "--") {
+			continue // --version and the like
+		}
+		for _, c := range a[1:] {
+			switch c {
+			case 'I', 'E', 'S':
+				return "-" + string(c)
+			case 'c', 'm':
+				return "" // what follows is the program
+			case 'W', 'X':
+				if len(a) == 2 {
+					i++ // the option's value is the next argument
+				}
+				goto next
+			}
+		}
+	next:
+	}
+	return ""
+}

@@ -43,3 +43,23 @@ func TestPython(t *testing.T) {
 		})
 	}
 }
+
+func TestSkipsSitecustomize(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train.py", "-I"}, ""},
+		{[]string{"-u", "train.py"}, ""},
+		{[]string{"-I", "train.py"}, "-I"},
+		{[]string{"-uS", "train.py"}, "-S"},
+		{[]string{"-W", "ignore", "-E", "-m", "train"}, "-E"},
+		{[]string{"-Wignore", "-m", "train", "-I"}, ""},
+		{[]string{"-X", "importtime", "-c", "pass"}, ""},
+		{[]string{"-c", "import sys", "-I"}, ""},
+		{nil, ""},
+	}
+	for _, tc := range tests {
+		assert.Equal(t, tc.want, SkipsSitecustomize(tc.args), "%v", tc.args)
+	}
+}

@@ -70,6 +70,11 @@ func (r Runner) Run(args []string) int {
 		return ExitNotFound
 	}
 	siteDir := ""
+	// Flags of the interpreter itself (a #! script's arguments are its own).
+	if flag := SkipsSitecustomize(o.Command[1:]); python && interpreter == path && flag != "" {
+		fmt.Fprintf(r.Stderr, "candle-trace run: python %s skips the sitecustomize that injects the "+
+			"PyTorch integration: nothing will be traced\n", flag)
+	}
 	if python {
 		if siteDir, err = WriteSitecustomize(); err != nil {
 			fmt.Fprintf(r.Stderr, "candle-trace run: %v\n", err)

@@ -204,3 +204,19 @@ func TestRunForwardsSignals(t *testing.T) {
 		})
 	}
 }
+
+func TestRunSaysWhenPythonSkipsTheSitecustomize(t *testing.T) {
+	tests := []struct {
+		args []string
+		says bool
+	}{
+		{[]string{"-I", "train.py"}, true},
+		{[]string{"train.py", "-I"}, false},
+	}
+	for _, tc := range tests {
+		f := newFakeRun(t, "exit=0")
+		code := f.runner.Run(append([]string{"--output", filepath.Join(f.dir, "t-%p.jsonl"), "--", asPython(t)}, tc.args...))
+		require.Equal(t, 0, code, f.stderr.String())
+		assert.Equal(t, tc.says, strings.Contains(f.stderr.String(), "python -I skips the sitecustomize"), "%v", tc.args)
+	}
+}
