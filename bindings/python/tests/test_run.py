@@ -164,11 +164,15 @@ def test_char_gpt_unmodified(tmp_path):
     assert sum(math.prod(t["shape"]) for t in params) == sum(p.numel() for p in model.parameters())
 
 
-def test_cnn_with_dataloader_workers(tmp_path):
+# fork: the workers inherit the patched torch and check the pid; spawn: they start anew
+# and see the main process's claim
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_cnn_with_dataloader_workers(tmp_path, start):
     import cnn_loader  # noqa: PLC0415
 
     norms, workers = tmp_path / "norms.jsonl", tmp_path / "workers.txt"
-    r = run(tmp_path, [str(PROGRAMS / "cnn_loader.py"), "--updates", "4", "--workers", "2"],
+    r = run(tmp_path, [str(PROGRAMS / "cnn_loader.py"), "--updates", "4", "--workers", "2",
+                       "--start-method", start],
             "--capture-step", "2",
             env=clean_env(CNN_GRAD_NORMS=str(norms), CNN_WORKER_PIDS=str(workers)))
     assert r.returncode == 0, r.stderr

@@ -7,7 +7,7 @@ With CNN_GRAD_NORMS=FILE set, each update appends ``{"update": n, "norms": {para
 |grad|}}`` to FILE, read after backward, so that a test can hold the trace's gradients
 to the program's own; with CNN_WORKER_PIDS=FILE, each worker appends its pid.
 
-    python cnn_loader.py [--updates N] [--workers W]
+    python cnn_loader.py [--updates N] [--workers W] [--start-method fork|spawn]
 """
 
 from __future__ import annotations
@@ -63,10 +63,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--start-method", default=None, help="fork (Linux's default) or spawn")
     args = ap.parse_args()
     torch.manual_seed(0)
     loader = DataLoader(SyntheticDigits(32 * args.updates), batch_size=32, shuffle=True,
-                        num_workers=args.workers, worker_init_fn=note_worker)
+                        num_workers=args.workers, worker_init_fn=note_worker,
+                        multiprocessing_context=args.start_method)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
