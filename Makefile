@@ -48,7 +48,8 @@ $(BENCH_LIB): $(GO_SRC) cmd/libtrace/exports_bench.map
 $(PRELOAD): cmd/preload/preload.c
 	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC $< -o $@ -ldl
 
-$(CLI): $(GO_SRC)
+# internal/runner embeds sitecustomize.py (go:embed): a change to it is a change of the CLI.
+$(CLI): $(GO_SRC) internal/runner/sitecustomize.py
 	@if [ -d cmd/candle-trace ]; then $(GO) build -o $@ ./cmd/candle-trace; fi
 
 $(BUILD)/%: examples/c/%.c $(LIB) include/candle_trace.h
