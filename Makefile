@@ -32,7 +32,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -62,7 +62,8 @@ $(BENCH_LIB): $(GO_SRC) cmd/libtrace/exports_bench.map
 $(PRELOAD): cmd/preload/preload.c
 	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC $< -o $@ -ldl
 
-$(CLI): $(GO_SRC)
+# internal/runner embeds sitecustomize.py (go:embed): a change to it is a change of the CLI.
+$(CLI): $(GO_SRC) internal/runner/sitecustomize.py
 	@if [ -d cmd/candle-trace ]; then $(GO) build -o $@ ./cmd/candle-trace; fi
 
 $(BUILD)/%: examples/c/%.c $(LIB) include/candle_trace.h
@@ -146,7 +147,7 @@ test-load: setup $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
 # The Python binding: non-torch tests and torch 1.13 tests under $(PYTHON) (Debian's
 # python3-torch, seen through the venv), torch tests again under PyPI's torch 2.x in
 # $(TORCH2_VENV) (TORCH_PYTHON=PY: under PY alone).
-test-python: setup $(LIB) $(CLI)
+test-python: setup $(LIB) $(CLI) $(PRELOAD)
 	PYTHON=$(PYTHON) ./bindings/python/run_tests.sh
 
 # pip install bindings/python into a fresh venv, then use it with no CANDLE_TRACE_*
@@ -154,6 +155,15 @@ test-python: setup $(LIB) $(CLI)
 # files it bundles: built first here, so that under -j no two makes write them at once.
 test-packaging: setup $(LIB) $(CLI) $(PRELOAD)
 	./tests/packaging/fresh_venv.sh
+
+# `candle-trace run` alone: the runner's Go tests (a fake child) and the unmodified
+# programs of tests/python/programs under each torch (also part of test-go and test-python).
+# candle-trace run alone (also part of test-go and test-python): the runner's Go tests and
+# its pytest under both torch interpreters.
+test-run: setup $(LIB) $(CLI) $(PRELOAD)
+	$(GO) test -race -count=1 ./internal/runner
+	for py in $(PYTHON) $(TORCH2_VENV)/bin/python; do \
+	  PATH="$$(dirname $$py):$$PATH" $$py -m pytest -q -p no:cacheprovider bindings/python/tests/test_run.py || exit 1; done
 
 # A virtualenv with PyPI's torch 2.x, pinned in bindings/python/requirements-torch2.txt:
 # made once (about 40 s from the wheel folder ~/.cache/candle_trace/wheels, which a first

@@ -41,5 +41,5 @@ for tpy in $TORCH_PYS; do
   PATH="$(cd "$(dirname "$tpy")" && pwd):$PATH" "$tpy" -m pytest -q -p no:cacheprovider \
     bindings/python/tests/test_torch.py bindings/python/tests/test_torch_trust.py \
     bindings/python/tests/test_torch_observer.py bindings/python/tests/test_torch_compile.py \
-    bindings/python/tests/test_torch_watch.py
+    bindings/python/tests/test_torch_watch.py bindings/python/tests/test_run.py
 done

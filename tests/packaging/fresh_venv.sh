@@ -15,6 +15,9 @@
 #      real candle-graph accepts, through the C++ op observer (no fallback warning);
 #      `candle-trace torch-observer` then names the built observer, and into an empty
 #      cache `--build` compiles it with a progress line;
+#   4b. `candle-trace run -- python char_gpt.py` traces the unchanged GPT program: one
+#      complete trace candle-graph accepts, with ops and gradients, the program's own
+#      output unchanged;
 #   5. a wheel built with `pip wheel` is py3-none-<platform> and bundles the three files;
 #   6. installing a copy of bindings/python without the repository, or without Go,
 #      fails with a message naming what is missing.
@@ -140,10 +143,23 @@ case $fresh in "$OUT/empty-cache/candle_trace/"*) ;; *) fail "--build built $fre
 [ "$(XDG_CACHE_HOME="$OUT/empty-cache" candle-trace torch-observer)" = "$fresh" ] ||
   fail "torch-observer does not find what --build built"
 
-# 4b. zero-code capture: the `candle-trace run -- python examples/...` check of issue 15
-# goes here when `candle-trace run` lands (internal/runner): it must write a complete
-# trace that candle-graph accepts (judge it), with no CANDLE_TRACE_* variable set.
-# RUN-CHECK-PLACEHOLDER (the lead adds the line when merging the runner branch)
+step "4b. candle-trace run -- python char_gpt.py: the program unchanged, traced"
+# The output pattern is the runner's default (candle-trace-%p.jsonl, in the working
+# folder); the runner prints one verdict line per trace it wrote.
+python "$ROOT/tests/python/programs/char_gpt.py" --updates 5 >plain.out 2>&1 ||
+  fail "char_gpt.py fails without the runner: $(tail -20 plain.out)"
+rm -f candle-trace-*.jsonl
+candle-trace run -- python "$ROOT/tests/python/programs/char_gpt.py" --updates 5 >run.out 2>&1 ||
+  fail "candle-trace run -- python char_gpt.py exited $?: $(tail -20 run.out)"
+set -- candle-trace-*.jsonl
+[ $# = 1 ] && [ -f "$1" ] || fail "candle-trace run wrote $# traces ($*), not one: $(tail -20 run.out)"
+judge "$1"
+grep -q "$1.*valid, complete" run.out || fail "no verdict line naming $1 as valid and complete: $(tail -5 run.out)"
+# the program's own output passes through unchanged (its losses are seeded)
+grep -v '^candle-trace' run.out | diff - plain.out >/dev/null ||
+  fail "the program's output changed under the runner: $(diff <(grep -v '^candle-trace' run.out) plain.out | head)"
+grep -q '"kind":"gradient"' "$1" || fail "the run's trace has no gradients"
+grep -q '"op_name":"aten::' "$1" || fail "the run's trace has no aten ops"
 
 step "5. pip wheel: a platform wheel with the native files"
 "${PIP[@]}" wheel --quiet --no-index --no-build-isolation --no-deps -w wheel "$ROOT/bindings/python" ||

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/runner"
 )
 
 // Exit codes.
@@ -50,6 +51,13 @@ commands:
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
         meta.clock.wall_unix_ns_at_open
+
+  run [--capture-step N] [--output PATTERN] [--match PATTERNS]
+      [--device-collect C] [--aggregate PATH] -- COMMAND ARGS...
+        run COMMAND with the capture set up (a Python command: the PyTorch
+        integration, no change to the script; any other: the LD_PRELOAD
+        drop-in), then say where each trace is and whether it is valid;
+        returns COMMAND's exit status (candle-trace run --help)
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]
@@ -100,6 +108,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exportCmd(args[1:], stdout, stderr)
 	case "merge":
 		return mergeCmd(args[1:], stdout, stderr)
+	case "run":
+		return runner.Main(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK

@@ -1,0 +1,313 @@
+"""The PyTorch side of ``candle-trace run -- python train.py``: capture an update of a
+program that knows nothing of candle_trace.
+
+``install()`` is called by the sitecustomize the runner injects (internal/runner),
+once ``import torch`` has run, in the one process that traces. From then on:
+
+- every ``torch.optim.Optimizer`` created gets an instance ``step`` that, once the
+  real step returns, ends an update. The first optimizer starts the capture:
+  :class:`~candle_trace.torch.profile` over the models whose parameters it holds
+  (the outermost ``nn.Module`` objects that hold them, found once on the garbage
+  collector's list), and each step of any optimizer is a ``profile.step()``;
+- until an optimizer exists, module forward hooks (torch's global ones) count the
+  calls of outermost modules. When ``capture_step - 1`` of them have run with no
+  optimizer, the program is taken for an inference loop: those hooks go, the module
+  last called is the model, each of its calls is a step and the capture is phase
+  ``infer`` (at the earliest the second call: the first is what finds the model);
+- at exit the profile stops: a capture that never came (the program made fewer
+  updates) is a failed trace saying how many there were; an exception that ended the
+  program fails a capture it interrupted, with its type and message.
+
+Options come from the runner in CANDLE_TRACE_RUN_* variables (see :class:`Settings`).
+A process forked after install (a DataLoader worker) inherits the patches, and every
+hook checks the pid first: there they only call through.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import signal
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from ._profile import profile
+
+__all__ = ["install", "Settings", "expand", "models_of"]
+
+
+@dataclass
+class Settings:
+    """The runner's options (internal/runner/env.go writes them)."""
+
+    output: str = "candle-trace-%p.jsonl"
+    capture_step: int = 3
+    #: "auto", None (none), or a list of collectors
+    device_collect: Union[str, List[str], None] = "auto"
+    aggregate: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, env: Optional[Dict[str, str]] = None) -> "Settings":
+        e = os.environ if env is None else env
+        dc = e.get("CANDLE_TRACE_RUN_DEVICE_COLLECT", "auto")
+        collect: Union[str, List[str], None] = (
+            "auto" if dc == "auto" else None if dc in ("", "none") else
+            [c.strip() for c in dc.split(",") if c.strip()])
+        return cls(output=e.get("CANDLE_TRACE_RUN_OUTPUT", cls.output),
+                   capture_step=int(e.get("CANDLE_TRACE_RUN_CAPTURE_STEP", cls.capture_step)),
+                   device_collect=collect,
+                   aggregate=e.get("CANDLE_TRACE_RUN_AGGREGATE") or None)
+
+
+def expand(pattern: str, pid: int, rank: Optional[str]) -> str:
+    """The path of this process's file: %p its pid, %r its rank (0 without one). A
+    rank of a distributed launch (``rank`` set) whose pattern has no %r gets
+    ``.rank<r>`` before the extension, so that each rank's file says whose it is."""
+    if rank is not None and "%r" not in pattern:
+        root, ext = os.path.splitext(pattern)
+        pattern = f"{root}.rank%r{ext}"
+    out, i = [], 0
+    while i < len(pattern):
+        two = pattern[i:i + 2]
+        if two in ("%p", "%r", "%%"):
+            out.append(str(pid) if two == "%p" else (rank or "0") if two == "%r" else "%")
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+def models_of(params: Sequence[torch.Tensor]) -> List[torch.nn.Module]:
+    """The outermost modules that hold any of ``params``: every live ``nn.Module``
+    holding one, less those inside another (a model's layers, a wrapper's model)."""
+    want = {id(p) for p in params}
+    gc.collect()  # a dropped wrapper of the model would count as one otherwise
+    # type(), not isinstance: an object whose __getattribute__ warns (torch.distributed
+    # .reduce_op) would warn at an isinstance check of its __class__.
+    holders = [m for m in gc.get_objects() if issubclass(type(m), torch.nn.Module)
+               and any(id(p) in want for p in m.parameters())]
+    inside = {id(sub) for m in holders for sub in m.modules() if sub is not m}
+    return [m for m in holders if id(m) not in inside]
+
+
+class Terminated(BaseException):
+    """What ended a run that a SIGTERM killed (the reason of its failed trace)."""
+
+
+def _model(tops: Sequence[torch.nn.Module]) -> Any:
+    """What profile takes: the module, or an object holding each one as an attribute
+    named after its class."""
+    if len(tops) == 1:
+        return tops[0]
+    holder = types.SimpleNamespace()
+    for m in tops:
+        name, n = type(m).__name__, 2
+        while hasattr(holder, name):
+            name, n = f"{type(m).__name__}_{n}", n + 1
+        setattr(holder, name, m)
+    return holder
+
+
+class Autorun:
+    """The integration's state in the traced process (see the module's doc)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        rank = os.environ.get("RANK")
+        self.path = expand(settings.output, self.pid, rank)
+        self.aggregate = expand(settings.aggregate, self.pid, rank) if settings.aggregate else None
+        self.prof: Optional[profile] = None
+        self.forwards = 0  # outermost module calls while no optimizer exists
+        self._depth = threading.local()
+        self._hooks: List[Any] = []
+        self._exc: Any = (None, None)  # what an uncaught exception ended the program with
+
+    # -- installing -------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._patch_optimizer()
+        self._watch_forwards()
+        previous = sys.excepthook
+
+        def excepthook(tp: Any, value: Any, tb: Any) -> None:
+            if self.here:
+                self._exc = (tp, value)
+            previous(tp, value, tb)
+
+        sys.excepthook = excepthook
+        self._handle_sigterm()
+
+    def _handle_sigterm(self) -> None:
+        """A SIGTERM (the runner forwards its own; a scheduler's) would kill Python with
+        no exit handler run, leaving the trace without a terminal line. Where the
+        disposition is still the default, the trace is ended first -- failed, naming the
+        signal, unless its capture is complete -- then the default is put back and the
+        signal raised again: the process dies of it as it would have. A forked child
+        gets the default back at once (it has no trace to end)."""
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                if self.here and self.prof is not None:
+                    self.prof.stop(Terminated, Terminated(
+                        f"killed by SIGTERM (signal {int(signal.SIGTERM)})"))
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def in_fork_child() -> None:
+            if signal.getsignal(signal.SIGTERM) is on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        os.register_at_fork(after_in_child=in_fork_child)
+
+    @property
+    def here(self) -> bool:
+        """This is the traced process (not a fork of it)."""
+        return os.getpid() == self.pid
+
+    def _patch_optimizer(self) -> None:
+        run = self
+        init = torch.optim.Optimizer.__init__
+
+        def __init__(opt: torch.optim.Optimizer, *a: Any, **k: Any) -> None:
+            init(opt, *a, **k)
+            if run.here:
+                run.optimizer_created(opt)
+
+        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
+
+    def _count(self, obj: Any, attr: str) -> None:
+        """Makes each call of ``obj.<attr>`` (an optimizer's step, the inference model's
+        forward) end an update once it returns. Installed over the wrappers the profile
+        has put there when it started (the whole-run statistics' spans), so that the
+        update ends after they have closed theirs; the capture's own wrappers, installed
+        when it arms, go over this one and leave their spans to the capture's end. A
+        bound method, as LR schedulers expect of ``optimizer.step`` (they wrap its
+        ``__func__``)."""
+        inner = getattr(obj, attr)
+        run = self
+
+        def counted(_: Any, *a: Any, **k: Any) -> Any:
+            out = inner(*a, **k)
+            if run.here:
+                run.stepped()
+            return out
+
+        setattr(obj, attr, types.MethodType(counted, obj))
+
+    def _watch_forwards(self) -> None:
+        hooks = torch.nn.modules.module
+        if not hasattr(hooks, "register_module_forward_pre_hook"):
+            return  # a torch without global hooks: an optimizer is needed
+        self._hooks.append(hooks.register_module_forward_pre_hook(self._pre_forward))
+        try:  # torch 2.x also runs it when the forward raised
+            post = hooks.register_module_forward_hook(self._post_forward, always_call=True)
+        except TypeError:
+            post = hooks.register_module_forward_hook(self._post_forward)
+        self._hooks.append(post)
+
+    def _unwatch_forwards(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self._depth.n = getattr(self._depth, "n", 0) + 1
+
+    def _post_forward(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        n = self._depth.n = max(getattr(self._depth, "n", 1) - 1, 0)
+        # A module with parameters: a loss module called at the top is no model.
+        if n == 0 and self.here and self.prof is None and self._hooks and \
+                next(module.parameters(), None) is not None:
+            self.forwards += 1
+            if self.forwards >= max(self.settings.capture_step - 1, 1):
+                self._start_infer(module)
+
+    # -- the capture ------------------------------------------------------------------
+
+    def _profile(self, model: Any, optimizer: Optional[torch.optim.Optimizer], phase: str,
+                 capture_step: int, counted: Any, attr: str) -> Optional[profile]:
+        """Starts the profile, then counts the calls of ``counted.<attr>`` as updates."""
+        s = self.settings
+        try:
+            prof = profile(model, optimizer, self.path, capture_step, phase=phase,
+                           tags={"mode": "candle-trace run",
+                                 "command": os.path.basename(sys.argv[0] or "python")},
+                           device_collect=s.device_collect, aggregate_path=self.aggregate)
+            prof.start()
+        except Exception as e:  # noqa: BLE001 - the program runs on, untraced
+            print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
+            return None
+        self.prof = prof
+        self._count(counted, attr)
+        atexit.register(self.stop)  # after the session's own exit hook: runs before it
+        return prof
+
+    def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
+        """The first optimizer starts the capture over the models it trains; every
+        optimizer's step ends an update."""
+        if self.prof is not None:
+            self._count(opt, "step")
+            return
+        self._unwatch_forwards()
+        params = [p for g in opt.param_groups for p in g["params"]]
+        tops = models_of(params)
+        if not tops:
+            print("candle-trace run: no capture: the optimizer's parameters belong to no "
+                  "nn.Module", file=sys.stderr)
+            return
+        self._profile(_model(tops), opt, "train", self.settings.capture_step, opt, "step")
+
+    def _start_infer(self, module: torch.nn.Module) -> None:
+        """No optimizer after capture_step - 1 outermost calls: an inference loop whose
+        steps are the calls of ``module``."""
+        self._unwatch_forwards()
+        prof = self._profile(module, None, "infer", max(self.settings.capture_step, 2),
+                             module, "forward")
+        if prof is not None:
+            for _ in range(self.forwards):  # the calls that ran before it existed
+                prof.step()
+
+    def stepped(self) -> None:
+        """An update (an optimizer step, or a call of the inference model) ended."""
+        prof = self.prof
+        if prof is None:
+            return
+        prof.step()
+        if prof.state in ("done", "failed") and prof.whole_run is None:
+            self.stop()  # nothing more to do for the rest of the run
+
+    def stop(self) -> None:
+        """Ends the profile (at exit, or once the capture is written)."""
+        prof = self.prof
+        if prof is None or not self.here:
+            return
+        with warnings.catch_warnings():
+            # A capture that never came warns; the runner's verdict says it already.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            prof.stop(*self._exc)
+
+
+_installed: Optional[Autorun] = None
+
+
+def install(settings: Optional[Settings] = None) -> Autorun:
+    """Sets the integration up in this process (once)."""
+    global _installed
+    if _installed is None:
+        _installed = Autorun(settings or Settings.from_env())
+        _installed.install()
+    return _installed

@@ -1,0 +1,453 @@
+"""`candle-trace run -- python PROGRAM`: unmodified PyTorch programs traced through the
+injected sitecustomize, under this test's interpreter (run_tests.sh runs it under each
+torch: Debian's 1.13 and PyPI's 2.x). The traces are held to the programs' own truth:
+their modules, their parameters and the gradient norms they print themselves."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+from conftest import REPO, judged, read_trace
+
+torch = pytest.importorskip("torch")
+
+RUNNER = REPO / "build" / "candle-trace"
+PROGRAMS = REPO / "tests" / "python" / "programs"
+sys.path.insert(0, str(PROGRAMS))
+
+
+@pytest.mark.parametrize("pattern,rank,want", [
+    ("t-%p.jsonl", None, "t-42.jsonl"),
+    ("t-%p-%r.jsonl", None, "t-42-0.jsonl"),
+    ("t-%p-%r.jsonl", "3", "t-42-3.jsonl"),
+    ("t-%p.jsonl", "3", "t-42.rank3.jsonl"),       # a rank's name says whose it is
+    ("dir.d/trace", "1", "dir.d/trace.rank1"),
+    ("100%%-%p", None, "100%-42"),
+])
+def test_expand(pattern, rank, want):
+    from candle_trace.torch._run import expand  # noqa: PLC0415
+
+    assert expand(pattern, 42, rank) == want
+
+
+def test_settings_from_the_runner_s_variables():
+    from candle_trace.torch._run import Settings  # noqa: PLC0415
+
+    s = Settings.from_env({"CANDLE_TRACE_RUN_OUTPUT": "/o-%p", "CANDLE_TRACE_RUN_CAPTURE_STEP": "5",
+                           "CANDLE_TRACE_RUN_DEVICE_COLLECT": "cupti, nvml",
+                           "CANDLE_TRACE_RUN_AGGREGATE": "/a.json"})
+    assert (s.output, s.capture_step, s.device_collect, s.aggregate) == (
+        "/o-%p", 5, ["cupti", "nvml"], "/a.json")
+    assert Settings.from_env({"CANDLE_TRACE_RUN_DEVICE_COLLECT": "none"}).device_collect is None
+    assert Settings.from_env({}) == Settings()
+
+
+def test_models_of_finds_the_outermost_holders():
+    from candle_trace.torch._run import models_of  # noqa: PLC0415
+
+    enc, head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+    model = torch.nn.Sequential(enc, torch.nn.ReLU(), head)
+    critic = torch.nn.Linear(2, 1)
+    ema = torch.nn.Linear(3, 3)  # a copy: other tensors
+    ema.load_state_dict(enc.state_dict())
+    assert models_of(list(model.parameters())) == [model]
+    assert models_of(list(head.parameters())) == [model]  # the model holds the head
+    found = models_of(list(model.parameters()) + list(critic.parameters()))
+    assert sorted(map(id, found)) == sorted([id(model), id(critic)])
+    assert models_of([torch.zeros(1, requires_grad=True)]) == []
+    del ema
+
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    """No CANDLE_TRACE_* variable and no PYTHONPATH: the runner finds everything
+    itself. The interpreter's bin first (a virtualenv's ninja builds the observer)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CANDLE_TRACE_") and k != "PYTHONPATH"}
+    if "CANDLE_TRACE_CACHE" in os.environ:  # the op observer's build cache may stay
+        env["CANDLE_TRACE_CACHE"] = os.environ["CANDLE_TRACE_CACHE"]
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")])
+    env.update(extra)
+    return env
+
+
+def run(tmp_path: Path, program: List[str], *flags: str, env: Optional[Dict[str, str]] = None,
+        timeout: int = 600) -> subprocess.CompletedProcess:
+    if not RUNNER.exists():
+        pytest.fail(f"{RUNNER} is not built (make cli)")
+    return subprocess.run([str(RUNNER), "run", "--output", str(tmp_path / "t-%p.jsonl"), *flags,
+                           "--", sys.executable, *program], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, env=env or clean_env())
+
+
+def traces(tmp_path: Path) -> List[Path]:
+    return sorted(tmp_path.glob("t-*.jsonl"))
+
+
+def norms_at(path: Path, update: int) -> Dict[str, Optional[float]]:
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["update"] == update:
+            return rec["norms"]
+    raise AssertionError(f"{path} has no update {update}")
+
+
+def forward_span_names(lines: list) -> List[str]:
+    return [s["name"] for s in lines if s["kind"] == "span_start"
+            and s.get("span_kind") == "module" and s.get("step") == "forward"]
+
+
+def assert_gradients_match(lines: list, root: str, model: torch.nn.Module,
+                           norms: Dict[str, Optional[float]]) -> None:
+    """One gradient per trainable parameter, state and norm as the program saw them."""
+    grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
+    assert {g["root"] for g in grads.values()} == {root}
+    assert set(grads) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for key, g in grads.items():
+        want = norms[key]
+        if want is None:
+            assert g["state"] == "missing", key
+        else:
+            assert g["state"] == "present", key
+            assert math.isclose(g["norm"], want, rel_tol=1e-5), (key, g["norm"], want)
+
+
+def verdict_line(r: subprocess.CompletedProcess) -> str:
+    lines = [x for x in r.stderr.splitlines() if x.startswith("candle-trace: trace ")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_char_gpt_unmodified(tmp_path):
+    import char_gpt  # noqa: PLC0415
+
+    norms = tmp_path / "norms.jsonl"
+    r = run(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "5"],
+            env=clean_env(CHAR_GPT_GRAD_NORMS=str(norms)))
+    assert r.returncode == 0, r.stderr
+    assert "trained 5 updates" in r.stdout
+    plain = subprocess.run([sys.executable, str(PROGRAMS / "char_gpt.py"), "--updates", "5"],
+                           capture_output=True, text=True, timeout=600, env=clean_env())
+    assert plain.stdout == r.stdout  # the same losses: the capture changes no number
+    [trace] = traces(tmp_path)
+    line = verdict_line(r)
+    assert f"{trace.name}: valid, complete; update " in line and "gradients" in line, line
+    lines = judged(trace, tmp_path)
+    meta = lines[0]
+    assert (meta["entrypoint"], meta["phase"], meta["capture_step"]) == ("CharGPT::train", "train", 3)
+
+    model = char_gpt.CharGPT(vocab=len(set(char_gpt.TEXT)), context=16)
+    called = {q or "CharGPT" for q, m in model.named_modules()  # a ModuleList is not called
+              if not isinstance(m, torch.nn.ModuleList)} - {"unused", "extra_mix"}
+    fwd = forward_span_names(lines)
+    # update 3 is odd: the mixing branch is not taken; the unused layer never runs; the
+    # no_grad evaluation after update 2 comes before the update starts
+    assert set(fwd) == called
+    assert fwd.count("CharGPT") == 1
+    assert not [s for s in lines if s["kind"] == "span_start" and "[no_grad]" in s["name"]]
+    assert any(s["kind"] == "span_start" and s["name"] == "AdamW.step" for s in lines)
+    ops = [o["op_name"] for o in lines if o["kind"] == "op"]
+    assert "aten::layer_norm" in ops or "aten::native_layer_norm" in ops, sorted(set(ops))
+    assert all(o.startswith("aten::") for o in ops)
+    assert any(m["kind"] == "memory" for m in lines)
+    assert any(s["kind"] == "tensor_stats" and s["label"] == "loss" for s in lines)
+    assert_gradients_match(lines, "CharGPT", model, norms_at(norms, 3))
+    params = [t for t in lines if t["kind"] == "tensor" and t.get("category") == "parameter"]
+    assert sum(math.prod(t["shape"]) for t in params) == sum(p.numel() for p in model.parameters())
+
+
+# fork: the workers inherit the patched torch and check the pid; spawn: they start anew
+# and see the main process's claim
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_cnn_with_dataloader_workers(tmp_path, start):
+    import cnn_loader  # noqa: PLC0415
+
+    norms, workers = tmp_path / "norms.jsonl", tmp_path / "workers.txt"
+    r = run(tmp_path, [str(PROGRAMS / "cnn_loader.py"), "--updates", "4", "--workers", "2",
+                       "--start-method", start],
+            "--capture-step", "2",
+            env=clean_env(CNN_GRAD_NORMS=str(norms), CNN_WORKER_PIDS=str(workers)))
+    assert r.returncode == 0, r.stderr
+    assert "with 2 workers" in r.stdout
+    [trace] = traces(tmp_path)  # the workers wrote none
+    lines = judged(trace, tmp_path)
+    worker_pids = {int(x) for x in workers.read_text().split()}
+    assert len(worker_pids) == 2
+    assert lines[0]["process"]["pid"] not in worker_pids
+    assert trace.name == f"t-{lines[0]['process']['pid']}.jsonl"
+    assert lines[0]["capture_step"] == 2
+
+    model = cnn_loader.Net()
+    assert set(forward_span_names(lines)) == {q or "Net" for q, _ in model.named_modules()}
+    assert any(o["kind"] == "op" and o["op_name"].startswith("aten::conv") or
+               o["kind"] == "op" and o["op_name"] == "aten::mkldnn_convolution" for o in lines)
+    assert_gradients_match(lines, "Net", model, norms_at(norms, 2))
+    assert any(s["kind"] == "span_start" and s["name"] == "SGD.step" for s in lines)
+
+
+def test_fewer_updates_than_the_capture_step_is_a_failed_trace(tmp_path):
+    r = run(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "2"], "--capture-step", "4")
+    assert r.returncode == 0, r.stderr
+    line = verdict_line(r)
+    assert "valid, FAILED" in line and "before capture step 4" in line, line
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path, complete=False)
+    assert "after 2 updates" in lines[-1]["reason"]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+TINY = """
+import os, sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+"""
+
+
+def test_exit_status_and_an_exception_inside_the_capture(tmp_path):
+    prog = write(tmp_path, "boom.py", TINY + """
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 5):
+    opt.zero_grad()
+    out = model(torch.randn(2, 4))
+    if step == 3:
+        raise RuntimeError("out of patience at step 3")
+    out.sum().backward()
+    opt.step()
+""")
+    r = run(tmp_path, [str(prog)])
+    assert r.returncode == 1, r.stderr  # Python's status for an uncaught exception
+    assert "RuntimeError: out of patience at step 3" in r.stderr
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path, complete=False)
+    assert lines[-1]["reason"] == "RuntimeError: out of patience at step 3"
+    assert "valid, FAILED (RuntimeError: out of patience at step 3" in verdict_line(r)
+
+    prog = write(tmp_path, "status.py", "import sys; sys.exit(7)\n")
+    assert run(tmp_path, [str(prog)]).returncode == 7
+
+
+def test_a_script_without_torch_pays_nothing_and_writes_nothing(tmp_path):
+    prog = write(tmp_path, "plain.py", "import json, sys\nprint(json.dumps(sorted(sys.modules)))\n")
+    r = run(tmp_path, [str(prog)])
+    assert r.returncode == 0, r.stderr
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                           timeout=60, env=clean_env())
+    extra = set(json.loads(r.stdout)) - set(json.loads(plain.stdout))
+    # no torch, no candle_trace, nothing of importlib's: only the injected file itself
+    assert extra <= {"sitecustomize", "_candle_trace_run_site"}, extra
+    assert traces(tmp_path) == []
+    assert "no trace written" in r.stderr
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path):
+    site = tmp_path / "usersite"
+    site.mkdir()
+    write(site, "sitecustomize.py", "import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    prog = write(tmp_path, "train.py", TINY + """
+print("user sitecustomize:", os.environ.get("USER_SITE_RAN"))
+opt = torch.optim.Adam(model.parameters())
+for _ in range(3):
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+""")
+    r = run(tmp_path, [str(prog)], env=clean_env(PYTHONPATH=str(site)))
+    assert r.returncode == 0, r.stderr
+    assert "user sitecustomize: yes" in r.stdout
+    [trace] = traces(tmp_path)
+    judged(trace, tmp_path)
+
+
+def test_children_stay_out_and_ranks_trace_their_own(tmp_path):
+    child = write(tmp_path, "child.py", TINY + """
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+print("child", os.getpid(), os.environ.get("RANK"))
+""")
+    parent = write(tmp_path, "parent.py", TINY + f"""
+import subprocess
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+subprocess.run([sys.executable, {str(child)!r}], check=True)      # a helper: no trace
+env = dict(os.environ, RANK="1")                                    # as torchrun starts a rank
+subprocess.run([sys.executable, {str(child)!r}], check=True, env=env)
+print("parent", os.getpid())
+""")
+    r = run(tmp_path, [str(parent)])
+    assert r.returncode == 0, r.stderr
+    said = [ln.split() for ln in r.stdout.splitlines()]
+    parent_pid = next(w[1] for w in said if w[0] == "parent")
+    rank_pid = next(w[1] for w in said if w[0] == "child" and w[2] == "1")
+    names = sorted(p.name for p in traces(tmp_path))
+    assert names == sorted([f"t-{parent_pid}.jsonl", f"t-{rank_pid}.rank1.jsonl"])
+    for t in traces(tmp_path):
+        judged(t, tmp_path)
+    assert r.stderr.count("candle-trace: trace ") == 2
+
+
+def test_inference_loop_without_optimizer(tmp_path):
+    prog = write(tmp_path, "infer.py", TINY + """
+loss = torch.nn.MSELoss()
+model.eval()
+with torch.no_grad():
+    for _ in range(5):
+        y = model(torch.randn(3, 4))
+        loss(y, torch.zeros(3, 1))   # a module without parameters is no model
+""")
+    r = run(tmp_path, [str(prog)])
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert (lines[0]["phase"], lines[0]["capture_step"]) == ("infer", 3)
+    names = [s["name"] for s in lines if s["kind"] == "span_start" and s.get("span_kind") == "module"]
+    assert names.count("Sequential [no_grad]") == 1 and "0 [no_grad]" in names
+    assert not [g for g in lines if g["kind"] == "gradient"]
+    assert any(o["kind"] == "op" and o["op_name"] == "aten::addmm" for o in lines)
+
+
+def test_ctrl_c_is_forwarded_and_a_finished_capture_stays_complete(tmp_path):
+    ready = tmp_path / "ready"
+    prog = write(tmp_path, "forever.py", TINY + f"""
+import pathlib, time
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+while True:
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+    step += 1
+    if step == 4:
+        pathlib.Path({str(ready)!r}).write_text("go")
+    time.sleep(0.01)
+""")
+    p = subprocess.Popen([str(RUNNER), "run", "--output", str(tmp_path / "t-%p.jsonl"), "--",
+                          sys.executable, str(prog)], cwd=tmp_path, env=clean_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # no terminal: the runner must forward it
+    deadline = time.time() + 300
+    while not ready.exists():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    assert p.returncode in (1, 128 + signal.SIGINT), err  # Python >= 3.8 dies of SIGINT
+    [trace] = traces(tmp_path)
+    judged(trace, tmp_path)
+    assert "valid, complete" in err
+
+
+def test_sigterm_ends_the_trace_then_kills_as_before(tmp_path):
+    ready = tmp_path / "ready"
+    prog = write(tmp_path, "forever.py", TINY + f"""
+import pathlib, time
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 10**9):
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+    if step == 4:
+        pathlib.Path({str(ready)!r}).write_text("go")
+    time.sleep(0.01)
+""")
+    p = subprocess.Popen([str(RUNNER), "run", "--capture-step", "100", "--output",
+                          str(tmp_path / "t-%p.jsonl"), "--", sys.executable, str(prog)],
+                         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ready.exists():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.terminate()  # SIGTERM to the runner, which forwards it
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path, complete=False)
+    reason = lines[-1]["reason"]
+    assert reason.startswith("the loop ended by Terminated: killed by SIGTERM (signal 15) after "), reason
+    assert reason.endswith("before capture step 100 completed"), reason
+
+
+def test_a_program_that_is_no_python_runs_under_the_drop_in(tmp_path):
+    if not (REPO / "build" / "libcandle_trace_preload.so").exists():
+        pytest.fail("build/libcandle_trace_preload.so is not built (make build/libcandle_trace_preload.so)")
+    r = subprocess.run([str(RUNNER), "run", "--output", str(tmp_path / "t-%p.jsonl"), "--",
+                        "sleep", "0.3"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert lines[0]["tags"]["mode"] == "drop-in"
+    region = [s for s in lines if s["kind"] == "span_start" and s["name"] == "sleep"]
+    assert len(region) == 1
+    end = next(s for s in lines if s["kind"] == "span_end" and s["id"] == region[0]["id"])
+    # the whole run but the few ms before the library's Go runtime has started
+    assert 250_000_000 <= end["duration_ns"] < 2_000_000_000
+    assert f"{trace.name}: valid, complete; sleep " in verdict_line(r)
+
+
+def test_aggregate_counts_every_update_and_every_forward(tmp_path):
+    r = run(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "6", "--eval-every", "2"],
+            "--aggregate", str(tmp_path / "agg-%p.json"))
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    judged(trace, tmp_path)
+    [summary] = tmp_path.glob("agg-*.json")
+    assert f"whole-run summary {summary.name}" in r.stderr
+    rep = subprocess.run([str(RUNNER), "report", "--json", str(summary)], capture_output=True,
+                         text=True, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    counts = {s["name"]: s["count"] for s in json.loads(rep.stdout)["spans"]}
+    # 6 updates, each one optimizer step and one backward; 6 training forwards and the
+    # 3 evaluations after updates 2, 4 and 6
+    assert (counts["train/step"], counts["train/optimizer"], counts["train/backward"]) == (6, 6, 6)
+    assert counts["train/forward"] == 9
+
+
+LAUNCH = """
+import os, subprocess, sys
+# What torchrun does for each rank: the rendezvous in the environment, one process each.
+port, program = sys.argv[1], sys.argv[2]
+env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+ranks = [subprocess.Popen([sys.executable, program], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+         for r in range(2)]
+sys.exit(max(p.wait() for p in ranks))
+"""
+
+
+def free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_ranks_write_one_trace_each(tmp_path):
+    port = str(free_port())
+    if int(torch.__version__.split(".")[0]) >= 2:
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    else:  # Debian's torch 1.13 torchrun fails on Python 3.11 (elastic's to_map), traced or not
+        launcher = [str(write(tmp_path, "launch.py", LAUNCH)), port]
+    r = run(tmp_path, [*launcher, str(PROGRAMS / "ddp_ranks.py")], env=clean_env(OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 of 2 done" in r.stdout and "rank 1 of 2 done" in r.stdout
+    found = traces(tmp_path)  # the launcher (it steps no optimizer) writes none
+    assert [t.name.split(".")[-2] for t in found] == ["rank0", "rank1"], found
+    grads = []
+    for rank, t in enumerate(found):
+        lines = judged(t, tmp_path)
+        assert lines[0]["process"]["rank"] == rank and lines[0]["process"]["world_size"] == 2
+        assert t.name == f"t-{lines[0]['process']['pid']}.rank{rank}.jsonl"
+        grads.append({g["key"]: g["norm"] for g in lines if g["kind"] == "gradient"})
+    assert set(grads[0]) == {"module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"}
+    for key, norm in grads[0].items():  # all-reduced: the same mean gradient on each rank
+        assert math.isclose(norm, grads[1][key], rel_tol=1e-6), key

@@ -1,0 +1,50 @@
+package runner
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		want    Options
+		collect []string
+		err     string
+	}{
+		{"defaults", []string{"--", "python", "-m", "train"},
+			Options{CaptureStep: 3, Output: DefaultOutput, DeviceCollect: "auto", Command: []string{"python", "-m", "train"}}, nil, ""},
+		{"every flag", []string{"--capture-step", "7", "--output", "o-%r.jsonl", "--match", "a*,b", "--device-collect", "nvml, cupti",
+			"--aggregate", "s.json", "--", "./bin", "--capture-step", "1"},
+			Options{CaptureStep: 7, Output: "o-%r.jsonl", Match: "a*,b", DeviceCollect: "nvml, cupti", Aggregate: "s.json",
+				Command: []string{"./bin", "--capture-step", "1"}}, []string{"nvml", "cupti"}, ""},
+		{"the command's flags stay its own without --", []string{"python3", "--output", "x"},
+			Options{CaptureStep: 3, Output: DefaultOutput, DeviceCollect: "auto", Command: []string{"python3", "--output", "x"}}, nil, ""},
+		{"none collects nothing", []string{"--device-collect", "none", "x"},
+			Options{CaptureStep: 3, Output: DefaultOutput, DeviceCollect: "none", Command: []string{"x"}}, []string{}, ""},
+		{"no command", []string{"--capture-step", "2", "--"}, Options{}, nil, "no command given"},
+		{"capture step 0", []string{"--capture-step", "0", "x"}, Options{}, nil, "--capture-step must be >= 1"},
+		{"unknown collector", []string{"--device-collect", "perf", "x"}, Options{}, nil, `unknown collector "perf"`},
+		{"empty output", []string{"--output", " ", "x"}, Options{}, nil, "--output must not be empty"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := Parse(tc.args)
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, *o)
+			c, err := o.Collectors()
+			require.NoError(t, err)
+			assert.Equal(t, tc.collect, c)
+		})
+	}
+	_, err := Parse([]string{"--help"})
+	assert.ErrorIs(t, err, ErrHelp)
+}

@@ -1,0 +1,137 @@
+"""A character-level GPT trained with AdamW and a cosine learning-rate schedule on
+synthetic text, in the shape of the small public GPT scripts: token and position
+embeddings, pre-LayerNorm blocks of causal self-attention and an MLP, a head; an
+evaluation pass under torch.no_grad() every few updates. Nothing in it knows
+candle_trace: `candle-trace run -- python char_gpt.py` traces it as it is.
+
+Two things are here for the tests: the model has a layer it never calls
+(``unused``, which must show as parameters with no gradient) and a branch taken only
+on even updates (``extra_mix``); and, with CHAR_GPT_GRAD_NORMS=FILE set, each update
+appends ``{"update": n, "norms": {parameter: |grad|}}`` to FILE, read after backward,
+so a test can hold the trace's gradients to the program's own.
+
+    python char_gpt.py [--updates N] [--eval-every K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with one fused input projection."""
+
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.in_proj = nn.Linear(dim, 3 * dim, bias=False)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = h.shape
+        heads = self.in_proj(h).reshape(batch, length, 3, self.n_heads, dim // self.n_heads)
+        q, k, v = heads.permute(2, 0, 3, 1, 4).unbind(0)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        future = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
+        weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(batch, length, dim)
+        return self.out_proj(mixed)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, n_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.attn(self.norm1(h))
+        return h + self.ff(self.norm2(h))
+
+
+class CharGPT(nn.Module):
+    def __init__(self, vocab: int, context: int, dim: int = 48, n_heads: int = 4,
+                 n_blocks: int = 2) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList(Block(dim, n_heads) for _ in range(n_blocks))
+        self.extra_mix = nn.Linear(dim, dim)  # only on the updates that ask for it
+        self.unused = nn.Linear(dim, dim)  # never called: its gradient stays missing
+        self.final_norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor, mix: bool = False) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        h = self.tokens(idx) + self.positions(pos)
+        for block in self.blocks:
+            h = block(h)
+        if mix:
+            h = h + torch.tanh(self.extra_mix(h))
+        return self.head(self.final_norm(h))
+
+
+def batches(data: torch.Tensor, context: int, batch: int, gen: torch.Generator):
+    while True:
+        starts = torch.randint(len(data) - context - 1, (batch,), generator=gen)
+        x = torch.stack([data[s:s + context] for s in starts])
+        y = torch.stack([data[s + 1:s + context + 1] for s in starts])
+        yield x, y
+
+
+def grad_norms(model: nn.Module) -> Dict[str, Optional[float]]:
+    return {name: (None if p.grad is None else float(p.grad.detach().double().norm()))
+            for name, p in model.named_parameters() if p.requires_grad}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=6)
+    ap.add_argument("--eval-every", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    chars = sorted(set(TEXT))
+    data = torch.tensor([chars.index(c) for c in TEXT])
+    context, batch = 16, 8
+    model = CharGPT(len(chars), context)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.updates)
+    norms_file = os.environ.get("CHAR_GPT_GRAD_NORMS")
+    stream = batches(data, context, batch, torch.Generator().manual_seed(1))
+    for update in range(1, args.updates + 1):
+        model.train()
+        x, y = next(stream)
+        logits = model(x, mix=update % 2 == 0)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if norms_file:
+            with open(norms_file, "a") as f:
+                f.write(json.dumps({"update": update, "norms": grad_norms(model)}) + "\n")
+        opt.step()
+        schedule.step()
+        if update % args.eval_every == 0:
+            model.eval()
+            with torch.no_grad():
+                vx, vy = next(stream)
+                vlogits = model(vx)
+                vloss = F.cross_entropy(vlogits.reshape(-1, vlogits.shape[-1]), vy.reshape(-1))
+            print(f"update {update}: loss {loss.item():.4f}, eval loss {vloss.item():.4f}")
+    params = sum(p.numel() for p in model.parameters())
+    print(f"trained {args.updates} updates of a {params}-parameter CharGPT")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""A two-layer model trained with DistributedDataParallel over gloo (CPU), each rank on
+its own synthetic data, as `torchrun --nproc_per_node 2 ddp_ranks.py` starts it. Nothing
+in it knows candle_trace: under `candle-trace run -- torchrun ...` each rank writes its
+own trace, named with its rank. The all-reduce makes every rank's gradients the mean of
+all ranks', so the ranks' traces must hold equal gradient norms."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)  # DDP broadcasts rank 0's parameters anyway
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+    for _ in range(4):
+        opt.zero_grad()
+        x = torch.randn(4, 8, generator=data)
+        model(x).pow(2).mean().backward()
+        opt.step()
+    print(f"rank {rank} of {dist.get_world_size()} done")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
