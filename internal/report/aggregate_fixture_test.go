@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/candle-trace/candle-trace/internal/testutil"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
@@ -98,7 +100,7 @@ func TestAggregateFixtures(t *testing.T) {
 	for name, build := range map[string]func(*testing.T) *aggregate.Summary{"aggregate-a.json": fixtureA, "aggregate-b.json": fixtureB} {
 		var buf bytes.Buffer
 		require.NoError(t, build(t).Encode(&buf))
-		p := filepath.Join("testdata", name)
+		p := filepath.Join(testutil.CorpusDir(t), name)
 		if os.Getenv("CANDLE_TRACE_UPDATE_FIXTURES") != "" {
 			require.NoError(t, os.WriteFile(p, buf.Bytes(), 0o644))
 		}

@@ -5,8 +5,11 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/testutil"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 )
@@ -39,7 +42,7 @@ func FuzzCategoryRules(f *testing.F) {
 // to 1 and the verdict agrees with the threshold.
 func FuzzAggregateReport(f *testing.F) {
 	for _, name := range []string{"aggregate-a.json", "aggregate-b.json"} {
-		if data, err := os.ReadFile("testdata/" + name); err == nil {
+		if data, err := os.ReadFile(filepath.Join(testutil.CorpusDir(f), name)); err == nil {
 			f.Add(data)
 		}
 	}

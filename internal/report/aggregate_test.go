@@ -2,8 +2,11 @@ package report
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,7 +16,7 @@ import (
 
 func readFixture(t *testing.T, name string) *aggregate.Summary {
 	t.Helper()
-	s, err := aggregate.ReadFile("testdata/" + name)
+	s, err := aggregate.ReadFile(filepath.Join(testutil.CorpusDir(t), name))
 	require.NoError(t, err)
 	return s
 }

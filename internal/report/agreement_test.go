@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/candle-trace/candle-trace/internal/testutil"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -33,7 +35,7 @@ var ourCodes = map[string]bool{
 
 func corpus(t *testing.T) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("testdata", "*.jsonl"))
+	files, err := filepath.Glob(filepath.Join(testutil.CorpusDir(t), "*.jsonl"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
 	return files

@@ -12,7 +12,7 @@ import (
 // hashes of known tensor ids, live storages, gradients (one per parameter)
 // and the report's bounded summaries. It never holds the events themselves.
 type analyzer struct {
-	opts Options
+	opts checkOptions
 
 	meta       *Meta
 	schemaPrev bool
@@ -48,7 +48,10 @@ type analyzer struct {
 
 	grads *gradientState
 	mem   *memoryTracker
-	rep   *reportBuilder
+
+	// Set once the read is done: the memory lifetimes and the verdict.
+	lt     *lifetimes
+	health Health
 }
 
 type terminalInfo struct {
@@ -78,7 +81,7 @@ type callCheck struct {
 	line int
 }
 
-func newAnalyzer(opts Options) *analyzer {
+func newAnalyzer(opts checkOptions) *analyzer {
 	a := &analyzer{
 		opts:           opts,
 		spans:          map[string]*span{},
@@ -90,9 +93,6 @@ func newAnalyzer(opts Options) *analyzer {
 		callChecks:     map[*span][]callCheck{},
 		grads:          newGradientState(),
 		mem:            newMemoryTracker(),
-	}
-	if opts.Report {
-		a.rep = newReportBuilder()
 	}
 	return a
 }
@@ -264,9 +264,6 @@ func (a *analyzer) onOp(e *opEvent, line int) {
 	if e.hasOutput {
 		a.tensors[a.tensorHash(e.output)] = struct{}{}
 	}
-	if a.rep != nil {
-		a.rep.op(a, e)
-	}
 }
 
 func (a *analyzer) onTensor(e *tensorEvent, line int) {
@@ -288,9 +285,6 @@ func (a *analyzer) onTensorStats(e *tensorStatsEvent, line int) {
 	a.coverage.TensorStats++
 	r, _ := a.refsFor(e.spanID)
 	r.note(refTensorStats, line)
-	if a.rep != nil {
-		a.rep.tensorStats(e, line)
-	}
 }
 
 // tensorStatsProblem mirrors the invariants candle-graph's parser enforces.
@@ -336,9 +330,6 @@ func (a *analyzer) onDeviceMemory(e *deviceMemoryEvent, line int) {
 	if !e.hasUsed && !e.hasFree && !e.hasReserved && !e.hasCapacity {
 		a.errorAt(line, CodeEmptyDeviceMemorySample, fmt.Sprintf("device-memory sample for `%s` contains no measurements", e.device))
 	}
-	if a.rep != nil {
-		a.rep.deviceMemory(a, e)
-	}
 }
 
 func (a *analyzer) onDeviceInterval(e *deviceIntervalEvent, line int) {
@@ -353,14 +344,7 @@ func (a *analyzer) onDeviceInterval(e *deviceIntervalEvent, line int) {
 			a.hostMaxEnd, a.hostMaxLine = end, line
 		}
 	}
-	if a.rep != nil {
-		a.rep.interval(a, e)
-	}
 }
-
-// HostClock is the clock_id of device intervals placed on the session's
-// monotonic host clock.
-const HostClock = "host-monotonic"
 
 func (a *analyzer) onEdge(e *edgeEvent, line int) {
 	if !e.call {

@@ -313,15 +313,18 @@ func compareMemory(a, b *MemoryReport) MemoryDelta {
 	return m
 }
 
+// paramKey names one parameter: gradients are facts about parameters.
+type paramKey struct{ root, key string }
+
 func compareGradients(a, b []GradientFact, threshold float64) (both []GradientDiff, onlyA, onlyB []string) {
 	both, onlyA, onlyB = []GradientDiff{}, []string{}, []string{}
-	inB := map[gradKey]GradientFact{}
+	inB := map[paramKey]GradientFact{}
 	for _, g := range b {
-		inB[gradKey{g.Root, g.Key}] = g
+		inB[paramKey{g.Root, g.Key}] = g
 	}
-	inA := map[gradKey]bool{}
+	inA := map[paramKey]bool{}
 	for _, g := range a {
-		k := gradKey{g.Root, g.Key}
+		k := paramKey{g.Root, g.Key}
 		inA[k] = true
 		gb, ok := inB[k]
 		if !ok {
@@ -346,7 +349,7 @@ func compareGradients(a, b []GradientFact, threshold float64) (both []GradientDi
 		both = append(both, d)
 	}
 	for _, g := range b {
-		if !inA[gradKey{g.Root, g.Key}] {
+		if !inA[paramKey{g.Root, g.Key}] {
 			onlyB = append(onlyB, g.Root+"/"+g.Key)
 		}
 	}

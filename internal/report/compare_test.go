@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/candle-trace/candle-trace/internal/testutil"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -14,7 +16,7 @@ import (
 // other gradient norms.
 func trainVariant(t *testing.T, extra ...string) []byte {
 	t.Helper()
-	s := string(readCorpus(t, "valid-train.jsonl"))
+	s := string(testutil.Corpus(t, "valid-train.jsonl"))
 	repl := append([]string{
 		`"implementation_id":"candle-trace-go"`, `"implementation_id":"pytorch","pair_id":"p-1"`,
 		`"op_name":"relu","inputs":["t2"],"output":"t3","shape":[8,16],"dtype":"f32","device":"cuda:0","duration_ns":500`,
@@ -44,7 +46,7 @@ func analyzeReport(t *testing.T, data []byte) *Result {
 }
 
 func TestCompareNumbers(t *testing.T) {
-	a := analyzeReport(t, readCorpus(t, "valid-train.jsonl"))
+	a := analyzeReport(t, testutil.Corpus(t, "valid-train.jsonl"))
 	b := analyzeReport(t, trainVariant(t))
 	c := Compare("a.jsonl", a, "b.jsonl", b, 0.05)
 
@@ -119,8 +121,8 @@ func TestCompareNumbers(t *testing.T) {
 }
 
 func TestCheckIdentity(t *testing.T) {
-	train := analyzeReport(t, readCorpus(t, "valid-train.jsonl"))
-	infer := analyzeReport(t, readCorpus(t, "valid-infer.jsonl"))
+	train := analyzeReport(t, testutil.Corpus(t, "valid-train.jsonl"))
+	infer := analyzeReport(t, testutil.Corpus(t, "valid-infer.jsonl"))
 	other := analyzeReport(t, trainVariant(t, `"model_id":"mlp-2"`, `"model_id":"mlp-3"`, `"physical_batch":8`, `"physical_batch":16`))
 
 	diffs, problem := CheckIdentity(train.Meta, other.Meta)
@@ -147,7 +149,7 @@ func TestCheckIdentity(t *testing.T) {
 // Device time is compared by launching span and by kernel name: backward's
 // kernel twice as long, adam's kernel replaced by a fused one.
 func TestCompareDeviceTime(t *testing.T) {
-	a := analyzeReport(t, readCorpus(t, "valid-train.jsonl"))
+	a := analyzeReport(t, testutil.Corpus(t, "valid-train.jsonl"))
 	b := analyzeReport(t, trainVariant(t,
 		`"start_ns":3410,"duration_ns":1990,"name":"sgemm_bwd"`, `"start_ns":3410,"duration_ns":3980,"name":"sgemm_bwd"`,
 		`"name":"adam_kernel"`, `"name":"fused_adam"`))

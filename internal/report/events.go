@@ -203,3 +203,7 @@ func satAdd(a, b uint64) uint64 {
 	}
 	return a + b
 }
+
+// HostClock is the clock_id of device intervals placed on the session's
+// monotonic host clock.
+const HostClock = "host-monotonic"

@@ -95,7 +95,7 @@ func ExportChrome(r io.Reader, w *ChromeWriter, opts ChromeOptions) (*ExportResu
 	}
 	x.finish()
 	res := &x.res
-	res.Meta, res.Lines, res.Stop, res.CutLine = x.meta, st.lr.n, st.stop, st.cutLine
+	res.Meta, res.Lines, res.Stop, res.CutLine = x.meta, st.lines(), st.stop, st.cutLine
 	res.Incomplete = !x.terminal
 	res.Events = w.events - x.startEvents
 	res.LastNS = x.last

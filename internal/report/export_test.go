@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/candle-trace/candle-trace/internal/testutil"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,7 +77,7 @@ func exportBytes(t *testing.T, data []byte, opts ChromeOptions) (*chromeDoc, *Ex
 }
 
 func TestExportChromeGolden(t *testing.T) {
-	doc, res := exportBytes(t, readCorpus(t, "valid-train.jsonl"), ChromeOptions{})
+	doc, res := exportBytes(t, testutil.Corpus(t, "valid-train.jsonl"), ChromeOptions{})
 	assert.Equal(t, "ns", doc.DisplayTimeUnit)
 	assert.Equal(t, "test", doc.OtherData["source"])
 	// 5 spans + 4 ops + 4 device intervals; 6 live-bytes changes (the alias
@@ -169,7 +171,7 @@ func TestExportChromeGolden(t *testing.T) {
 }
 
 func TestExportPartialTrace(t *testing.T) {
-	doc, res := exportBytes(t, readCorpus(t, "partial-no-terminal.jsonl"), ChromeOptions{})
+	doc, res := exportBytes(t, testutil.Corpus(t, "partial-no-terminal.jsonl"), ChromeOptions{})
 	assert.True(t, res.Incomplete)
 	assert.Equal(t, 3, res.OpenSpans)
 	assert.Equal(t, uint64(9000), res.LastNS, "the end of the adam op")
@@ -186,7 +188,7 @@ func TestExportPartialTrace(t *testing.T) {
 	require.Len(t, closed, 1)
 	assert.Nil(t, closed[0].Args["open"])
 
-	cut, res := exportBytes(t, readCorpus(t, "partial-cut-line.jsonl"), ChromeOptions{})
+	cut, res := exportBytes(t, testutil.Corpus(t, "partial-cut-line.jsonl"), ChromeOptions{})
 	assert.Equal(t, 34, res.CutLine)
 	assert.NotEmpty(t, cut.find("X", "train/forward"))
 }
@@ -270,7 +272,7 @@ func TestAppendMicros(t *testing.T) {
 // withMeta rewrites a corpus trace's meta: its clock and process fields.
 func withMeta(t *testing.T, name, extra string) []byte {
 	t.Helper()
-	data := readCorpus(t, name)
+	data := testutil.Corpus(t, name)
 	first := bytes.IndexByte(data, '\n')
 	meta := bytes.TrimSuffix(data[:first], []byte("}"))
 	return append(append(append([]byte{}, meta...), ","+extra+"}"...), data[first:]...)
@@ -330,7 +332,7 @@ func TestMergeRanksAndClocks(t *testing.T) {
 		require.NoError(t, os.WriteFile(p, data, 0o644))
 		return p
 	}
-	plain := write("plain.jsonl", readCorpus(t, "valid-infer.jsonl"))
+	plain := write("plain.jsonl", testutil.Corpus(t, "valid-infer.jsonl"))
 	clocked := write("clocked.jsonl", withMeta(t, "valid-infer.jsonl", `"clock":{"wall_unix_ns_at_open":5}`))
 	rank0 := write("rank0.jsonl", withMeta(t, "valid-infer.jsonl", `"process":{"rank":0}`))
 

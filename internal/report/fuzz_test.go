@@ -2,16 +2,17 @@ package report
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/testutil"
 )
 
 // FuzzAnalyze feeds arbitrary bytes to the reader: it must never panic, and
 // its verdicts must hang together.
 func FuzzAnalyze(f *testing.F) {
-	files, _ := filepath.Glob(filepath.Join("testdata", "*.jsonl"))
+	files, _ := filepath.Glob(filepath.Join(testutil.CorpusDir(f), "*.jsonl"))
 	for _, file := range files {
 		if data, err := os.ReadFile(file); err == nil {
 			f.Add(data)
@@ -45,34 +46,5 @@ func FuzzAnalyze(f *testing.F) {
 		var out bytes.Buffer
 		WriteReport(&out, "fuzz", res)
 		WriteHealth(&out, "fuzz", &h, true)
-	})
-}
-
-// FuzzExportChrome: the exporter never panics, and whatever it accepts it
-// writes as valid JSON.
-func FuzzExportChrome(f *testing.F) {
-	files, _ := filepath.Glob(filepath.Join("testdata", "*.jsonl"))
-	for _, file := range files {
-		if data, err := os.ReadFile(file); err == nil {
-			f.Add(data)
-		}
-	}
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var out bytes.Buffer
-		w := NewChromeWriter(&out)
-		res, err := ExportChrome(bytes.NewReader(data), w, ChromeOptions{MaxLineBytes: 1 << 16})
-		if err != nil {
-			return // no meta record: nothing to export
-		}
-		if err := w.Close(map[string]string{"k": "v"}); err != nil {
-			t.Fatal(err)
-		}
-		if !json.Valid(out.Bytes()) {
-			t.Fatalf("invalid JSON for %q:\n%s", data, out.Bytes())
-		}
-		if res.OpenSpans > res.Spans {
-			t.Fatalf("%d open spans of %d", res.OpenSpans, res.Spans)
-		}
 	})
 }

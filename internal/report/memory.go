@@ -234,3 +234,13 @@ func (l *lifetimes) closeGroup() {
 	}
 	l.peak = p
 }
+
+// MemoryPeak is the simultaneous logical-memory peak.
+type MemoryPeak struct {
+	TimestampNS uint64            `json:"timestamp_ns"`
+	LiveBytes   uint64            `json:"live_bytes"`
+	SpanID      string            `json:"span_id"` // span of the allocation that reached it
+	SpanName    string            `json:"span_name,omitempty"`
+	ByDevice    map[string]uint64 `json:"by_device"`
+	ByCategory  map[string]uint64 `json:"by_category"`
+}

@@ -450,3 +450,7 @@ func decodeIdentity(sc *jsonScanner, v jsonValue) (*ComparisonIdentity, error) {
 	return id, f.require("workload_id", "model_id", "config_id", "data_id", "seed_policy",
 		"precision", "device_state", "physical_batch", "accumulation_steps")
 }
+
+// ManifestDigest is the digest every gradient contract must carry; one
+// implementation serves the writer and the reader.
+func ManifestDigest(expected []ExpectedGradient) string { return events.ManifestDigest(expected) }

@@ -100,7 +100,7 @@ func (a *analyzer) opTimeUnder(root *span) uint64 {
 			memo[c] = verdict
 		}
 		if verdict == 1 {
-			total = satAdd(total, s.refs.opTotal)
+			total = satAdd(total, s.opTime())
 		}
 	}
 	return total

@@ -3,8 +3,6 @@ package report
 import (
 	"fmt"
 	"strings"
-
-	"github.com/candle-trace/candle-trace/internal/events"
 )
 
 // provenanceProblem returns why the run metadata is out of its domain
@@ -49,10 +47,6 @@ func provenanceProblem(m *Meta) string {
 	}
 	return ""
 }
-
-// ManifestDigest is the digest every gradient contract must carry; one
-// implementation serves the writer and the reader.
-func ManifestDigest(expected []ExpectedGradient) string { return events.ManifestDigest(expected) }
 
 // contractProblem returns why a gradient contract is invalid
 // (candle-graph's GradientContract::validate), or "".

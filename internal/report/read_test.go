@@ -3,21 +3,14 @@ package report
 import (
 	"bytes"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func readCorpus(t *testing.T, name string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", name))
-	require.NoError(t, err)
-	return data
-}
 
 // onlyReader hides io.Seeker: the reader must then buffer memory records.
 type onlyReader struct{ io.Reader }
@@ -39,7 +32,7 @@ func issueWith(h *Health, code string) *Issue {
 }
 
 func TestPartialTraces(t *testing.T) {
-	full := readCorpus(t, "valid-infer.jsonl")
+	full := testutil.Corpus(t, "valid-infer.jsonl")
 	lines := strings.SplitAfter(string(full), "\n")
 	lines = lines[:len(lines)-1] // trailing empty element
 	tests := []struct {
@@ -83,7 +76,7 @@ func TestPartialTraces(t *testing.T) {
 }
 
 func TestCutLineAfterTerminalIsAnError(t *testing.T) {
-	data := append(readCorpus(t, "valid-infer.jsonl"), `{"kind":"op"`...)
+	data := append(testutil.Corpus(t, "valid-infer.jsonl"), `{"kind":"op"`...)
 	h := analyzeBytes(t, data, Options{}).Health
 	assert.False(t, h.StructurallyValid)
 	i := issueWith(&h, CodeInvalidJSON)
@@ -92,14 +85,14 @@ func TestCutLineAfterTerminalIsAnError(t *testing.T) {
 }
 
 func TestCutInsideMultiByteCharacter(t *testing.T) {
-	h := analyzeBytes(t, readCorpus(t, "partial-cut-utf8.jsonl"), Options{}).Health
+	h := analyzeBytes(t, testutil.Corpus(t, "partial-cut-utf8.jsonl"), Options{}).Health
 	assert.True(t, h.Incomplete)
 	assert.Equal(t, 11, h.CutLine)
 	assert.True(t, h.OK(true), "%v", h.Issues)
 }
 
 func TestIssueLinesCountPhysicalLines(t *testing.T) {
-	data := readCorpus(t, "bad-unknown_span.jsonl")
+	data := testutil.Corpus(t, "bad-unknown_span.jsonl")
 	// Blank and whitespace-only lines are skipped but still numbered.
 	data = bytes.Replace(data, []byte("\n"), []byte("\n\n \r\n"), 2)
 	h := analyzeBytes(t, data, Options{}).Health
@@ -125,8 +118,8 @@ func TestBadInputNeverPanics(t *testing.T) {
 		{"json scalar", "42\n", CodeInvalidJSON, 1},
 		{"object without kind", "{}\n", CodeMissingKind, 1},
 		{"kind not a string", `{"kind":7}` + "\n", CodeWrongType, 1},
-		{"wrong schema", strings.Replace(string(readCorpus(t, "valid-infer.jsonl")), "candle-graph/trace/10", "chrome-trace", 1), CodeUnsupportedSchema, 1},
-		{"BOM", "\ufeff" + string(readCorpus(t, "valid-infer.jsonl")), CodeInvalidJSON, 1},
+		{"wrong schema", strings.Replace(string(testutil.Corpus(t, "valid-infer.jsonl")), "candle-graph/trace/10", "chrome-trace", 1), CodeUnsupportedSchema, 1},
+		{"BOM", "\ufeff" + string(testutil.Corpus(t, "valid-infer.jsonl")), CodeInvalidJSON, 1},
 		{"NUL in line", "{\"kind\":\"meta\"\x00}\n", CodeInvalidJSON, 1},
 	}
 	for _, tc := range tests {
@@ -142,7 +135,7 @@ func TestBadInputNeverPanics(t *testing.T) {
 }
 
 func TestLineCap(t *testing.T) {
-	data := readCorpus(t, "valid-infer.jsonl")
+	data := testutil.Corpus(t, "valid-infer.jsonl")
 	h := analyzeBytes(t, data, Options{MaxLineBytes: 256}).Health
 	i := issueWith(&h, CodeLineTooLong)
 	require.NotNil(t, i, "the meta line is longer than 256 bytes")
@@ -154,8 +147,8 @@ func TestLineCap(t *testing.T) {
 }
 
 func TestMemoryOutOfOrderIsReplayedSorted(t *testing.T) {
-	sorted := readCorpus(t, "valid-infer.jsonl")
-	shuffled := readCorpus(t, "valid-memory-out-of-order.jsonl")
+	sorted := testutil.Corpus(t, "valid-infer.jsonl")
+	shuffled := testutil.Corpus(t, "valid-memory-out-of-order.jsonl")
 	want := analyzeBytes(t, sorted, Options{Report: true})
 	for name, r := range map[string]io.Reader{
 		"seekable (second pass)":  bytes.NewReader(shuffled),
@@ -209,7 +202,7 @@ func TestVerdict(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
-			h := analyzeBytes(t, readCorpus(t, tc.file), Options{}).Health
+			h := analyzeBytes(t, testutil.Corpus(t, tc.file), Options{}).Health
 			assert.Equal(t, tc.strict, h.OK(false))
 			assert.Equal(t, tc.allowPartial, h.OK(true))
 			assert.Equal(t, tc.outcome, h.Outcome)
@@ -220,7 +213,7 @@ func TestVerdict(t *testing.T) {
 }
 
 func TestCoverageCounts(t *testing.T) {
-	h := analyzeBytes(t, readCorpus(t, "valid-train.jsonl"), Options{}).Health
+	h := analyzeBytes(t, testutil.Corpus(t, "valid-train.jsonl"), Options{}).Health
 	assert.Equal(t, Coverage{
 		Spans: 5, ClosedSpans: 5, RootSpans: 1, MeasuredSpans: 1, Operations: 4, Tensors: 1, TensorStats: 2,
 		MemoryEvents: 7, DeviceMemorySamples: 2, DeviceIntervals: 4, Gradients: 3, CallEdges: 4, DataEdges: 2,

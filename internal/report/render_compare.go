@@ -100,20 +100,6 @@ func formatRatio(r *float64) string {
 	return fmt.Sprintf("×%.3f", *r)
 }
 
-func formatDeltaNS(d int64) string {
-	if d < 0 {
-		return "-" + FormatNS(float64(-d))
-	}
-	return "+" + FormatNS(float64(d))
-}
-
-func formatDeltaBytes(d int64) string {
-	if d < 0 {
-		return "-" + FormatBytes(uint64(-d))
-	}
-	return "+" + FormatBytes(uint64(d))
-}
-
 func writeDeltas(w io.Writer, rows []NameDelta) {
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "  (no names in common)")

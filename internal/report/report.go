@@ -62,16 +62,6 @@ type NameStats struct {
 	Encloses bool `json:"encloses_measured_region,omitempty"`
 }
 
-// MemoryPeak is the simultaneous logical-memory peak.
-type MemoryPeak struct {
-	TimestampNS uint64            `json:"timestamp_ns"`
-	LiveBytes   uint64            `json:"live_bytes"`
-	SpanID      string            `json:"span_id"` // span of the allocation that reached it
-	SpanName    string            `json:"span_name,omitempty"`
-	ByDevice    map[string]uint64 `json:"by_device"`
-	ByCategory  map[string]uint64 `json:"by_category"`
-}
-
 type MemoryReport struct {
 	Allocations         uint64             `json:"allocations"`
 	Frees               uint64             `json:"frees"`
@@ -199,6 +189,7 @@ type reportBuilder struct {
 	devMem  map[string]*DeviceMemoryStat
 	stats   map[string]*TensorSummary
 	labels  []string
+	names   map[string]string // interned op, device and kernel names
 }
 
 type opAcc struct {
@@ -233,13 +224,37 @@ func newReportBuilder() *reportBuilder {
 		ops: map[string]*opAcc{}, streams: map[string]*streamAcc{}, devices: map[string]*deviceAcc{},
 		kernels: map[string]*kernelAcc{}, bySpan: map[string]*kernelAcc{},
 		devMem: map[string]*DeviceMemoryStat{}, stats: map[string]*TensorSummary{},
+		names: map[string]string{},
 	}
 }
 
-func (b *reportBuilder) op(a *analyzer, e *opEvent) {
+// event folds one event the checker accepted.
+func (b *reportBuilder) event(k eventKind, d *lineDecoder, line int) {
+	switch k {
+	case kindOp:
+		b.op(&d.op)
+	case kindTensorStats:
+		b.tensorStats(&d.stats, line)
+	case kindDeviceMemory:
+		b.deviceMemory(&d.devMem)
+	case kindDeviceInterval:
+		b.interval(&d.interval)
+	}
+}
+
+func (b *reportBuilder) intern(s []byte) string {
+	if n, ok := b.names[string(s)]; ok {
+		return n
+	}
+	n := string(s)
+	b.names[n] = n
+	return n
+}
+
+func (b *reportBuilder) op(e *opEvent) {
 	acc, ok := b.ops[string(e.opName)]
 	if !ok {
-		name := a.intern(e.opName)
+		name := b.intern(e.opName)
 		acc = &opAcc{}
 		b.ops[name] = acc
 		b.opOrder = append(b.opOrder, name)
@@ -251,14 +266,14 @@ func (b *reportBuilder) op(a *analyzer, e *opEvent) {
 	}
 }
 
-func (b *reportBuilder) interval(a *analyzer, e *deviceIntervalEvent) {
+func (b *reportBuilder) interval(e *deviceIntervalEvent) {
 	end := satAdd(e.start, e.duration)
 	b.keyBuf = append(append(append(b.keyBuf[:0], e.device...), 0), e.clockID...)
 	devKey := len(b.keyBuf)
 	b.keyBuf = append(append(b.keyBuf, 0), e.streamID...)
 	st, ok := b.streams[string(b.keyBuf)]
 	if !ok {
-		st = &streamAcc{device: a.intern(e.device), clock: a.intern(e.clockID), stream: a.intern(e.streamID)}
+		st = &streamAcc{device: b.intern(e.device), clock: b.intern(e.clockID), stream: b.intern(e.streamID)}
 		b.streams[string(b.keyBuf)] = st
 	}
 	st.kernels++
@@ -275,21 +290,21 @@ func (b *reportBuilder) interval(a *analyzer, e *deviceIntervalEvent) {
 	k, ok := b.kernels[string(e.name)]
 	if !ok {
 		k = &kernelAcc{}
-		b.kernels[a.intern(e.name)] = k
+		b.kernels[b.intern(e.name)] = k
 	}
 	k.add(e.duration)
 	k, ok = b.bySpan[string(e.spanID)]
 	if !ok {
 		k = &kernelAcc{}
-		b.bySpan[a.intern(e.spanID)] = k
+		b.bySpan[b.intern(e.spanID)] = k
 	}
 	k.add(e.duration)
 }
 
-func (b *reportBuilder) deviceMemory(a *analyzer, e *deviceMemoryEvent) {
+func (b *reportBuilder) deviceMemory(e *deviceMemoryEvent) {
 	s, ok := b.devMem[string(e.device)]
 	if !ok {
-		s = &DeviceMemoryStat{Device: a.intern(e.device)}
+		s = &DeviceMemoryStat{Device: b.intern(e.device)}
 		b.devMem[s.Device] = s
 	}
 	s.Samples++
@@ -395,13 +410,11 @@ func sortStats(s []NameStats) {
 // spanStats groups closed spans by name. Self time is the span's duration
 // less its closed direct children's.
 func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64, measured *span) []NameStats {
-	for _, s := range a.spanList {
-		s.childDur = 0
-	}
+	childDur := make(map[*span]uint64, len(a.spanList)) // closed direct children, summed
 	for _, s := range a.spanList {
 		if s.closed && s.hasParent {
 			if p, ok := a.spans[s.parent]; ok {
-				p.childDur = satAdd(p.childDur, s.dur)
+				childDur[p] = satAdd(childDur[p], s.dur)
 			}
 		}
 	}
@@ -423,7 +436,7 @@ func (b *reportBuilder) spanStats(a *analyzer, share func(uint64) float64, measu
 			continue
 		}
 		x.d.add(s.dur)
-		x.self = satAdd(x.self, s.dur-min(s.dur, s.childDur))
+		x.self = satAdd(x.self, s.dur-min(s.dur, childDur[s]))
 	}
 	enclosing := enclosingNames(a, measured)
 	out := []NameStats{}

@@ -16,13 +16,14 @@ type span struct {
 
 	refs spanRefs
 
-	// report: sum of closed direct children (self time) and op time inside.
-	childDur uint64
 	// cycle walk state: 0 unvisited, 1 on the current walk, 2 clean, 3 reaches a cycle.
 	walk int8
 }
 
 func (s *span) end() uint64 { return satAdd(s.start, s.dur) }
+
+// opTime is the host op time recorded directly in this span.
+func (s *span) opTime() uint64 { return s.refs.opTotal }
 
 // spanRefs folds the evidence that names a span: counts per evidence kind,
 // and the earliest start / latest end of its operations and memory events,

@@ -72,6 +72,20 @@ func (s *eventStream) next() (eventKind, bool) {
 	}
 }
 
+// lines is the number of physical lines read so far.
+func (s *eventStream) lines() int { return s.lr.n }
+
+// bytesRead is the number of bytes read so far.
+func (s *eventStream) bytesRead() int64 { return s.lr.read }
+
 func (s *eventStream) fail(code, msg string) {
 	s.stop = &Issue{Severity: SeverityError, Code: code, Message: msg, Line: s.lr.n, Parse: true}
+}
+
+func codeOf(err error) string {
+	var de *decodeError
+	if errors.As(err, &de) {
+		return de.code
+	}
+	return CodeInvalidJSON
 }

@@ -35,3 +35,17 @@ func FormatBytes(b uint64) string {
 
 // FormatShare renders a fraction as a percentage.
 func FormatShare(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
+
+func formatDeltaNS(d int64) string {
+	if d < 0 {
+		return "-" + FormatNS(float64(-d))
+	}
+	return "+" + FormatNS(float64(d))
+}
+
+func formatDeltaBytes(d int64) string {
+	if d < 0 {
+		return "-" + FormatBytes(uint64(-d))
+	}
+	return "+" + FormatBytes(uint64(d))
+}
