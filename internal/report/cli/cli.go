@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/text"
 )
 
 // Exit codes.
@@ -141,7 +143,7 @@ type validateResult struct {
 	Path   string         `json:"path"`
 	OK     bool           `json:"ok"`
 	Error  string         `json:"error,omitempty"`
-	Health *report.Health `json:"health,omitempty"`
+	Health *health.Health `json:"health,omitempty"`
 }
 
 func validate(args []string, stdout, stderr io.Writer) int {
@@ -159,7 +161,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	allOK := true
 	var results []validateResult
 	for _, p := range paths {
-		res, err := analyze(p, report.Options{Progress: progress(stderr, p)})
+		res, err := analyze(p, analysis.Options{Progress: progress(stderr, p)})
 		vr := validateResult{Path: p}
 		if err != nil {
 			vr.Error = err.Error()
@@ -176,7 +178,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%s: FAIL (%v)\n", p, err)
 			continue
 		}
-		report.WriteHealth(stdout, p, &res.Health, *allowPartial)
+		text.WriteHealth(stdout, p, &res.Health, *allowPartial)
 	}
 	if *asJSON {
 		writeJSON(stdout, struct {
@@ -202,7 +204,7 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	p := paths[0]
-	res, err := analyze(p, report.Options{Report: true, Progress: progress(stderr, p)})
+	res, err := analyze(p, analysis.Options{Report: true, Progress: progress(stderr, p)})
 	if err != nil {
 		fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
 		return ExitProblem
@@ -210,10 +212,10 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 	if *asJSON {
 		writeJSON(stdout, struct {
 			Path string `json:"path"`
-			*report.Result
+			*analysis.Result
 		}{p, res})
 	} else {
-		report.WriteReport(stdout, p, res)
+		text.WriteReport(stdout, p, res)
 	}
 	if res.Report == nil {
 		return ExitProblem
@@ -222,11 +224,11 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 }
 
 // analyze reads a trace file, or standard input for "-".
-func analyze(path string, opts report.Options) (*report.Result, error) {
+func analyze(path string, opts analysis.Options) (*analysis.Result, error) {
 	if path == "-" {
-		return report.Analyze(stdinReader(), opts)
+		return analysis.Analyze(stdinReader(), opts)
 	}
-	return report.AnalyzeFile(path, opts)
+	return analysis.AnalyzeFile(path, opts)
 }
 
 func writeJSON(w io.Writer, v any) {
@@ -256,7 +258,7 @@ func progress(stderr io.Writer, path string) func(int64) {
 		if time.Since(start) < 2*time.Second {
 			return
 		}
-		line := fmt.Sprintf("%s: %s read", path, report.FormatBytes(uint64(n)))
+		line := fmt.Sprintf("%s: %s read", path, text.FormatBytes(uint64(n)))
 		if size > 0 {
 			line += fmt.Sprintf(" (%.0f%%)", 100*float64(n)/float64(size))
 		}
