@@ -3,13 +3,14 @@ package aggsummary
 import (
 	"bufio"
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/text"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"io"
 	"path"
 	"sort"
 	"strings"
 	"unicode"
+
+	"github.com/candle-trace/candle-trace/internal/report/text"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 )

@@ -2,10 +2,11 @@ package aggsummary
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/text"
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/candle-trace/candle-trace/internal/report/text"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 )

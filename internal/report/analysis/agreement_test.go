@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/candle-trace/candle-trace/internal/report/health"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
 

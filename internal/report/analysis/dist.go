@@ -1,9 +1,10 @@
 package analysis
 
 import (
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"math"
 	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // ExactSamples is how many values a distribution keeps before it switches

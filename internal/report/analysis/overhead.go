@@ -2,6 +2,7 @@ package analysis
 
 import (
 	"fmt"
+
 	"github.com/candle-trace/candle-trace/internal/report/health"
 	"github.com/candle-trace/candle-trace/internal/report/trace"
 )

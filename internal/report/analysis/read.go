@@ -1,10 +1,11 @@
 package analysis
 
 import (
-	"github.com/candle-trace/candle-trace/internal/report/health"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"io"
 	"os"
+
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // Options tune a read. The zero value validates with the defaults.

@@ -2,10 +2,13 @@ package analysis
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/health"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"math"
 	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // Report is what `candle-trace report` shows: where the captured step spent
@@ -597,7 +600,7 @@ func gradientReport(g *health.GradientState) GradientReport {
 	r := GradientReport{Flagged: []GradientFact{}, All: []GradientFact{}}
 	for _, k := range g.Order {
 		e := g.ByKey[k]
-		f := GradientFact{Root: k.Root, Key: k.Key, State: trace.GradStateNames[e.State], Line: e.Line}
+		f := GradientFact{Root: k.Root, Key: k.Key, State: traceformat.GradientStates[e.State], Line: e.Line}
 		if e.HasNorm && !math.IsNaN(e.Norm) {
 			n := e.Norm
 			f.Norm = &n

@@ -2,10 +2,11 @@ package analysis
 
 import (
 	"bytes"
-	"github.com/candle-trace/candle-trace/internal/report/health"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
 

@@ -2,12 +2,14 @@ package chrome
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"hash/maphash"
 	"io"
 	"os"
 	"sort"
 	"strconv"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
+	"github.com/candle-trace/candle-trace/internal/traceformat"
 )
 
 // ChromeOptions place one trace in a Chrome Trace Event document.
@@ -269,11 +271,11 @@ func (x *exporter) writeSpan(s *xspan, dur uint64, open bool) {
 	b = append(b, `,"args":{"id":`...)
 	b = appendJSONString(b, s.id)
 	b = append(b, `,"span_kind":"`...)
-	b = append(b, trace.SpanKindNames[s.kind]...)
+	b = append(b, traceformat.SpanKinds[s.kind]...)
 	b = append(b, '"')
 	if s.step >= 0 {
 		b = append(b, `,"step":"`...)
-		b = append(b, trace.StepNames[s.step]...)
+		b = append(b, traceformat.Steps[s.step]...)
 		b = append(b, '"')
 	}
 	if s.measured {

@@ -3,11 +3,12 @@ package chrome
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
 

@@ -2,10 +2,11 @@ package chrome
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"os"
 	"sort"
 	"strconv"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // MergeInput is one rank's trace in a merge, as read from its meta record.

@@ -2,12 +2,13 @@ package compare
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/analysis"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"math"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // DefaultCompareThreshold is the relative change (5%) beyond which compare

@@ -2,9 +2,10 @@ package compare
 
 import (
 	"bytes"
-	"github.com/candle-trace/candle-trace/internal/report/analysis"
 	"strings"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
 

@@ -2,9 +2,10 @@ package compare
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/text"
 	"io"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/text"
 )
 
 // WriteIdentityRefusal explains why compare refused two traces.

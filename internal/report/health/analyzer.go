@@ -2,10 +2,11 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"hash/maphash"
 	"math"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // analyzer consumes decoded events in file order and keeps only compact

@@ -3,8 +3,9 @@ package health
 import (
 	"errors"
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"io"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // ProgressEvery is how often Options.Progress is called.
@@ -102,7 +103,7 @@ func replayMemory(r io.Reader, maxLine, n int) ([]memRecord, error) {
 		}
 		line := trace.TrimSpace(raw)
 		if k, err := d.Decode(line); err == nil && k == trace.KindMemory {
-			out = append(out, RecordOf(&d.Memory, lr.N))
+			out = append(out, recordOf(&d.Memory, lr.N))
 		}
 	}
 	return out, nil

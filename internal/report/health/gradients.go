@@ -2,10 +2,13 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // gradientState keeps one entry per (root, key): gradients are facts about
@@ -55,7 +58,7 @@ func (g *GradientState) add(e *trace.GradientEvent, line int, a *Checker) {
 		if e.HasNorm {
 			norm = fmt.Sprint(e.Norm)
 		}
-		a.errorAt(line, trace.CodeGradientStateNormInconsistent, fmt.Sprintf("gradient (%q, %q) state `%s` is inconsistent with norm %s", e.Root, e.Key, trace.GradStateNames[e.State], norm))
+		a.errorAt(line, trace.CodeGradientStateNormInconsistent, fmt.Sprintf("gradient (%q, %q) state `%s` is inconsistent with norm %s", e.Root, e.Key, traceformat.GradientStates[e.State], norm))
 	}
 }
 

@@ -1,9 +1,10 @@
 package health
 
 import (
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"math"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 
 	"github.com/stretchr/testify/assert"
 )

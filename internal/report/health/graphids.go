@@ -2,10 +2,11 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"hash/maphash"
 	"strconv"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // checkGraphIDs reproduces a failure of `candle-graph summary` that is not a

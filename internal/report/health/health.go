@@ -2,8 +2,11 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // Health is the verdict on one trace: candle-graph's TraceHealth plus what a
@@ -85,7 +88,7 @@ func (a *Checker) finish(lt *Lifetimes) Health {
 	t := a.Terminal
 	failed := t == nil || t.outcome == trace.OutcomeFailed
 	if t != nil {
-		h.Outcome = trace.OutcomeNames[t.outcome]
+		h.Outcome = traceformat.Outcomes[t.outcome]
 	}
 
 	if msg := provenanceProblem(a.Meta); msg != "" {
@@ -135,7 +138,7 @@ func (a *Checker) finish(lt *Lifetimes) Health {
 	a.finishSpans(failed)
 	a.finishCallEdges()
 	a.resolveDataEdges(true)
-	a.issues = append(a.issues, lt.Issues...)
+	a.issues = append(a.issues, lt.issues...)
 	if len(lt.Live) > 0 {
 		a.warnAt(0, trace.CodeRetainedAllocations, fmt.Sprintf("%d storages remained live at capture end", len(lt.Live)))
 	}

@@ -2,8 +2,9 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // checkLabels applies the capture contract's semantic-label rules: each

@@ -2,9 +2,12 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"hash/maphash"
 	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // candle-graph replays memory events sorted by timestamp (a stable sort, so
@@ -34,7 +37,7 @@ type memRecord = memFields[string]
 // memSeed hashes tensor ids of memory records, kept or streamed alike.
 var memSeed = maphash.MakeSeed()
 
-func RecordOf(e *trace.MemoryEvent, line int) memRecord {
+func recordOf(e *trace.MemoryEvent, line int) memRecord {
 	return memRecord{
 		ts: e.Timestamp, bytes: e.Bytes, tensorHash: maphash.Bytes(memSeed, e.TensorID), line: int32(line),
 		action: int8(e.Action), category: int8(e.Category),
@@ -60,11 +63,11 @@ type memoryTracker struct {
 	lt         *Lifetimes
 }
 
-func newMemoryTracker() *memoryTracker { return &memoryTracker{lt: NewLifetimes()} }
+func newMemoryTracker() *memoryTracker { return &memoryTracker{lt: newLifetimes()} }
 
 func (m *memoryTracker) add(e *trace.MemoryEvent, line int) {
 	if m.buffer {
-		m.records = append(m.records, RecordOf(e, line))
+		m.records = append(m.records, recordOf(e, line))
 	}
 	if m.disordered {
 		return
@@ -92,9 +95,9 @@ func (m *memoryTracker) finish(records []memRecord) *Lifetimes {
 		records = m.records
 	}
 	sort.SliceStable(records, func(i, j int) bool { return records[i].ts < records[j].ts })
-	lt := NewLifetimes()
+	lt := newLifetimes()
 	for i := range records {
-		lt.Apply(&records[i])
+		lt.apply(&records[i])
 	}
 	lt.closeGroup()
 	return lt
@@ -128,7 +131,7 @@ func (s *liveStorage) has(tensor uint64) bool {
 type Lifetimes struct {
 	Live   map[string]liveStorage
 	keyBuf []byte
-	Issues []trace.Issue
+	issues []trace.Issue
 
 	Allocs, Frees, TotalAllocated uint64
 	liveBytes                     uint64
@@ -141,15 +144,15 @@ type Lifetimes struct {
 	Peak      *MemoryPeak
 }
 
-func NewLifetimes() *Lifetimes {
+func newLifetimes() *Lifetimes {
 	return &Lifetimes{Live: map[string]liveStorage{}, byDevice: map[string]*uint64{}}
 }
 
 func (l *Lifetimes) issue(line int32, code, msg string) {
-	l.Issues = append(l.Issues, trace.Issue{Severity: trace.SeverityError, Code: code, Message: msg, Line: int(line)})
+	l.issues = append(l.issues, trace.Issue{Severity: trace.SeverityError, Code: code, Message: msg, Line: int(line)})
 }
 
-func (l *Lifetimes) Apply(r *memRecord) { applyMem(l, r) }
+func (l *Lifetimes) apply(r *memRecord) { applyMem(l, r) }
 
 // deviceBytes returns the live-bytes counter of a device, creating it on
 // first use (the only time the name is copied).
@@ -230,7 +233,7 @@ func (l *Lifetimes) closeGroup() {
 	}
 	for c, b := range l.byCategory {
 		if b > 0 {
-			p.ByCategory[trace.CategoryNames[c]] = b
+			p.ByCategory[traceformat.Categories[c]] = b
 		}
 	}
 	l.Peak = p

@@ -2,8 +2,9 @@ package health
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // provenanceProblem returns why the run metadata is out of its domain

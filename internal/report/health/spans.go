@@ -2,6 +2,7 @@ package health
 
 import (
 	"fmt"
+
 	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 

@@ -2,10 +2,11 @@ package text
 
 import (
 	"bytes"
-	"github.com/candle-trace/candle-trace/internal/report/analysis"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
 )

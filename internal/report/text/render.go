@@ -2,13 +2,14 @@ package text
 
 import (
 	"fmt"
-	"github.com/candle-trace/candle-trace/internal/report/analysis"
-	"github.com/candle-trace/candle-trace/internal/report/health"
-	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"io"
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // WriteHealth writes the human verdict of one trace: a summary line, then

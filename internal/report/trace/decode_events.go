@@ -1,5 +1,7 @@
 package trace
 
+import "github.com/candle-trace/candle-trace/internal/traceformat"
+
 // lineDecoder turns one trimmed line into one event, with serde's rules for
 // the internally tagged TraceEvent enum: the "kind" tag is required and may
 // appear once; known fields may appear once; unknown fields are ignored.
@@ -32,7 +34,7 @@ func (d *Decoder) Decode(line []byte) (Kind, error) {
 	if err != nil {
 		return 0, err
 	}
-	kind, err := d.tag(d.members, "kind", "trace event", kindNames)
+	kind, err := d.tag(d.members, "kind", "trace event", traceformat.Kinds)
 	if err != nil {
 		return 0, err
 	}
@@ -121,7 +123,7 @@ func (d *Decoder) decodeSpanStart() error {
 			}
 		case "span_kind":
 			if err = f.first(3, k); err == nil {
-				e.SpanKind, err = d.sc.getEnum(f.obj, k, m.val, SpanKindNames)
+				e.SpanKind, err = d.sc.getEnum(f.obj, k, m.val, traceformat.SpanKinds)
 			}
 		case "parent_id":
 			if err = f.first(4, k); err == nil {
@@ -133,7 +135,7 @@ func (d *Decoder) decodeSpanStart() error {
 			}
 		case "step":
 			if err = f.first(6, k); err == nil && m.val.kind != jNull {
-				e.Step, err = d.sc.getEnum(f.obj, k, m.val, StepNames)
+				e.Step, err = d.sc.getEnum(f.obj, k, m.val, traceformat.Steps)
 			}
 		case "tid":
 			// Ours and unknown to candle-graph: never an error.
@@ -274,7 +276,7 @@ func (d *Decoder) decodeTensor() error {
 			}
 		case "category":
 			if err = f.first(8, k); err == nil {
-				e.category, err = d.sc.getEnum(f.obj, k, m.val, CategoryNames)
+				e.category, err = d.sc.getEnum(f.obj, k, m.val, traceformat.Categories)
 			}
 		}
 		if err != nil {
@@ -368,7 +370,7 @@ func (d *Decoder) decodeMemory() error {
 			}
 		case "action":
 			if err = f.first(6, k); err == nil {
-				e.Action, err = d.sc.getEnum(f.obj, k, m.val, actionNames)
+				e.Action, err = d.sc.getEnum(f.obj, k, m.val, traceformat.MemoryActions)
 			}
 		case "dtype":
 			if err = f.first(7, k); err == nil {
@@ -384,7 +386,7 @@ func (d *Decoder) decodeMemory() error {
 			}
 		case "category":
 			if err = f.first(10, k); err == nil {
-				e.Category, err = d.sc.getEnum(f.obj, k, m.val, CategoryNames)
+				e.Category, err = d.sc.getEnum(f.obj, k, m.val, traceformat.Categories)
 			}
 		}
 		if err != nil {
@@ -507,7 +509,7 @@ func (d *Decoder) decodeGradient() error {
 			}
 		case "state":
 			if err = f.first(3, k); err == nil {
-				e.State, err = d.sc.getEnum(f.obj, k, m.val, GradStateNames)
+				e.State, err = d.sc.getEnum(f.obj, k, m.val, traceformat.GradientStates)
 			}
 		case "norm":
 			if err = f.first(4, k); err == nil {
@@ -524,7 +526,7 @@ func (d *Decoder) decodeGradient() error {
 func (d *Decoder) decodeEdge() error {
 	e := &d.Edge
 	*e = EdgeEvent{}
-	ek, err := d.tag(d.members, "edge_kind", "edge", edgeKindNames)
+	ek, err := d.tag(d.members, "edge_kind", "edge", traceformat.EdgeKinds)
 	if err != nil {
 		return err
 	}
@@ -578,7 +580,7 @@ func (d *Decoder) decodeTerminal() error {
 		switch k := string(m.key); k {
 		case "outcome":
 			if err = f.first(0, k); err == nil {
-				e.Outcome, err = d.sc.getEnum(f.obj, k, m.val, OutcomeNames)
+				e.Outcome, err = d.sc.getEnum(f.obj, k, m.val, traceformat.Outcomes)
 			}
 		case "timestamp_ns":
 			if err = f.first(1, k); err == nil {

@@ -1,6 +1,9 @@
 package trace
 
-import "github.com/candle-trace/candle-trace/internal/events"
+import (
+	"github.com/candle-trace/candle-trace/internal/events"
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+)
 
 // Event records as candle-graph's serde types define them. Byte-slice fields
 // alias the current line (or the scanner arena) and are only valid until the
@@ -23,43 +26,24 @@ const (
 	KindTerminal
 )
 
-var kindNames = []string{
-	"meta", "span_start", "span_end", "op", "tensor", "tensor_stats", "memory",
-	"device_memory", "device_interval", "gradient", "edge", "terminal",
-}
+func (k Kind) String() string { return traceformat.Kinds[k] }
 
-func (k Kind) String() string { return kindNames[k] }
-
-// Enum variants, in the order the decoders return their indexes.
-var (
-	SpanKindNames  = []string{"function", "op", "module"}
-	StepNames      = []string{"forward", "backward", "optimizer"}
-	CategoryNames  = []string{"parameter", "activation", "gradient", "optimizer", "other"}
-	actionNames    = []string{"alloc", "free"}
-	GradStateNames = []string{"present", "missing", "zero", "non_finite"}
-	OutcomeNames   = []string{"complete", "failed"}
-	edgeKindNames  = []string{"call", "data"}
-	phaseNames     = []string{"train", "infer"}
-	timingNames    = []string{"host", "device_synchronized"}
-	scopeNames     = []string{"unknown", "profiled_work", "production_equivalent"}
-	coverageNames  = []string{"none", "partial", "complete"}
-	expectNames    = []string{"active", "inactive", "data_conditional"}
-)
-
+// Enum values are indexes into traceformat's lists (the C ABI's values
+// where it has the enum): the decoders return the index of the spelling.
 const (
-	StepNone      = -1
+	StepNone      = -1 // no "step" field; Step is an index into traceformat.Steps
 	StepForward   = 0
 	StepBackward  = 1
 	StepOptimizer = 2
 
-	categoryOther = 4
+	categoryOther = 0
 
 	ActionAlloc = 0
 	ActionFree  = 1
 
 	GradPresent   = 0
-	GradMissing   = 1
-	GradZero      = 2
+	GradZero      = 1
+	GradMissing   = 2
 	GradNonFinite = 3
 
 	OutcomeComplete = 0

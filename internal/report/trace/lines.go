@@ -15,8 +15,8 @@ const DefaultMaxLineBytes = 64 << 20
 
 var errLineTooLong = errors.New("line too long")
 
-// lineReader yields the lines of a trace one at a time, reusing its buffer.
-type lineReader struct {
+// LineReader yields the lines of a trace one at a time, reusing its buffer.
+type LineReader struct {
 	r    *bufio.Reader
 	max  int
 	buf  []byte
@@ -24,17 +24,17 @@ type lineReader struct {
 	read int64 // bytes consumed so far
 }
 
-func NewLineReader(r io.Reader, max int) *lineReader {
+func NewLineReader(r io.Reader, max int) *LineReader {
 	if max <= 0 {
 		max = DefaultMaxLineBytes
 	}
-	return &lineReader{r: bufio.NewReaderSize(r, 256<<10), max: max}
+	return &LineReader{r: bufio.NewReaderSize(r, 256<<10), max: max}
 }
 
 // next returns the next line without "\n" or "\r\n", and whether a newline
 // ended it (false only for a last line without one). It returns io.EOF
 // after the last line. The slice is valid until the next call.
-func (lr *lineReader) Next() (line []byte, terminated bool, err error) {
+func (lr *LineReader) Next() (line []byte, terminated bool, err error) {
 	lr.buf = lr.buf[:0]
 	for {
 		chunk, err := lr.r.ReadSlice('\n')

@@ -3,14 +3,16 @@ package trace
 import (
 	"strconv"
 
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+
 	"github.com/candle-trace/candle-trace/internal/events"
 )
 
 // Supported schemas: the current one, and the previous one candle-graph
 // still reads (without tensor_stats).
 const (
-	Schema         = "candle-graph/trace/10"
-	PreviousSchema = "candle-graph/trace/9"
+	Schema         = traceformat.Schema
+	PreviousSchema = traceformat.PreviousSchema
 )
 
 // Meta is the run's provenance: the first line of a trace.
@@ -120,7 +122,7 @@ func decodeMeta(sc *jsonScanner, ms []jsonMember) (*Meta, error) {
 		case "entrypoint":
 			str(3, k, v, &m.Entrypoint)
 		case "phase":
-			enum(4, k, v, phaseNames, &m.Phase)
+			enum(4, k, v, traceformat.Phases, &m.Phase)
 		case "timestamp":
 			str(5, k, v, &m.Timestamp)
 		case "capture_step":
@@ -134,7 +136,7 @@ func decodeMeta(sc *jsonScanner, ms []jsonMember) (*Meta, error) {
 		case "device":
 			str(8, k, v, &m.Device)
 		case "timing_mode":
-			enum(9, k, v, timingNames, &m.TimingMode)
+			enum(9, k, v, traceformat.TimingModes, &m.TimingMode)
 		case "capture_contract":
 			if err = f.first(10, k); err == nil {
 				err = decodeContract(sc, v, &m.CaptureContract)
@@ -215,9 +217,9 @@ func decodeContract(sc *jsonScanner, v jsonValue, c *CaptureContract) error {
 	cov := func(bit uint, k string, v jsonValue, dst *string) {
 		if err = f.first(bit, k); err == nil {
 			var i int
-			i, err = sc.getEnum(f.obj, k, v, coverageNames)
+			i, err = sc.getEnum(f.obj, k, v, traceformat.Coverages)
 			if err == nil {
-				*dst = coverageNames[i]
+				*dst = traceformat.Coverages[i]
 			}
 		}
 	}
@@ -236,8 +238,8 @@ func decodeContract(sc *jsonScanner, v jsonValue, c *CaptureContract) error {
 		case "measurement_scope":
 			if err = f.first(0, k); err == nil {
 				var i int
-				i, err = sc.getEnum(f.obj, k, m.val, scopeNames)
-				c.MeasurementScope = scopeNames[i]
+				i, err = sc.getEnum(f.obj, k, m.val, traceformat.MeasurementScopes)
+				c.MeasurementScope = traceformat.MeasurementScopes[i]
 			}
 		case "operations":
 			cov(1, k, m.val, &c.Operations)
@@ -369,8 +371,8 @@ func decodeFamilies(sc *jsonScanner, v jsonValue) ([]GradientFamily, error) {
 			case "expectation":
 				if err = f.first(1, k); err == nil {
 					var j int
-					j, err = sc.getEnum(obj, k, m.val, expectNames)
-					g.Expectation = expectNames[j]
+					j, err = sc.getEnum(obj, k, m.val, traceformat.FamilyExpectations)
+					g.Expectation = traceformat.FamilyExpectations[j]
 				}
 			case "min_present":
 				if err = f.first(2, k); err == nil {

@@ -7,13 +7,13 @@ import (
 	"unicode/utf8"
 )
 
-// eventStream yields the decoded events of a trace one line at a time, with
+// Stream yields the decoded events of a trace one line at a time, with
 // the reader's rules for the end of a file: it stops at the first line
 // candle-graph could not parse (stop says why) and treats a cut last line
 // before any terminal record as the end of a partial trace (cutLine). The
 // decoded event lives in d until the next call.
-type eventStream struct {
-	lr      *lineReader
+type Stream struct {
+	lr      *LineReader
 	Decoded Decoder
 	Line    int // line of the event last returned
 
@@ -23,13 +23,13 @@ type eventStream struct {
 	Err         error  // an I/O error that ended it
 }
 
-func NewStream(r io.Reader, maxLine int) *eventStream {
-	return &eventStream{lr: NewLineReader(r, maxLine)}
+func NewStream(r io.Reader, maxLine int) *Stream {
+	return &Stream{lr: NewLineReader(r, maxLine)}
 }
 
 // next decodes the next event. It returns false at the end of the stream:
 // end of file, a cut last line, a parse problem or an I/O error.
-func (s *eventStream) Next() (Kind, bool) {
+func (s *Stream) Next() (Kind, bool) {
 	for {
 		raw, terminated, err := s.lr.Next()
 		switch {
@@ -73,12 +73,12 @@ func (s *eventStream) Next() (Kind, bool) {
 }
 
 // lines is the number of physical lines read so far.
-func (s *eventStream) Lines() int { return s.lr.N }
+func (s *Stream) Lines() int { return s.lr.N }
 
 // bytesRead is the number of bytes read so far.
-func (s *eventStream) BytesRead() int64 { return s.lr.read }
+func (s *Stream) BytesRead() int64 { return s.lr.read }
 
-func (s *eventStream) fail(code, msg string) {
+func (s *Stream) fail(code, msg string) {
 	s.Stop = &Issue{Severity: SeverityError, Code: code, Message: msg, Line: s.lr.N, Parse: true}
 }
 
