@@ -1,6 +1,8 @@
 // Package cli is the candle-trace command line: argument handling and
-// output around package report, so that cmd/candle-trace stays a one-liner
-// and the commands can be tested in-process.
+// output around the layers of internal/report (trace, health, analysis and
+// the outputs text, compare, aggsummary, chrome), so that cmd/candle-trace
+// stays a one-liner and the commands can be tested in-process. It is the top
+// layer: nothing below imports it.
 package cli
 
 import (
