@@ -17,6 +17,11 @@ type Options struct {
 	// Progress, when set, is called every ProgressEvery bytes with the
 	// bytes read so far.
 	Progress func(bytesRead int64)
+	// Observe, when set, also sees every record the checker accepted, after
+	// the report's own fold: an output that needs more detail than the
+	// report's summaries (the HTML view's timeline) collects it here, in the
+	// same single pass. The record lives in d until the next line.
+	Observe func(k trace.Kind, d *trace.Decoder, line int)
 }
 
 // Result is what a read of one trace found.
@@ -46,6 +51,15 @@ func Analyze(r io.Reader, opts Options) (*Result, error) {
 	if opts.Report {
 		b = newReportBuilder()
 		co.Observe = b.event
+	}
+	if extra := opts.Observe; extra != nil {
+		fold := co.Observe
+		co.Observe = func(k trace.Kind, d *trace.Decoder, line int) {
+			if fold != nil {
+				fold(k, d, line)
+			}
+			extra(k, d, line)
+		}
 	}
 	a, err := health.Check(r, co)
 	if err != nil {

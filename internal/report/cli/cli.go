@@ -54,6 +54,12 @@ commands:
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
         meta.clock.wall_unix_ns_at_open
+  view [--output FILE] TRACE
+        one self-contained HTML page (no network needed) to open in a
+        browser: health verdict, overhead analysis, top spans and ops, a
+        zoomable timeline of the update, the memory curve with the peak
+        and what was live there, gradients and tensor statistics
+        (default FILE: TRACE with .html)
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]
@@ -104,6 +110,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exportCmd(args[1:], stdout, stderr)
 	case "merge":
 		return mergeCmd(args[1:], stdout, stderr)
+	case "view":
+		return viewCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK

@@ -378,7 +378,7 @@ func (d *Decoder) decodeMemory() error {
 			}
 		case "op_name":
 			if err = f.first(8, k); err == nil {
-				e.opName, e.hasOpName, err = getOptStr(f.obj, k, m.val)
+				e.OpName, e.HasOpName, err = getOptStr(f.obj, k, m.val)
 			}
 		case "shape":
 			if err = f.first(9, k); err == nil {

@@ -101,8 +101,8 @@ type TensorStatsEvent struct {
 type MemoryEvent struct {
 	Timestamp                                  uint64
 	StorageID, TensorID, SpanID, Device, dtype []byte
-	opName                                     []byte
-	hasOpName                                  bool
+	OpName                                     []byte
+	HasOpName                                  bool
 	Bytes                                      uint64
 	Action                                     int
 	shape                                      []uint64

@@ -1,0 +1,393 @@
+// candle-trace view: draws the page from the JSON document embedded in it.
+// Hand-written, no libraries: the file must open offline, anywhere.
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("trace-data").textContent);
+  var R = D.report; // null when the trace could not be read far enough
+  var SVGNS = "http://www.w3.org/2000/svg";
+
+  // ---- helpers -----------------------------------------------------------
+
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function sv(tag, attrs, text) {
+    var e = document.createElementNS(SVGNS, tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = String(text);
+    return e;
+  }
+  function $(id) { return document.getElementById(id); }
+  function clear(e) { while (e.firstChild) e.removeChild(e.firstChild); return e; }
+
+  // Units as `candle-trace report` prints them (internal/report/text).
+  function fmtNS(ns) {
+    if (ns < 1e3) return String(+ns.toFixed(3)) + " ns";
+    if (ns < 1e6) return (ns / 1e3).toFixed(2) + " µs";
+    if (ns < 1e9) return (ns / 1e6).toFixed(2) + " ms";
+    return (ns / 1e9).toFixed(3) + " s";
+  }
+  function fmtBytes(b) {
+    if (b < 1024) return b + " B";
+    var div = 1024, exp = 0;
+    for (var n = Math.floor(b / 1024); n >= 1024 && exp < 5; n = Math.floor(n / 1024)) { div *= 1024; exp++; }
+    return (b / div).toFixed(1) + " " + "KMGTPE"[exp] + "iB";
+  }
+  function fmtShare(f) { return (100 * f).toFixed(1) + "%"; }
+  function fmtNum(v) {
+    if (v === undefined || v === null) return "-";
+    if (typeof v === "number" && !Number.isInteger(v)) return v.toPrecision(6).replace(/\.?0+$/, "");
+    return String(v);
+  }
+
+  // table fills a <table> with a header and rows; flag(row) marks a row.
+  function table(id, headers, rows, flag) {
+    var t = clear($(id));
+    var tr = el("tr");
+    headers.forEach(function (h) { tr.appendChild(el("th", {}, h)); });
+    t.appendChild(tr);
+    rows.forEach(function (r, i) {
+      var row = el("tr", flag && flag(i) ? { "class": "flag" } : {});
+      // Words sit left, numbers (with or without a unit) right.
+      r.forEach(function (c, j) { row.appendChild(el("td", j === 0 || (typeof c === "string" && !/^[-+\d.\[]/.test(c)) ? { "class": "text" } : {}, c)); });
+      t.appendChild(row);
+    });
+    if (rows.length === 0) {
+      var empty = el("tr");
+      empty.appendChild(el("td", { colspan: headers.length, "class": "text" }, "none recorded"));
+      t.appendChild(empty);
+    }
+    t.setAttribute("data-rows", rows.length);
+  }
+
+  function dl(parent, pairs) {
+    var d = el("dl");
+    pairs.forEach(function (p) {
+      if (p[1] === undefined || p[1] === null || p[1] === "") return;
+      d.appendChild(el("dt", {}, p[0]));
+      d.appendChild(el("dd", {}, p[1]));
+    });
+    parent.appendChild(d);
+  }
+
+  // ---- overview ----------------------------------------------------------
+
+  function overview() {
+    var h = D.health, m = D.meta || {};
+    document.title = "candle-trace view: " + D.name;
+    $("title").textContent = D.name + (m.entrypoint ? " — " + m.entrypoint : "");
+
+    // The verdict of `validate`: structurally valid and complete.
+    var ok = h.structurally_valid && h.capture_complete;
+    var v = $("verdict");
+    v.setAttribute("data-ok", ok ? "true" : "false");
+    v.appendChild(el("h3", {}, "Health (candle-graph's rules)"));
+    v.appendChild(el("div", { id: "verdict-word", "class": ok ? "verdict-ok" : "verdict-bad" }, ok ? "OK" : "FAIL"));
+    var errors = h.issues.filter(function (i) { return i.severity === "error"; }).length;
+    dl(v, [
+      ["structure", h.structurally_valid ? "structurally valid" : "structurally invalid"],
+      ["capture", h.capture_complete ? "complete" : (h.incomplete ? (h.cut_line ? "incomplete, cut at line " + h.cut_line : "incomplete, no terminal") : "outcome " + (h.outcome || "none"))],
+      ["issues", errors + " errors, " + (h.issues.length - errors) + " warnings"],
+      ["read", h.lines + " lines, " + fmtBytes(h.bytes)],
+      ["failure", h.issues.filter(function (i) { return i.code === "capture_failed"; }).map(function (i) { return i.message; }).join("; ")],
+    ]);
+
+    var ul = clear($("issues"));
+    h.issues.forEach(function (i) {
+      var li = el("li", { "data-code": i.code, "data-severity": i.severity });
+      li.appendChild(el("span", { "class": "pill " + i.severity }, i.severity));
+      li.appendChild(document.createTextNode(" "));
+      li.appendChild(el("code", {}, i.code));
+      li.appendChild(document.createTextNode(": " + i.message + (i.line ? " (line " + i.line + ")" : "") + (i.count > 1 ? " ×" + i.count : "")));
+      ul.appendChild(li);
+    });
+    if (h.issues.length === 0) ul.appendChild(el("li", { "class": "none" }, "no issues"));
+
+    var id = $("identity");
+    id.appendChild(el("h3", {}, "Run"));
+    var prod = m.producer ? [m.producer.name, m.producer.version, m.producer.binding].filter(Boolean).join(" ") : "";
+    var ci = m.comparison_identity || {};
+    dl(id, [
+      ["entrypoint", m.entrypoint], ["run", m.run_id], ["phase", m.phase], ["device", m.device],
+      ["capture step", m.capture_step !== undefined ? m.capture_step + " (after " + m.warmup_steps + " warm-up)" : ""],
+      ["timing", m.timing_mode], ["written", m.timestamp], ["producer", prod],
+      ["model", ci.model_id], ["workload", ci.workload_id], ["precision", ci.precision],
+      ["measured region", R && R.measured_region ? R.measured_region.name + " (" + R.measured_region.span_id + "), " + (R.measured_region.closed ? fmtNS(R.measured_region.duration_ns) : "never closed") : ""],
+    ]);
+
+    var o = $("overhead");
+    o.appendChild(el("h3", {}, "Overhead analysis"));
+    if (R) {
+      var oa = R.overhead;
+      o.setAttribute("data-verdict", oa.verdict);
+      dl(o, [
+        ["hypothesis", oa.hypothesis],
+        ["numbers", oa.measured_ns ? "measured " + fmtNS(oa.measured_ns) + ", compute " + fmtNS(oa.compute_ns) + " (" + oa.basis + "), overhead " + fmtNS(oa.overhead_ns) + " = " + fmtShare(oa.overhead_share) : "-"],
+        ["threshold", "overhead share > " + fmtShare(oa.threshold)],
+        ["verdict", oa.verdict + ": " + oa.explanation],
+      ]);
+    } else {
+      o.appendChild(el("p", {}, "no report: the trace could not be read far enough"));
+    }
+
+    if (!R) return;
+    var TOP = 15;
+    var spanRows = R.spans.slice(0, TOP).map(function (s) {
+      return [s.name, s.count, fmtNS(s.total_ns), fmtNS(s.self_ns), fmtNS(s.mean_ns), fmtNS(s.p50_ns), fmtNS(s.p95_ns), fmtNS(s.max_ns), s.encloses_measured_region ? "-" : fmtShare(s.share), s.open || ""];
+    });
+    table("top-spans", ["name", "count", "total", "self", "mean", "p50", "p95", "max", "share", "open"], spanRows);
+    var ops = R.ops || [];
+    table("top-ops", ["name", "count", "total", "mean", "p50", "p95", "max", "share", "in bytes", "out bytes"], ops.slice(0, TOP).map(function (s) {
+      return [s.name, s.count, fmtNS(s.total_ns), fmtNS(s.mean_ns), fmtNS(s.p50_ns), fmtNS(s.p95_ns), fmtNS(s.max_ns), fmtShare(s.share), fmtBytes(s.input_bytes || 0), fmtBytes(s.output_bytes || 0)];
+    }));
+    var ks = (R.device && R.device.kernels) || [];
+    table("top-kernels", ["name", "count", "total", "mean", "max", "share of device time"], ks.slice(0, TOP).map(function (k) {
+      return [k.name, k.count, fmtNS(k.total_ns), fmtNS(k.mean_ns), fmtNS(k.max_ns), fmtShare(k.share)];
+    }));
+  }
+
+  // ---- timeline ----------------------------------------------------------
+
+  var ROW = 18, AXIS = 22, GUTTER = 130, MAX_RECTS = 20000;
+
+  function timeline() {
+    var T = D.timeline, svg = $("timeline-svg"), box = $("timeline-box");
+    var spans = T.spans, ops = T.ops, ivs = T.intervals, names = T.names;
+    var mr = R && R.measured_region;
+
+    // Lanes: per thread as many rows as its deepest span or op, then one
+    // row per device stream.
+    var depth = T.threads.map(function () { return 0; });
+    spans.forEach(function (s) { depth[s[2]] = Math.max(depth[s[2]], s[3] + 1); });
+    ops.forEach(function (o) { depth[o[2]] = Math.max(depth[o[2]], o[3] + 1); });
+    var laneY = [], y = AXIS;
+    T.threads.forEach(function (tid, i) { laneY[i] = y; y += Math.max(depth[i], 1) * ROW + 8; });
+    var streamY = T.streams.map(function () { var v = y; y += ROW + 4; return v; });
+    var height = y + 4;
+    svg.setAttribute("height", height);
+
+    var t0 = Infinity, t1 = T.end_ns || 0;
+    spans.forEach(function (s) { t0 = Math.min(t0, s[0]); t1 = Math.max(t1, s[0] + s[1]); });
+    ops.forEach(function (o) { t0 = Math.min(t0, o[0]); });
+    ivs.forEach(function (v) { t0 = Math.min(t0, v[0]); t1 = Math.max(t1, v[0] + v[1]); });
+    if (!isFinite(t0)) { t0 = 0; }
+    if (t1 <= t0) t1 = t0 + 1;
+    var full = [t0, t1], view = [t0, t1];
+
+    var tr = mr && mr.tracer_ns !== undefined ? mr.tracer_ns : null;
+    var ttext = $("tracer-time");
+    if (tr !== null || (mr && mr.session_tracer_ns !== undefined)) {
+      var parts = [];
+      if (tr !== null) parts.push(fmtNS(tr) + " inside the measured region, left out of its " + fmtNS(mr.duration_ns));
+      if (mr.session_tracer_ns !== undefined) parts.push(fmtNS(mr.session_tracer_ns) + " in the whole session" + (mr.session_tracer_estimated_ns ? " (" + fmtNS(mr.session_tracer_estimated_ns) + " of it estimated)" : ""));
+      ttext.textContent = "The tracer's own time: " + parts.join("; ") + ". The session clock stood still while it ran, so no span here contains it.";
+      ttext.setAttribute("data-tracer-ns", tr === null ? "" : tr);
+    } else {
+      ttext.textContent = "The trace does not state the tracer's own time.";
+    }
+    var dr = T.dropped, left = [];
+    if (dr.spans) left.push(dr.spans + " spans");
+    if (dr.ops) left.push(dr.ops + " ops");
+    if (dr.intervals) left.push(dr.intervals + " device intervals");
+    $("timeline-dropped").textContent = (left.length ? "Left out of this page to keep it small: " + left.join(", ") + ". " : "") +
+      (dr.other_clock_intervals ? dr.other_clock_intervals + " device intervals on a device clock are not drawn (they cannot be placed on the host clock)." : "");
+
+    function width() { return Math.max(box.clientWidth || 0, 600); }
+
+    function draw() {
+      clear(svg);
+      var W = width(), span = view[1] - view[0], scale = (W - GUTTER) / span;
+      svg.setAttribute("width", W);
+      svg.setAttribute("viewBox", "0 0 " + W + " " + height);
+      // Axis with about eight ticks at round steps.
+      var step = Math.pow(10, Math.floor(Math.log10(span / 8)));
+      if (span / step > 40) step *= 5; else if (span / step > 16) step *= 2;
+      for (var t = Math.ceil(view[0] / step) * step; t <= view[1]; t += step) {
+        var x = GUTTER + (t - view[0]) * scale;
+        svg.appendChild(sv("line", { "class": "grid", x1: x, x2: x, y1: AXIS - 4, y2: height }));
+        svg.appendChild(sv("text", { "class": "tick", x: x + 2, y: 12 }, fmtNS(t - full[0])));
+      }
+      T.threads.forEach(function (tid, i) {
+        svg.appendChild(sv("text", { "class": "lane-label", x: 4, y: laneY[i] + 13 }, tid ? "thread " + tid : "no thread"));
+      });
+      T.streams.forEach(function (s, i) { svg.appendChild(sv("text", { "class": "lane-label", x: 4, y: streamY[i] + 13 }, s)); });
+
+      var items = [];
+      function visible(start, dur) { return start + dur >= view[0] && start <= view[1]; }
+      spans.forEach(function (s, i) { if (visible(s[0], s[1])) items.push(["span", i, s[0], s[1], laneY[s[2]] + s[3] * ROW]); });
+      ops.forEach(function (o, i) { if (visible(o[0], o[1])) items.push(["op", i, o[0], o[1], laneY[o[2]] + o[3] * ROW]); });
+      ivs.forEach(function (v, i) { if (visible(v[0], v[1])) items.push(["kernel", i, v[0], v[1], streamY[v[2]]]); });
+      var skipped = 0;
+      if (items.length > MAX_RECTS) {
+        // Too many to draw at once: the widest first, the rest after zooming in.
+        items.sort(function (a, b) { return b[3] - a[3]; });
+        skipped = items.length - MAX_RECTS;
+        items.length = MAX_RECTS;
+      }
+      var drawn = { span: 0, op: 0, kernel: 0 };
+      items.forEach(function (it) {
+        var x = GUTTER + Math.max(it[2] - view[0], 0) * scale;
+        var x2 = GUTTER + Math.min(it[2] + it[3] - view[0], span) * scale;
+        var w = Math.max(x2 - x, 0.5);
+        var cls = it[0];
+        if (cls === "span") {
+          var f = spans[it[1]][5];
+          if (f & 1) cls += " measured";
+          if (f & 2) cls += " open";
+        }
+        var r = sv("rect", { "class": cls, x: x, y: it[4] + 1, width: w, height: ROW - 2, "data-i": it[1], "data-t": it[0] });
+        svg.appendChild(r);
+        drawn[it[0]]++;
+        var nameIdx = it[0] === "kernel" ? ivs[it[1]][3] : (it[0] === "op" ? ops[it[1]][4] : spans[it[1]][4]);
+        if (w > 40) {
+          var label = names[nameIdx], room = Math.floor((w - 6) / 6);
+          svg.appendChild(sv("text", { "class": "label", x: x + 3, y: it[4] + 13 }, label.length > room ? label.slice(0, Math.max(room - 1, 1)) + "…" : label));
+        }
+      });
+      svg.setAttribute("data-spans", drawn.span);
+      svg.setAttribute("data-ops", drawn.op);
+      svg.setAttribute("data-kernels", drawn.kernel);
+      $("timeline-window").textContent = "showing " + fmtNS(view[0] - full[0]) + " – " + fmtNS(view[1] - full[0]) + " (" + fmtNS(span) + ")" + (skipped ? "; " + skipped + " narrow items hidden: zoom in" : "");
+    }
+
+    function detail(t, i) {
+      var d = $("timeline-detail");
+      if (t === "span") {
+        var s = spans[i];
+        d.textContent = "span " + names[s[4]] + ": starts " + fmtNS(s[0] - full[0]) + ", lasts " + fmtNS(s[1]) + ((s[5] & 2) ? " (never closed)" : "") + ((s[5] & 1) ? ", the measured region" : "") + ", thread " + T.threads[s[2]];
+      } else if (t === "op") {
+        var o = ops[i];
+        d.textContent = "op " + names[o[4]] + ": starts " + fmtNS(o[0] - full[0]) + ", lasts " + fmtNS(o[1]);
+      } else if (t === "kernel") {
+        var v = ivs[i], from = v[4] < spans.length ? " launched in span " + names[spans[v[4]][4]] : "";
+        d.textContent = "device " + names[v[3]] + " on " + T.streams[v[2]] + ": starts " + fmtNS(v[0] - full[0]) + ", lasts " + fmtNS(v[1]) + from;
+      }
+    }
+
+    function zoom(factor, at) {
+      var span = view[1] - view[0], c = at === undefined ? view[0] + span / 2 : at;
+      var ns = Math.min(Math.max(span * factor, 10), full[1] - full[0]);
+      var a = c - (c - view[0]) * (ns / span);
+      a = Math.min(Math.max(a, full[0]), full[1] - ns);
+      view = [a, a + ns];
+      draw();
+    }
+    function timeAt(clientX) {
+      var r = svg.getBoundingClientRect(), W = width();
+      return view[0] + (clientX - r.left - GUTTER) / (W - GUTTER) * (view[1] - view[0]);
+    }
+    box.addEventListener("wheel", function (e) { e.preventDefault(); zoom(e.deltaY < 0 ? 0.8 : 1.25, timeAt(e.clientX)); }, { passive: false });
+    var drag = null;
+    box.addEventListener("mousedown", function (e) { drag = { x: e.clientX, view: view.slice() }; });
+    window.addEventListener("mouseup", function () { drag = null; });
+    box.addEventListener("mousemove", function (e) {
+      if (drag) {
+        var dt = (drag.x - e.clientX) / (width() - GUTTER) * (drag.view[1] - drag.view[0]);
+        dt = Math.min(Math.max(dt, full[0] - drag.view[0]), full[1] - drag.view[1]);
+        view = [drag.view[0] + dt, drag.view[1] + dt];
+        draw();
+        return;
+      }
+      var t = e.target.getAttribute && e.target.getAttribute("data-t");
+      if (t) detail(t, +e.target.getAttribute("data-i"));
+    });
+    box.addEventListener("dblclick", function () { view = full.slice(); draw(); });
+    $("zoom-in").addEventListener("click", function () { zoom(0.5); });
+    $("zoom-out").addEventListener("click", function () { zoom(2); });
+    $("zoom-reset").addEventListener("click", function () { view = full.slice(); draw(); });
+    $("zoom-measured").addEventListener("click", function () {
+      if (mr && mr.duration_ns > 0) { view = [mr.start_ns, mr.start_ns + mr.duration_ns]; draw(); }
+    });
+    window.addEventListener("resize", draw);
+    draw();
+  }
+
+  // ---- memory ------------------------------------------------------------
+
+  function memory() {
+    var M = D.memory, svg = $("memory-svg"), pts = M.points;
+    var peak = R && R.memory && R.memory.peak;
+    var sum = $("memory-summary");
+    if (pts.length === 0) {
+      sum.textContent = "No logical memory records in this trace.";
+      svg.setAttribute("height", 0);
+    } else {
+      var cats = peak ? Object.keys(peak.by_category).sort().map(function (c) { return c + " " + fmtBytes(peak.by_category[c]); }).join(", ") : "";
+      sum.textContent = "Logical live bytes (storages allocated and not yet freed), " + M.all_points + " points" +
+        (M.drawn_points < M.all_points ? " (" + M.drawn_points + " drawn: the largest of each stretch)" : "") +
+        ". Peak " + fmtBytes(M.peak_bytes) + " at " + fmtNS(M.peak_at_ns) + (peak && peak.span_name ? " in " + peak.span_name : "") + (cats ? ": " + cats : "") + "." +
+        (M.dropped_events ? " " + M.dropped_events + " memory records were left out of this page." : "");
+      var W = Math.max(svg.parentNode.clientWidth || 0, 600), H = 240, L = 70, B = 24, Tp = 16;
+      svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+      // The same stretch of time as the timeline, so the two line up.
+      var x0 = pts[0][0], x1 = Math.max(pts[pts.length - 1][0], D.timeline.end_ns || 0);
+      D.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
+      if (x1 <= x0) x1 = x0 + 1;
+      var ymax = Math.max(M.peak_bytes, 1);
+      function X(t) { return L + (t - x0) / (x1 - x0) * (W - L - 10); }
+      function Y(b) { return H - B - b / ymax * (H - B - Tp); }
+      for (var i = 0; i <= 4; i++) {
+        var b = ymax * i / 4;
+        svg.appendChild(sv("line", { "class": "grid", x1: L, x2: W - 10, y1: Y(b), y2: Y(b) }));
+        svg.appendChild(sv("text", { "class": "tick", x: 2, y: Y(b) + 3 }, fmtBytes(Math.round(b))));
+      }
+      svg.appendChild(sv("text", { "class": "tick", x: L, y: H - 6 }, fmtNS(x0)));
+      svg.appendChild(sv("text", { "class": "tick", x: W - 80, y: H - 6 }, fmtNS(x1)));
+      // A step curve: the bytes hold until the next point.
+      var d = "M" + X(x0) + "," + Y(0);
+      pts.forEach(function (p) { d += " H" + X(p[0]) + " V" + Y(p[1]); });
+      d += " H" + X(x1) + " V" + Y(0) + " Z";
+      svg.appendChild(sv("path", { id: "memory-curve", "class": "curve", d: d }));
+      var px = X(M.peak_at_ns), py = Y(M.peak_bytes);
+      svg.appendChild(sv("circle", { id: "memory-peak", "class": "peak", cx: px, cy: py, r: 4, "data-bytes": M.peak_bytes, "data-at": M.peak_at_ns }));
+      svg.appendChild(sv("text", { "class": "peak-label", x: Math.min(px + 6, W - 160), y: Math.max(py - 4, 12) }, "peak " + fmtBytes(M.peak_bytes)));
+    }
+    table("peak-storages", ["storage", "device", "size", "category", "made by"], M.peak_storages.map(function (s) {
+      return [s.storage, s.device, fmtBytes(s.bytes), s.category, s.made_by || "-"];
+    }));
+    if (M.live_at_peak > M.peak_storages.length) {
+      $("peak-storages").insertAdjacentElement("afterend", el("p", { "class": "hint" }, M.live_at_peak + " storages were live at the peak; the largest " + M.peak_storages.length + " are listed."));
+    }
+    var devs = (R && R.memory.devices) || [];
+    table("device-memory", ["device", "samples", "peak used", "peak reserved", "least free", "capacity"], devs.map(function (d) {
+      function b(v) { return v === undefined ? "-" : fmtBytes(v); }
+      return [d.device, d.samples, b(d.peak_used_bytes) + (d.peak_used_bytes !== undefined ? " at " + fmtNS(d.peak_used_at_ns) : ""), b(d.peak_reserved_bytes), b(d.min_free_bytes), b(d.capacity_bytes)];
+    }));
+  }
+
+  // ---- gradients and tensor statistics -----------------------------------
+
+  function gradients() {
+    if (!R) { table("gradients-table", ["root", "key"], []); return; }
+    var g = R.gradients, fam = {};
+    var gc = D.meta && D.meta.capture_contract && D.meta.capture_contract.gradient_contract;
+    if (gc) gc.expected.forEach(function (e) { fam[e.root + "\u0000" + e.key] = e.family; });
+    var rows = g.all.slice();
+    // A contract's parameters that never got a gradient record are missing too.
+    if (gc) gc.expected.forEach(function (e) {
+      if (!g.all.some(function (x) { return x.root === e.root && x.key === e.key; })) rows.push({ root: e.root, key: e.key, state: "not recorded" });
+    });
+    $("gradient-summary").textContent = g.total + " parameters: " + g.present + " present, " + g.zero + " zero, " + g.missing + " missing, " + g.non_finite + " non-finite" +
+      (rows.length > g.all.length ? "; " + (rows.length - g.all.length) + " of the contract's parameters have no record" : "") + ".";
+    table("gradients-table", ["root", "key", "family", "state", "norm", "line"], rows.map(function (x) {
+      return [x.root, x.key, fam[x.root + "\u0000" + x.key] || "-", x.state, x.norm === undefined ? "-" : fmtNum(x.norm), x.line || "-"];
+    }), function (i) { return rows[i].state !== "present"; });
+  }
+
+  function tensorStats() {
+    var ts = (R && R.tensor_stats) || [];
+    table("tensor-stats-table", ["label", "dtype", "shape", "records", "non-finite records", "non-finite elements", "rms", "abs max", "mean"], ts.map(function (s) {
+      return [s.label, s.dtype, "[" + s.shape.join(", ") + "]", s.observations, s.non_finite_records, s.non_finite_elements, fmtNum(s.rms), fmtNum(s.abs_max), fmtNum(s.mean)];
+    }), function (i) { return ts[i].non_finite_elements > 0; });
+  }
+
+  overview();
+  timeline();
+  memory();
+  gradients();
+  tensorStats();
+  document.documentElement.setAttribute("data-rendered", "ok");
+})();

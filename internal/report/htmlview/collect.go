@@ -1,0 +1,326 @@
+package htmlview
+
+import (
+	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+)
+
+// Limits bound what the page carries, so that a huge trace still gives a
+// file a browser opens: past a limit records are counted, not kept, and the
+// page says how many were left out.
+type Limits struct {
+	Spans, Ops, Intervals, MemoryEvents int
+	MemoryPoints                        int // points of the drawn memory curve
+	PeakStorages                        int // rows of the live-at-peak table
+}
+
+// DefaultLimits keep the embedded data of a trace of any size to a few tens
+// of megabytes.
+var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, MemoryEvents: 1_000_000, MemoryPoints: 4000, PeakStorages: 100}
+
+// collector keeps what the page draws beyond the report's summaries: each
+// span's place on its thread, the ops inside them, host-clock device
+// intervals and the memory records (to draw the curve and list the live
+// storages at the peak). It sees the records the checker accepted.
+type collector struct {
+	lim   Limits
+	names map[string]int
+	tl    Timeline
+
+	spanIdx  map[string]int // span id -> index into tl.Spans
+	threads  map[uint64]int // tid -> index into tl.Threads
+	streams  map[string]int // device \0 stream -> index into tl.Streams
+	depth    []int32        // per kept span
+	latest   uint64         // latest timestamp seen: where open spans end
+	mem      []memRec
+	memSpans map[string]int // span id of a memory record -> name index (-1: unknown)
+}
+
+// memRec is one memory record, kept to replay them sorted.
+type memRec struct {
+	ts, bytes uint64
+	key       string // device \0 storage
+	alloc     bool
+	category  int8
+	op        int32 // name index of the op (or span) that made it, -1 none
+}
+
+func newCollector(lim Limits) *collector {
+	return &collector{
+		lim: lim, names: map[string]int{}, spanIdx: map[string]int{}, threads: map[uint64]int{},
+		streams: map[string]int{}, memSpans: map[string]int{},
+		tl: Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
+	}
+}
+
+func (c *collector) name(b []byte) int {
+	if i, ok := c.names[string(b)]; ok {
+		return i
+	}
+	i := len(c.tl.Names)
+	s := string(b)
+	c.names[s] = i
+	c.tl.Names = append(c.tl.Names, s)
+	return i
+}
+
+func (c *collector) note(ts uint64) { c.latest = max(c.latest, ts) }
+
+func (c *collector) thread(tid uint64) int {
+	if i, ok := c.threads[tid]; ok {
+		return i
+	}
+	i := len(c.tl.Threads)
+	c.threads[tid] = i
+	c.tl.Threads = append(c.tl.Threads, tid)
+	return i
+}
+
+func (c *collector) event(k trace.Kind, d *trace.Decoder, _ int) {
+	switch k {
+	case trace.KindSpanStart:
+		c.spanStart(&d.SpanStart)
+	case trace.KindSpanEnd:
+		c.spanEnd(&d.SpanEnd)
+	case trace.KindOp:
+		c.op(&d.Op)
+	case trace.KindDeviceInterval:
+		c.interval(&d.DeviceInterval)
+	case trace.KindMemory:
+		c.memory(&d.Memory)
+	case trace.KindDeviceMemory:
+		c.note(d.DeviceMemory.Timestamp)
+	}
+}
+
+// Span flags, the sixth field of a span row.
+const (
+	flagMeasured = 1 << iota
+	flagOpen
+)
+
+func (c *collector) spanStart(e *trace.SpanStartEvent) {
+	c.note(e.Start)
+	if len(c.tl.Spans) >= c.lim.Spans {
+		c.tl.Dropped.Spans++
+		return
+	}
+	// Spans without a tid (completed spans, other writers) share thread 0.
+	th := c.thread(e.TID)
+	depth := int32(0)
+	if e.HasParent {
+		if p, ok := c.spanIdx[string(e.Parent)]; ok && c.tl.Spans[p][2] == uint64(th) {
+			depth = c.depth[p] + 1
+		}
+	}
+	flags := uint64(flagOpen)
+	if e.Measured {
+		flags |= flagMeasured
+	}
+	c.spanIdx[string(e.ID)] = len(c.tl.Spans)
+	c.depth = append(c.depth, depth)
+	c.tl.Spans = append(c.tl.Spans, []uint64{e.Start, 0, uint64(th), uint64(depth), uint64(c.name(e.Name)), flags})
+}
+
+func (c *collector) spanEnd(e *trace.SpanEndEvent) {
+	i, ok := c.spanIdx[string(e.ID)]
+	if !ok {
+		return
+	}
+	s := c.tl.Spans[i]
+	s[1], s[5] = e.Duration, s[5]&^flagOpen
+	c.note(trace.SatAdd(s[0], e.Duration))
+}
+
+func (c *collector) op(e *trace.OpEvent) {
+	c.note(trace.SatAdd(e.Timestamp, e.Duration))
+	if len(c.tl.Ops) >= c.lim.Ops {
+		c.tl.Dropped.Ops++
+		return
+	}
+	var th, depth uint64
+	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
+		th, depth = c.tl.Spans[i][2], c.tl.Spans[i][3]+1
+	} else {
+		th = uint64(c.thread(0)) // a span not (yet) seen: the thread-less lane
+	}
+	c.tl.Ops = append(c.tl.Ops, []uint64{e.Timestamp, e.Duration, th, depth, uint64(c.name(e.OpName))})
+}
+
+func (c *collector) interval(e *trace.DeviceIntervalEvent) {
+	// Only the host clock can be drawn under the host spans.
+	if string(e.ClockID) != trace.HostClock {
+		c.tl.Dropped.OtherClockIntervals++
+		return
+	}
+	if len(c.tl.Intervals) >= c.lim.Intervals {
+		c.tl.Dropped.Intervals++
+		return
+	}
+	key := string(e.Device) + "\x00" + string(e.StreamID)
+	st, ok := c.streams[key]
+	if !ok {
+		st = len(c.tl.Streams)
+		c.streams[key] = st
+		c.tl.Streams = append(c.tl.Streams, string(e.Device)+" stream "+string(e.StreamID))
+	}
+	span := uint64(1<<53 - 1) // JavaScript's largest exact integer: no span
+	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
+		span = uint64(i)
+	}
+	name := e.Name
+	if len(name) == 0 {
+		name = []byte("(unnamed)")
+	}
+	c.tl.Intervals = append(c.tl.Intervals, []uint64{e.Start, e.Duration, uint64(st), uint64(c.name(name)), span})
+}
+
+func (c *collector) memory(e *trace.MemoryEvent) {
+	c.note(e.Timestamp)
+	if len(c.mem) >= c.lim.MemoryEvents {
+		c.tl.Dropped.MemoryEvents++
+		return
+	}
+	op := int32(-1)
+	switch {
+	case e.HasOpName && len(e.OpName) > 0:
+		op = int32(c.name(e.OpName))
+	default:
+		if i, ok := c.spanIdx[string(e.SpanID)]; ok {
+			op = int32(c.tl.Spans[i][4])
+		}
+	}
+	c.mem = append(c.mem, memRec{ts: e.Timestamp, bytes: e.Bytes, key: string(e.Device) + "\x00" + string(e.StorageID),
+		alloc: e.Action == trace.ActionAlloc, category: int8(e.Category), op: op})
+}
+
+// finish closes open spans at the latest timestamp seen and computes the
+// memory curve.
+func (c *collector) finish() (*Timeline, *MemoryView) {
+	for _, s := range c.tl.Spans {
+		if s[5]&flagOpen != 0 && c.latest > s[0] {
+			s[1] = c.latest - s[0]
+		}
+	}
+	c.tl.End = c.latest
+	return &c.tl, c.memoryView()
+}
+
+type live struct {
+	bytes    uint64
+	category int8
+	op       int32
+}
+
+// memoryView replays the memory records in timestamp order (stable, as
+// candle-graph does) with the lifetimes' rules: an alloc of a live storage
+// is an alias and adds nothing, a free releases what the storage holds. The
+// peak is the first strictly greatest total after all records of one
+// timestamp, so it agrees with the report's.
+func (c *collector) memoryView() *MemoryView {
+	mv := &MemoryView{Points: [][]uint64{}, PeakStorages: []PeakStorage{}, Dropped: c.tl.Dropped.MemoryEvents}
+	if len(c.mem) == 0 {
+		return mv
+	}
+	sort.SliceStable(c.mem, func(i, j int) bool { return c.mem[i].ts < c.mem[j].ts })
+	var points [][2]uint64
+	peakAt, peakIdx := uint64(0), -1
+	var peak uint64
+	replay(c.mem, func(i int, total uint64) {
+		points = append(points, [2]uint64{c.mem[i].ts, total})
+		if peakIdx < 0 || total > peak {
+			peak, peakAt, peakIdx = total, c.mem[i].ts, i
+		}
+	}, nil)
+	mv.PeakBytes, mv.PeakAtNS = peak, peakAt
+	mv.Points = decimate(points, c.lim.MemoryPoints, peakAt)
+	mv.DrawnPoints, mv.AllPoints = len(mv.Points), len(points)
+	// Replay again up to the peak's timestamp and list what is live there.
+	var atPeak map[string]live
+	replay(c.mem[:peakIdx+1], nil, func(m map[string]live) { atPeak = m })
+	for key, l := range atPeak {
+		dev, storage := splitKey(key)
+		ps := PeakStorage{Bytes: l.bytes, Category: category(l.category), Device: dev, Storage: storage}
+		if l.op >= 0 {
+			ps.MadeBy = c.tl.Names[l.op]
+		}
+		mv.PeakStorages = append(mv.PeakStorages, ps)
+	}
+	sort.Slice(mv.PeakStorages, func(i, j int) bool {
+		a, b := mv.PeakStorages[i], mv.PeakStorages[j]
+		if a.Bytes != b.Bytes {
+			return a.Bytes > b.Bytes
+		}
+		return a.Device+a.Storage < b.Device+b.Storage
+	})
+	mv.LiveAtPeak = len(mv.PeakStorages)
+	if len(mv.PeakStorages) > c.lim.PeakStorages {
+		mv.PeakStorages = mv.PeakStorages[:c.lim.PeakStorages]
+	}
+	return mv
+}
+
+// replay applies sorted records; point is called with the last index of
+// each timestamp and the total live after it, end with the live set.
+func replay(recs []memRec, point func(last int, total uint64), end func(map[string]live)) {
+	liveSet := map[string]live{}
+	var total uint64
+	for i, r := range recs {
+		l, isLive := liveSet[r.key]
+		switch {
+		case r.alloc && !isLive:
+			liveSet[r.key] = live{bytes: r.bytes, category: r.category, op: r.op}
+			total = trace.SatAdd(total, r.bytes)
+		case !r.alloc && isLive:
+			delete(liveSet, r.key)
+			total -= min(total, l.bytes)
+		}
+		if point != nil && (i+1 == len(recs) || recs[i+1].ts != r.ts) {
+			point(i, total)
+		}
+	}
+	if end != nil {
+		end(liveSet)
+	}
+}
+
+// decimate keeps at most n points: the largest of each bucket, and always
+// the peak, so the drawn curve never hides how high it went.
+func decimate(points [][2]uint64, n int, peakAt uint64) [][]uint64 {
+	out := make([][]uint64, 0, min(len(points), n+1))
+	if len(points) <= n {
+		for _, p := range points {
+			out = append(out, []uint64{p[0], p[1]})
+		}
+		return out
+	}
+	per := (len(points) + n - 1) / n
+	for i := 0; i < len(points); i += per {
+		best := i
+		for j := i; j < min(i+per, len(points)); j++ {
+			if points[j][1] > points[best][1] || points[j][0] == peakAt {
+				best = j
+			}
+		}
+		out = append(out, []uint64{points[best][0], points[best][1]})
+	}
+	return out
+}
+
+func splitKey(k string) (string, string) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == 0 {
+			return k[:i], k[i+1:]
+		}
+	}
+	return k, ""
+}
+
+func category(i int8) string {
+	if int(i) < len(traceformat.Categories) && i >= 0 {
+		return traceformat.Categories[i]
+	}
+	return "other"
+}

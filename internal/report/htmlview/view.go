@@ -1,0 +1,144 @@
+package htmlview
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+)
+
+// The page: hand-written, no libraries, nothing fetched.
+var (
+	//go:embed assets/view.html
+	pageHTML string
+	//go:embed assets/view.css
+	pageCSS string
+	//go:embed assets/view.js
+	pageJS string
+)
+
+// Page is everything the HTML view shows, embedded in the file as one JSON
+// document. Durations and timestamps are nanoseconds on the session clock.
+type Page struct {
+	Name     string           `json:"name"`
+	Health   health.Health    `json:"health"`
+	Meta     *trace.Meta      `json:"meta,omitempty"`
+	Report   *analysis.Report `json:"report,omitempty"`
+	Timeline *Timeline        `json:"timeline"`
+	Memory   *MemoryView      `json:"memory"`
+	// Spellings the page needs to decode the timeline's numbers.
+	SpanKinds []string `json:"span_kinds"`
+}
+
+// Timeline is the update drawn in time. Rows are arrays of numbers, by
+// index into Names, Threads and Streams, to keep the file small:
+//
+//	Spans:     [start, duration, thread, depth, name, flags (1 measured, 2 open)]
+//	Ops:       [start, duration, thread, depth, name]
+//	Intervals: [start, duration, stream, name, span index (2^53-1: none)]
+type Timeline struct {
+	Names     []string   `json:"names"`
+	Threads   []uint64   `json:"threads"`
+	Streams   []string   `json:"streams"`
+	Spans     [][]uint64 `json:"spans"`
+	Ops       [][]uint64 `json:"ops"`
+	Intervals [][]uint64 `json:"intervals"`
+	End       uint64     `json:"end_ns"`
+	Dropped   Dropped    `json:"dropped"`
+}
+
+// Dropped counts what a limit left out of the page (or, for intervals on a
+// device clock, what cannot be placed on the host timeline).
+type Dropped struct {
+	Spans               int `json:"spans,omitempty"`
+	Ops                 int `json:"ops,omitempty"`
+	Intervals           int `json:"intervals,omitempty"`
+	OtherClockIntervals int `json:"other_clock_intervals,omitempty"`
+	MemoryEvents        int `json:"memory_events,omitempty"`
+}
+
+// MemoryView is the logical live bytes over the update.
+type MemoryView struct {
+	Points       [][]uint64    `json:"points"` // [timestamp, live bytes]
+	DrawnPoints  int           `json:"drawn_points"`
+	AllPoints    int           `json:"all_points"`
+	PeakBytes    uint64        `json:"peak_bytes"`
+	PeakAtNS     uint64        `json:"peak_at_ns"`
+	LiveAtPeak   int           `json:"live_at_peak"`
+	PeakStorages []PeakStorage `json:"peak_storages"` // largest first
+	Dropped      int           `json:"dropped_events,omitempty"`
+}
+
+// PeakStorage is one storage live at the memory peak.
+type PeakStorage struct {
+	Bytes    uint64 `json:"bytes"`
+	Category string `json:"category"`
+	Device   string `json:"device"`
+	Storage  string `json:"storage"`
+	MadeBy   string `json:"made_by,omitempty"` // the op, else the span, that allocated it
+}
+
+// Options tune Build.
+type Options struct {
+	MaxLineBytes int
+	Progress     func(bytesRead int64)
+	Limits       Limits // zero: DefaultLimits
+}
+
+// Build reads one trace in a single pass and gathers the page: the report's
+// analysis plus the timeline and memory detail the report summarises away.
+func Build(r io.Reader, name string, opts Options) (*Page, error) {
+	lim := opts.Limits
+	if lim == (Limits{}) {
+		lim = DefaultLimits
+	}
+	c := newCollector(lim)
+	res, err := analysis.Analyze(r, analysis.Options{MaxLineBytes: opts.MaxLineBytes, Report: true, Progress: opts.Progress, Observe: c.event})
+	if err != nil {
+		return nil, err
+	}
+	tl, mem := c.finish()
+	return &Page{Name: name, Health: res.Health, Meta: res.Meta, Report: res.Report, Timeline: tl, Memory: mem,
+		SpanKinds: traceformat.SpanKinds}, nil
+}
+
+// BuildFile is Build on the trace at path.
+func BuildFile(path string, opts Options) (*Page, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Build(f, path, opts)
+}
+
+// WriteHTML writes the page as one self-contained HTML file.
+func (p *Page) WriteHTML(w io.Writer) error {
+	var data bytes.Buffer
+	// json's default escaping turns <, > and & into \u003c...: the data can
+	// never close its <script> element.
+	if err := json.NewEncoder(&data).Encode(p); err != nil {
+		return fmt.Errorf("encode the page data: %w", err)
+	}
+	title := "candle-trace view: " + p.Name
+	out := strings.NewReplacer(
+		"{{TITLE}}", htmlEscape(title),
+		"{{CSS}}", pageCSS,
+		"{{JS}}", pageJS,
+		"{{DATA}}", strings.TrimSpace(data.String()),
+	).Replace(pageHTML)
+	_, err := io.WriteString(w, out)
+	return err
+}
+
+func htmlEscape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}

@@ -1,0 +1,253 @@
+package htmlview
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/testutil"
+)
+
+func build(t *testing.T, data []byte, lim Limits) *Page {
+	t.Helper()
+	p, err := Build(bytes.NewReader(data), "t.jsonl", Options{Limits: lim})
+	require.NoError(t, err)
+	return p
+}
+
+// TestPageAgreesWithTheReport: on every readable corpus trace the page
+// carries every span and op the checker counted, and its memory curve peaks
+// where and as high as the report's peak.
+func TestPageAgreesWithTheReport(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(testutil.CorpusDir(t), "*.jsonl"))
+	require.NoError(t, err)
+	checked := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		res, err := analysis.Analyze(bytes.NewReader(data), analysis.Options{Report: true})
+		require.NoError(t, err)
+		if res.Report == nil {
+			continue // not readable far enough for a report: the page has none either
+		}
+		checked++
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			p := build(t, data, Limits{})
+			cv := res.Health.Coverage
+			assert.Len(t, p.Timeline.Spans, cv.Spans)
+			assert.Len(t, p.Timeline.Ops, cv.Operations)
+			assert.Equal(t, cv.DeviceIntervals, len(p.Timeline.Intervals)+p.Timeline.Dropped.OtherClockIntervals)
+			if pk := res.Report.Memory.Peak; pk != nil {
+				assert.Equal(t, pk.LiveBytes, p.Memory.PeakBytes)
+				assert.Equal(t, pk.TimestampNS, p.Memory.PeakAtNS)
+				var sum uint64
+				for _, s := range p.Memory.PeakStorages {
+					sum += s.Bytes
+				}
+				assert.Equal(t, pk.LiveBytes, sum, "the storages listed at the peak add up to it")
+			}
+			for _, s := range p.Timeline.Spans {
+				assert.LessOrEqual(t, s[0]+s[1], p.Timeline.End, "open spans end at the last timestamp")
+			}
+		})
+	}
+	assert.Greater(t, checked, 10)
+}
+
+func TestTrainPageNumbers(t *testing.T) {
+	p := build(t, testutil.Corpus(t, "valid-train.jsonl"), Limits{})
+	tl := p.Timeline
+	require.Len(t, tl.Threads, 1, "every span and op of the trace is on tid 100")
+	assert.Equal(t, uint64(100), tl.Threads[0])
+	depth := map[string]uint64{}
+	for _, s := range tl.Spans {
+		depth[tl.Names[s[4]]] = s[3]
+	}
+	assert.Equal(t, map[string]uint64{"demo::train": 0, "train/step": 1, "train/forward": 2, "train/backward": 2, "train/optimizer": 2}, depth)
+	for _, o := range tl.Ops {
+		assert.Equal(t, uint64(3), o[3], "ops sit one row under their phase span")
+	}
+	assert.Equal(t, []string{"cuda:0 stream 7", "cuda:0 stream 8"}, tl.Streams)
+	// From the trace: storage-1 (512 B, t2 and its alias t2v) is freed at
+	// 3400, storage-2 (512 B, relu) and storage-3 (1 KiB, matmul_backward)
+	// are live at 5400.
+	assert.Equal(t, []PeakStorage{
+		{Bytes: 1024, Category: "gradient", Device: "cuda:0", Storage: "cuda-storage-3", MadeBy: "matmul_backward"},
+		{Bytes: 512, Category: "activation", Device: "cuda:0", Storage: "cuda-storage-2", MadeBy: "relu"},
+	}, p.Memory.PeakStorages)
+}
+
+func TestLimitsDropAndSayHowMany(t *testing.T) {
+	data := testutil.Corpus(t, "valid-train.jsonl")
+	full := build(t, data, Limits{})
+	lim := DefaultLimits
+	lim.Ops, lim.Spans, lim.MemoryPoints = 1, 2, 2
+	p := build(t, data, lim)
+	assert.Len(t, p.Timeline.Ops, 1)
+	assert.Equal(t, len(full.Timeline.Ops)-1, p.Timeline.Dropped.Ops)
+	assert.Len(t, p.Timeline.Spans, 2)
+	assert.Equal(t, len(full.Timeline.Spans)-2, p.Timeline.Dropped.Spans)
+	assert.LessOrEqual(t, len(p.Memory.Points), 2)
+	var top uint64
+	for _, pt := range p.Memory.Points {
+		top = max(top, pt[1])
+	}
+	assert.Equal(t, full.Memory.PeakBytes, top, "decimation keeps the peak")
+}
+
+func writeHTML(t *testing.T, p *Page) string {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, p.WriteHTML(&b))
+	return b.String()
+}
+
+// TestHTMLIsSelfContained: nothing is fetched (the one URL is SVG's
+// namespace, a name, not a request), and the data embedded is the page.
+func TestHTMLIsSelfContained(t *testing.T) {
+	p := build(t, testutil.Corpus(t, "valid-train.jsonl"), Limits{})
+	html := writeHTML(t, p)
+	urls := regexp.MustCompile(`https?://[^\s"'<>)]+`).FindAllString(html, -1)
+	for _, u := range urls {
+		assert.Equal(t, "http://www.w3.org/2000/svg", u)
+	}
+	assert.NotRegexp(t, `<link|<img|<iframe|\ssrc=|@import|url\(`, html)
+	m := regexp.MustCompile(`(?s)<script id="trace-data" type="application/json">(.*?)</script>`).FindStringSubmatch(html)
+	require.NotNil(t, m)
+	var back Page
+	require.NoError(t, json.Unmarshal([]byte(m[1]), &back))
+	assert.Equal(t, p.Timeline.Spans, back.Timeline.Spans)
+	assert.Equal(t, p.Health.Codes(), back.Health.Codes())
+}
+
+// TestNamesCannotCloseTheScript: a span named like markup stays data.
+func TestNamesCannotCloseTheScript(t *testing.T) {
+	data := bytes.Replace(testutil.Corpus(t, "valid-train.jsonl"), []byte(`"name":"train/forward"`), []byte(`"name":"</script><script>alert(1)</script>"`), 1)
+	p := build(t, data, Limits{})
+	html := writeHTML(t, p)
+	assert.Equal(t, strings.Count(pageHTML, "</script>"), strings.Count(html, "</script>"))
+	assert.Contains(t, p.Timeline.Names, "</script><script>alert(1)</script>")
+}
+
+// chromiumDOM loads the page in headless Chromium and returns the DOM after
+// its scripts ran; it also saves a screenshot under build/view-test/.
+func chromiumDOM(t *testing.T, chromium, page, shot string) string {
+	t.Helper()
+	url := "file://" + page
+	common := []string{"--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000", "--window-size=1400,2600"}
+	dom, err := runQuiet(chromium, append(common, "--dump-dom", url)...)
+	require.NoError(t, err, "chromium --dump-dom")
+	_, err = runQuiet(chromium, append(common, "--screenshot="+shot, url)...)
+	require.NoError(t, err, "chromium --screenshot")
+	st, err := os.Stat(shot)
+	require.NoError(t, err, "the screenshot was not written")
+	assert.Greater(t, st.Size(), int64(10<<10), "a screenshot of a drawn page is more than a blank PNG")
+	return dom
+}
+
+func attr(t *testing.T, dom, id, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`<[a-z]+ [^>]*id="` + regexp.QuoteMeta(id) + `"[^>]*>`).FindString(dom)
+	require.NotEmpty(t, m, "element #%s is not in the DOM", id)
+	v := regexp.MustCompile(`\s` + regexp.QuoteMeta(name) + `="([^"]*)"`).FindStringSubmatch(m)
+	require.NotNil(t, v, "#%s has no %s", id, name)
+	return v[1]
+}
+
+// TestPageInChromium opens the pages of a complete training trace and of a
+// failed (out-of-memory) capture in a real headless browser: no script
+// error, every view drawn, and the DOM shows the trace's own numbers.
+func TestPageInChromium(t *testing.T) {
+	chromium := testutil.Chromium(t)
+	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
+	require.NoError(t, os.MkdirAll(out, 0o755))
+	for _, name := range []string{"valid-train.jsonl", "failed-capture_failed.jsonl"} {
+		t.Run(name, func(t *testing.T) {
+			p := build(t, testutil.Corpus(t, name), Limits{})
+			page := filepath.Join(t.TempDir(), "view.html")
+			require.NoError(t, os.WriteFile(page, []byte(writeHTML(t, p)), 0o644))
+			dom := chromiumDOM(t, chromium, page, filepath.Join(out, strings.TrimSuffix(name, ".jsonl")+".png"))
+
+			assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
+			assert.False(t, strings.Contains(dom, `<pre id="js-error"`), "a script error was written into the page")
+			require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
+			for _, id := range []string{"verdict", "identity", "overhead", "issues", "top-spans", "top-ops", "top-kernels",
+				"timeline-svg", "tracer-time", "memory-svg", "memory-curve", "memory-peak", "peak-storages",
+				"gradients-table", "tensor-stats-table"} {
+				assert.True(t, strings.Contains(dom, `id="`+id+`"`), "#%s is not in the DOM", id)
+			}
+			ok := p.Health.StructurallyValid && p.Health.CaptureComplete
+			assert.Equal(t, map[bool]string{true: "true", false: "false"}[ok], attr(t, dom, "verdict", "data-ok"))
+			// The codes shown are the checker's, which are candle-graph's.
+			var shown []string
+			for _, m := range regexp.MustCompile(`<li data-code="([a-z_]+)"`).FindAllStringSubmatch(dom, -1) {
+				shown = append(shown, m[1])
+			}
+			assert.ElementsMatch(t, p.Health.Codes(), distinct(shown))
+			assert.Equal(t, len(p.Timeline.Spans), atoi(t, attr(t, dom, "timeline-svg", "data-spans")))
+			assert.Equal(t, len(p.Timeline.Ops), atoi(t, attr(t, dom, "timeline-svg", "data-ops")))
+			assert.Equal(t, len(p.Timeline.Intervals), atoi(t, attr(t, dom, "timeline-svg", "data-kernels")))
+			assert.Equal(t, p.Memory.PeakBytes, uint64(atoi(t, attr(t, dom, "memory-peak", "data-bytes"))))
+			assert.Equal(t, len(p.Memory.PeakStorages), atoi(t, attr(t, dom, "peak-storages", "data-rows")))
+			flagged := regexp.MustCompile(`(?s)<table id="gradients-table".*?</table>`).FindString(dom)
+			assert.Equal(t, len(p.Report.Gradients.Flagged), strings.Count(flagged, `<tr class="flag">`), "non-present gradients are highlighted")
+			assert.Equal(t, p.Report.Overhead.Verdict, attr(t, dom, "overhead", "data-verdict"))
+		})
+	}
+}
+
+// attrHTML reads an attribute of the <html> element.
+func attrHTML(t *testing.T, dom, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`<html[^>]*\s` + regexp.QuoteMeta(name) + `="([^"]*)"`).FindStringSubmatch(dom)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func distinct(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}
+
+// runQuiet runs the browser; its stderr (D-Bus complaints of a headless
+// machine) is only shown when it fails.
+func runQuiet(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s: %w\n%s", name, err, errb.String())
+	}
+	return out.String(), nil
+}
