@@ -2,6 +2,7 @@ package htmlview
 
 import (
 	"sort"
+	"unicode/utf8"
 
 	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"github.com/candle-trace/candle-trace/internal/traceformat"
@@ -55,13 +56,25 @@ func newCollector(lim Limits) *collector {
 	}
 }
 
+// MaxNameBytes cuts the names the page shows: a name is a label to read,
+// and the cut keeps a page of made-up names inside the size the limits
+// promise.
+const MaxNameBytes = 256
+
 func (c *collector) name(b []byte) int {
 	if i, ok := c.names[string(b)]; ok {
 		return i
 	}
 	i := len(c.tl.Names)
 	s := string(b)
-	c.names[s] = i
+	if len(s) > MaxNameBytes {
+		cut := MaxNameBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	c.names[string(b)] = i
 	c.tl.Names = append(c.tl.Names, s)
 	return i
 }

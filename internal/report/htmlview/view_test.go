@@ -108,6 +108,14 @@ func TestLimitsDropAndSayHowMany(t *testing.T) {
 	assert.Equal(t, full.Memory.PeakBytes, top, "decimation keeps the peak")
 }
 
+func TestLongNamesAreCut(t *testing.T) {
+	long := strings.Repeat("é", MaxNameBytes) // two bytes a rune: the cut falls inside one
+	data := bytes.Replace(testutil.Corpus(t, "valid-train.jsonl"), []byte(`"name":"train/forward"`), []byte(`"name":"`+long+`"`), 1)
+	p := build(t, data, Limits{})
+	want := strings.Repeat("é", MaxNameBytes/2) + "…"
+	assert.Contains(t, p.Timeline.Names, want)
+}
+
 func writeHTML(t *testing.T, p *Page) string {
 	t.Helper()
 	var b bytes.Buffer
