@@ -14,12 +14,13 @@ import (
 type Limits struct {
 	Spans, Ops, Intervals, MemoryEvents int
 	MemoryPoints                        int // points of the drawn memory curve
+	DeviceSamples                       int // device-memory samples kept, all devices
 	PeakStorages                        int // rows of the live-at-peak table
 }
 
 // DefaultLimits keep the embedded data of a trace of any size to a few tens
 // of megabytes.
-var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, MemoryEvents: 1_000_000, MemoryPoints: 4000, PeakStorages: 100}
+var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, MemoryEvents: 1_000_000, MemoryPoints: 4000, DeviceSamples: 200_000, PeakStorages: 100}
 
 // collector keeps what the page draws beyond the report's summaries: each
 // span's place on its thread, the ops inside them, host-clock device
@@ -36,7 +37,10 @@ type collector struct {
 	depth    []int32        // per kept span
 	latest   uint64         // latest timestamp seen: where open spans end
 	mem      []memRec
-	memSpans map[string]int // span id of a memory record -> name index (-1: unknown)
+	devices  map[string]int // device -> index into devSamples
+	devNames []string
+	devUsed  [][][2]uint64 // per device: [timestamp, used bytes]
+	devKept  int
 }
 
 // memRec is one memory record, kept to replay them sorted.
@@ -51,7 +55,7 @@ type memRec struct {
 func newCollector(lim Limits) *collector {
 	return &collector{
 		lim: lim, names: map[string]int{}, spanIdx: map[string]int{}, threads: map[uint64]int{},
-		streams: map[string]int{}, memSpans: map[string]int{},
+		streams: map[string]int{}, devices: map[string]int{},
 		tl: Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
 	}
 }
@@ -104,7 +108,7 @@ func (c *collector) event(k trace.Kind, d *trace.Decoder, _ int) {
 	case trace.KindMemory:
 		c.memory(&d.Memory)
 	case trace.KindDeviceMemory:
-		c.note(d.DeviceMemory.Timestamp)
+		c.deviceMemory(&d.DeviceMemory)
 	}
 }
 
@@ -209,6 +213,26 @@ func (c *collector) memory(e *trace.MemoryEvent) {
 		alloc: e.Action == trace.ActionAlloc, category: int8(e.Category), op: op})
 }
 
+func (c *collector) deviceMemory(e *trace.DeviceMemoryEvent) {
+	c.note(e.Timestamp)
+	if !e.HasUsed {
+		return
+	}
+	if c.devKept >= c.lim.DeviceSamples {
+		c.tl.Dropped.DeviceSamples++
+		return
+	}
+	i, ok := c.devices[string(e.Device)]
+	if !ok {
+		i = len(c.devNames)
+		c.devices[string(e.Device)] = i
+		c.devNames = append(c.devNames, string(e.Device))
+		c.devUsed = append(c.devUsed, nil)
+	}
+	c.devUsed[i] = append(c.devUsed[i], [2]uint64{e.Timestamp, e.Used})
+	c.devKept++
+}
+
 // finish closes open spans at the latest timestamp seen and computes the
 // memory curve.
 func (c *collector) finish() (*Timeline, *MemoryView) {
@@ -218,7 +242,19 @@ func (c *collector) finish() (*Timeline, *MemoryView) {
 		}
 	}
 	c.tl.End = c.latest
-	return &c.tl, c.memoryView()
+	mv := c.memoryView()
+	for i, name := range c.devNames {
+		pts := c.devUsed[i]
+		sort.SliceStable(pts, func(a, b int) bool { return pts[a][0] < pts[b][0] })
+		var peak [2]uint64
+		for _, p := range pts {
+			if p[1] > peak[1] {
+				peak = p
+			}
+		}
+		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: decimate(pts, c.lim.MemoryPoints, peak[0])})
+	}
+	return &c.tl, mv
 }
 
 type live struct {
@@ -233,7 +269,7 @@ type live struct {
 // peak is the first strictly greatest total after all records of one
 // timestamp, so it agrees with the report's.
 func (c *collector) memoryView() *MemoryView {
-	mv := &MemoryView{Points: [][]uint64{}, PeakStorages: []PeakStorage{}, Dropped: c.tl.Dropped.MemoryEvents}
+	mv := &MemoryView{Points: [][]uint64{}, PeakStorages: []PeakStorage{}, Devices: []DeviceUsed{}, Dropped: c.tl.Dropped.MemoryEvents}
 	if len(c.mem) == 0 {
 		return mv
 	}

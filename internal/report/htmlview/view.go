@@ -63,6 +63,7 @@ type Dropped struct {
 	Intervals           int `json:"intervals,omitempty"`
 	OtherClockIntervals int `json:"other_clock_intervals,omitempty"`
 	MemoryEvents        int `json:"memory_events,omitempty"`
+	DeviceSamples       int `json:"device_samples,omitempty"`
 }
 
 // MemoryView is the logical live bytes over the update.
@@ -75,6 +76,15 @@ type MemoryView struct {
 	LiveAtPeak   int           `json:"live_at_peak"`
 	PeakStorages []PeakStorage `json:"peak_storages"` // largest first
 	Dropped      int           `json:"dropped_events,omitempty"`
+	// Devices: the used bytes of each device's device_memory samples.
+	Devices []DeviceUsed `json:"devices"`
+}
+
+// DeviceUsed is one device's sampled used bytes: [timestamp, used bytes].
+type DeviceUsed struct {
+	Device  string     `json:"device"`
+	Samples int        `json:"samples"`
+	Points  [][]uint64 `json:"points"`
 }
 
 // PeakStorage is one storage live at the memory peak.

@@ -88,6 +88,8 @@ func TestTrainPageNumbers(t *testing.T) {
 		{Bytes: 1024, Category: "gradient", Device: "cuda:0", Storage: "cuda-storage-3", MadeBy: "matmul_backward"},
 		{Bytes: 512, Category: "activation", Device: "cuda:0", Storage: "cuda-storage-2", MadeBy: "relu"},
 	}, p.Memory.PeakStorages)
+	// The two device_memory samples of the trace, at 2000 and 6000 ns.
+	assert.Equal(t, []DeviceUsed{{Device: "cuda:0", Samples: 2, Points: [][]uint64{{2000, 1 << 20}, {6000, 2 << 20}}}}, p.Memory.Devices)
 }
 
 func TestLimitsDropAndSayHowMany(t *testing.T) {
@@ -213,6 +215,10 @@ func TestPageInChromium(t *testing.T) {
 			flagged := regexp.MustCompile(`(?s)<table id="gradients-table".*?</table>`).FindString(dom)
 			assert.Equal(t, len(p.Report.Gradients.Flagged), strings.Count(flagged, `<tr class="flag">`), "non-present gradients are highlighted")
 			assert.Equal(t, p.Report.Overhead.Verdict, attr(t, dom, "overhead", "data-verdict"))
+			for _, d := range p.Memory.Devices {
+				assert.Regexp(t, `<path class="device-used"[^>]*data-device="`+regexp.QuoteMeta(d.Device)+`" data-samples="`+strconv.Itoa(d.Samples)+`"`, dom)
+			}
+			assert.Equal(t, len(p.Timeline.Intervals), strings.Count(dom, `<line class="launch"`), "every drawn kernel has a line to its span")
 		})
 	}
 }

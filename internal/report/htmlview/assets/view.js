@@ -260,6 +260,11 @@
         }
         var r = sv("rect", { "class": cls, x: x, y: it[4] + 1, width: w, height: ROW - 2, "data-i": it[1], "data-t": it[0] });
         svg.appendChild(r);
+        if (it[0] === "kernel" && ivs[it[1]][4] < spans.length) {
+          // A line up to the span that launched the work.
+          var ls = spans[ivs[it[1]][4]];
+          svg.appendChild(sv("line", { "class": "launch", x1: x, x2: x, y1: it[4] + 1, y2: laneY[ls[2]] + ls[3] * ROW + ROW - 1 }));
+        }
         drawn[it[0]]++;
         var nameIdx = it[0] === "kernel" ? ivs[it[1]][3] : (it[0] === "op" ? ops[it[1]][4] : spans[it[1]][4]);
         if (w > 40) {
@@ -373,11 +378,38 @@
     if (M.live_at_peak > M.peak_storages.length) {
       $("peak-storages").insertAdjacentElement("afterend", el("p", { "class": "hint" }, M.live_at_peak + " storages were live at the peak; the largest " + M.peak_storages.length + " are listed."));
     }
+    deviceCurves(M.devices, svg.parentNode);
     var devs = (R && R.memory.devices) || [];
     table("device-memory", ["device", "samples", "peak used", "peak reserved", "least free", "capacity"], devs.map(function (d) {
       function b(v) { return v === undefined ? "-" : fmtBytes(v); }
       return [d.device, d.samples, b(d.peak_used_bytes) + (d.peak_used_bytes !== undefined ? " at " + fmtNS(d.peak_used_at_ns) : ""), b(d.peak_reserved_bytes), b(d.min_free_bytes), b(d.capacity_bytes)];
     }));
+  }
+
+  // deviceCurves draws each device's sampled used bytes, one line a device,
+  // on the same stretch of time as the timeline.
+  function deviceCurves(devices, parent) {
+    var svg = $("device-memory-svg");
+    if (!devices.length) { svg.setAttribute("height", 0); return; }
+    var W = Math.max(parent.clientWidth || 0, 600), H = 160, L = 70, B = 24, Tp = 12;
+    svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    var x0 = Infinity, x1 = D.timeline.end_ns || 0, ymax = 1;
+    D.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
+    devices.forEach(function (d) { d.points.forEach(function (p) { x0 = Math.min(x0, p[0]); x1 = Math.max(x1, p[0]); ymax = Math.max(ymax, p[1]); }); });
+    if (!isFinite(x0)) x0 = 0;
+    if (x1 <= x0) x1 = x0 + 1;
+    function X(t) { return L + (t - x0) / (x1 - x0) * (W - L - 10); }
+    function Y(b) { return H - B - b / ymax * (H - B - Tp); }
+    [0, 0.5, 1].forEach(function (f) {
+      svg.appendChild(sv("line", { "class": "grid", x1: L, x2: W - 10, y1: Y(ymax * f), y2: Y(ymax * f) }));
+      svg.appendChild(sv("text", { "class": "tick", x: 2, y: Y(ymax * f) + 3 }, fmtBytes(Math.round(ymax * f))));
+    });
+    var colors = ["#7a4fc0", "#b07010", "#3f8f55", "#b42318"];
+    devices.forEach(function (d, i) {
+      var path = d.points.map(function (p, k) { return (k ? "L" : "M") + X(p[0]) + "," + Y(p[1]); }).join(" ");
+      svg.appendChild(sv("path", { "class": "device-used", d: path, stroke: colors[i % colors.length], fill: "none", "data-device": d.device, "data-samples": d.samples }));
+      svg.appendChild(sv("text", { "class": "tick", x: L + 4 + 160 * i, y: H - 6, fill: colors[i % colors.length] }, d.device + " used (" + d.samples + " samples)"));
+    });
   }
 
   // ---- gradients and tensor statistics -----------------------------------
