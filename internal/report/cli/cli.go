@@ -54,12 +54,13 @@ commands:
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
         meta.clock.wall_unix_ns_at_open
-  view [--output FILE] TRACE
+  view [--output FILE] [--threshold PCT] TRACE [B]
         one self-contained HTML page (no network needed) to open in a
         browser: health verdict, overhead analysis, top spans and ops, a
         zoomable timeline of the update, the memory curve with the peak
         and what was live there, gradients and tensor statistics
-        (default FILE: TRACE with .html)
+        (default FILE: TRACE with .html). With two traces: B against A as
+        compare sets them (PCT as there), then each trace's own views
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]

@@ -5,49 +5,73 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/compare"
 
 	"github.com/candle-trace/candle-trace/internal/report/htmlview"
 	"github.com/candle-trace/candle-trace/internal/report/text"
 )
 
-// viewOutput is where the page of a trace goes without --output: beside
-// the trace, with .html for its extension.
-func viewOutput(trace string) string {
-	return strings.TrimSuffix(trace, ".jsonl") + ".html"
+// viewOutput is where the page goes without --output: beside the trace,
+// with .html for its extension; for two traces beside B, naming A too.
+func viewOutput(paths []string) string {
+	b := strings.TrimSuffix(paths[len(paths)-1], ".jsonl")
+	if len(paths) == 1 {
+		return b + ".html"
+	}
+	return b + "-vs-" + strings.TrimSuffix(filepath.Base(paths[0]), ".jsonl") + ".html"
 }
+
+// page is what view writes: one trace's page or a comparison's.
+type page interface{ WriteHTML(io.Writer) error }
 
 func viewCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("view", stderr)
 	out := fs.String("output", "", "the HTML file to write (default: TRACE with .html)")
 	fs.StringVar(out, "o", "", "short for --output")
+	threshold := fs.Float64("threshold", 100*compare.DefaultCompareThreshold, "with two traces: mark changes beyond this `PCT` percent")
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
 	}
-	if len(paths) != 1 {
-		fmt.Fprintln(stderr, "candle-trace view: give exactly one trace")
+	if len(paths) != 1 && len(paths) != 2 {
+		fmt.Fprintln(stderr, "candle-trace view: give one trace, or two (A B) to compare")
 		return ExitUsage
 	}
-	p := paths[0]
+	if *threshold <= 0 {
+		fmt.Fprintln(stderr, "candle-trace view: --threshold must be a positive percentage")
+		return ExitUsage
+	}
 	dst := *out
 	if dst == "" {
-		if p == "-" {
-			fmt.Fprintln(stderr, "candle-trace view: a trace on standard input needs --output")
-			return ExitUsage
+		for _, p := range paths {
+			if p == "-" {
+				fmt.Fprintln(stderr, "candle-trace view: a trace on standard input needs --output")
+				return ExitUsage
+			}
 		}
-		dst = viewOutput(p)
+		dst = viewOutput(paths)
 	}
-	opts := htmlview.Options{Progress: progress(stderr, p)}
-	var page *htmlview.Page
-	if p == "-" {
-		page, err = htmlview.Build(stdinReader(), "-", opts)
-	} else {
-		page, err = htmlview.BuildFile(p, opts)
+	var pages []*htmlview.Page
+	for _, p := range paths {
+		opts := htmlview.Options{Progress: progress(stderr, p)}
+		var pg *htmlview.Page
+		if p == "-" {
+			pg, err = htmlview.Build(stdinReader(), "-", opts)
+		} else {
+			pg, err = htmlview.BuildFile(p, opts)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "candle-trace view: %v\n", err)
+			return ExitProblem
+		}
+		pages = append(pages, pg)
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "candle-trace view: %v\n", err)
-		return ExitProblem
+	var doc page = pages[0]
+	if len(pages) == 2 {
+		doc = htmlview.Compare(pages[0], pages[1], *threshold/100)
 	}
 	var w io.Writer = stdout
 	var f *os.File
@@ -59,7 +83,7 @@ func viewCmd(args []string, stdout, stderr io.Writer) int {
 		w = f
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
-	err = page.WriteHTML(bw)
+	err = doc.WriteHTML(bw)
 	if err == nil {
 		err = bw.Flush()
 	}

@@ -23,7 +23,10 @@ func TestViewCommand(t *testing.T) {
 	}{
 		{"to a file", []string{"view", corpus("valid-train.jsonl"), "--output", out}, ExitOK, out, []string{"wrote " + out, "open it in a browser"}, nil},
 		{"short flag", []string{"view", "-o", out, corpus("failed-capture_failed.jsonl")}, ExitOK, out, []string{"wrote " + out}, nil},
-		{"no trace", []string{"view"}, ExitUsage, "", nil, []string{"give exactly one trace"}},
+		{"no trace", []string{"view"}, ExitUsage, "", nil, []string{"give one trace, or two"}},
+		{"three traces", []string{"view", "a", "b", "c"}, ExitUsage, "", nil, []string{"give one trace, or two"}},
+		{"two traces", []string{"view", corpus("valid-train.jsonl"), corpus("failed-capture_failed.jsonl"), "-o", out}, ExitOK, out, []string{"wrote " + out}, nil},
+		{"bad threshold", []string{"view", "--threshold", "0", corpus("valid-train.jsonl"), corpus("valid-train.jsonl")}, ExitUsage, "", nil, []string{"positive percentage"}},
 		{"stdin needs an output", []string{"view", "-"}, ExitUsage, "", nil, []string{"needs --output"}},
 		{"missing trace", []string{"view", filepath.Join(dir, "none.jsonl"), "-o", out}, ExitProblem, "", nil, []string{"no such file"}},
 		{"unwritable output", []string{"view", corpus("valid-train.jsonl"), "-o", filepath.Join(dir, "no", "dir.html")}, ExitProblem, "", nil, []string{"no such file or directory"}},
@@ -50,6 +53,7 @@ func TestViewCommand(t *testing.T) {
 }
 
 func TestViewOutputSitsBesideTheTrace(t *testing.T) {
-	assert.Equal(t, "runs/step.html", viewOutput("runs/step.jsonl"))
-	assert.Equal(t, "trace.txt.html", viewOutput("trace.txt"))
+	assert.Equal(t, "runs/step.html", viewOutput([]string{"runs/step.jsonl"}))
+	assert.Equal(t, "trace.txt.html", viewOutput([]string{"trace.txt"}))
+	assert.Equal(t, "runs/b-vs-a.html", viewOutput([]string{"old/a.jsonl", "runs/b.jsonl"}))
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/compare"
 	"github.com/candle-trace/candle-trace/internal/report/health"
 	"github.com/candle-trace/candle-trace/internal/report/trace"
 	"github.com/candle-trace/candle-trace/internal/traceformat"
@@ -132,18 +133,43 @@ func BuildFile(path string, opts Options) (*Page, error) {
 
 // WriteHTML writes the page as one self-contained HTML file.
 func (p *Page) WriteHTML(w io.Writer) error {
-	var data bytes.Buffer
+	return writePage(w, "candle-trace view: "+p.Name, p)
+}
+
+// ComparisonPage is the page of two traces: B against A as `compare` sets
+// them side by side, and each trace's own views below.
+type ComparisonPage struct {
+	Comparison *compare.Comparison `json:"comparison"`
+	A          *Page               `json:"a"`
+	B          *Page               `json:"b"`
+}
+
+// Compare sets two pages side by side; threshold is compare's (a relative
+// change, DefaultCompareThreshold when <= 0). It never refuses: the page
+// shows whether the comparison identities allow the comparison.
+func Compare(a, b *Page, threshold float64) *ComparisonPage {
+	ra := &analysis.Result{Health: a.Health, Meta: a.Meta, Report: a.Report}
+	rb := &analysis.Result{Health: b.Health, Meta: b.Meta, Report: b.Report}
+	return &ComparisonPage{Comparison: compare.Compare(a.Name, ra, b.Name, rb, threshold), A: a, B: b}
+}
+
+// WriteHTML writes the comparison as one self-contained HTML file.
+func (c *ComparisonPage) WriteHTML(w io.Writer) error {
+	return writePage(w, "candle-trace view: "+c.B.Name+" against "+c.A.Name, c)
+}
+
+func writePage(w io.Writer, title string, data any) error {
+	var doc bytes.Buffer
 	// json's default escaping turns <, > and & into \u003c...: the data can
 	// never close its <script> element.
-	if err := json.NewEncoder(&data).Encode(p); err != nil {
+	if err := json.NewEncoder(&doc).Encode(data); err != nil {
 		return fmt.Errorf("encode the page data: %w", err)
 	}
-	title := "candle-trace view: " + p.Name
 	out := strings.NewReplacer(
 		"{{TITLE}}", htmlEscape(title),
 		"{{CSS}}", pageCSS,
 		"{{JS}}", pageJS,
-		"{{DATA}}", strings.TrimSpace(data.String()),
+		"{{DATA}}", strings.TrimSpace(doc.String()),
 	).Replace(pageHTML)
 	_, err := io.WriteString(w, out)
 	return err

@@ -177,6 +177,42 @@ func attr(t *testing.T, dom, id, name string) string {
 	return v[1]
 }
 
+// TestComparisonPageInChromium opens B against A: the comparison's tables
+// mark what compare marks, and both traces' views are drawn below it.
+func TestComparisonPageInChromium(t *testing.T) {
+	chromium := testutil.Chromium(t)
+	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
+	require.NoError(t, os.MkdirAll(out, 0o755))
+	a := build(t, testutil.Corpus(t, "valid-train.jsonl"), Limits{})
+	// B: the same run with a slower relu, so one op and its phase change.
+	b := build(t, bytes.Replace(testutil.Corpus(t, "valid-train.jsonl"), []byte(`"duration_ns":500`), []byte(`"duration_ns":900`), 1), Limits{})
+	c := Compare(a, b, 0.05)
+	var buf bytes.Buffer
+	require.NoError(t, c.WriteHTML(&buf))
+	page := filepath.Join(t.TempDir(), "compare.html")
+	require.NoError(t, os.WriteFile(page, buf.Bytes(), 0o644))
+	dom := chromiumDOM(t, chromium, page, filepath.Join(out, "compare.png"))
+
+	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
+	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
+	assert.Equal(t, "true", attr(t, dom, "compare-identity", "data-comparable"))
+	significant := 0
+	for _, o := range c.Comparison.Ops {
+		if o.Significant {
+			significant++
+		}
+	}
+	require.Equal(t, 1, significant, "relu's change is the one significant op")
+	ops := regexp.MustCompile(`(?s)<table id="compare-ops".*?</table>`).FindString(dom)
+	assert.Equal(t, significant, strings.Count(ops, `<tr class="flag">`))
+	assert.Contains(t, ops, "relu")
+	assert.Equal(t, len(c.Comparison.Ops), atoi(t, attr(t, dom, "compare-ops", "data-rows")))
+	for side, p := range map[string]*Page{"a-": a, "b-": b} {
+		assert.Equal(t, len(p.Timeline.Spans), atoi(t, attr(t, dom, side+"timeline-svg", "data-spans")))
+		assert.Equal(t, p.Memory.PeakBytes, uint64(atoi(t, attr(t, dom, side+"memory-peak", "data-bytes"))))
+	}
+}
+
 // TestPageInChromium opens the pages of a complete training trace and of a
 // failed (out-of-memory) capture in a real headless browser: no script
 // error, every view drawn, and the DOM shows the trace's own numbers.

@@ -4,7 +4,6 @@
   "use strict";
   var started = performance.now();
   var D = JSON.parse(document.getElementById("trace-data").textContent);
-  var R = D.report; // null when the trace could not be read far enough
   var SVGNS = "http://www.w3.org/2000/svg";
 
   // ---- helpers -----------------------------------------------------------
@@ -45,8 +44,8 @@
   }
 
   // table fills a <table> with a header and rows; flag(row) marks a row.
-  function table(id, headers, rows, flag) {
-    var t = clear($(id));
+  function table(t, headers, rows, flag) {
+    t = clear(typeof t === "string" ? $(t) : t);
     var tr = el("tr");
     headers.forEach(function (h) { tr.appendChild(el("th", {}, h)); });
     t.appendChild(tr);
@@ -76,17 +75,15 @@
 
   // ---- overview ----------------------------------------------------------
 
-  function overview() {
-    var h = D.health, m = D.meta || {};
-    document.title = "candle-trace view: " + D.name;
-    $("title").textContent = D.name + (m.entrypoint ? " — " + m.entrypoint : "");
+  function overview(P, pre) {
+    var h = P.health, m = P.meta || {}, R = P.report;
 
     // The verdict of `validate`: structurally valid and complete.
     var ok = h.structurally_valid && h.capture_complete;
-    var v = $("verdict");
+    var v = $(pre + "verdict");
     v.setAttribute("data-ok", ok ? "true" : "false");
     v.appendChild(el("h3", {}, "Health (candle-graph's rules)"));
-    v.appendChild(el("div", { id: "verdict-word", "class": ok ? "verdict-ok" : "verdict-bad" }, ok ? "OK" : "FAIL"));
+    v.appendChild(el("div", { id: pre + "verdict-word", "class": ok ? "verdict-ok" : "verdict-bad" }, ok ? "OK" : "FAIL"));
     var errors = h.issues.filter(function (i) { return i.severity === "error"; }).length;
     dl(v, [
       ["structure", h.structurally_valid ? "structurally valid" : "structurally invalid"],
@@ -96,7 +93,7 @@
       ["failure", h.issues.filter(function (i) { return i.code === "capture_failed"; }).map(function (i) { return i.message; }).join("; ")],
     ]);
 
-    var ul = clear($("issues"));
+    var ul = clear($(pre + "issues"));
     h.issues.forEach(function (i) {
       var li = el("li", { "data-code": i.code, "data-severity": i.severity });
       li.appendChild(el("span", { "class": "pill " + i.severity }, i.severity));
@@ -107,7 +104,7 @@
     });
     if (h.issues.length === 0) ul.appendChild(el("li", { "class": "none" }, "no issues"));
 
-    var id = $("identity");
+    var id = $(pre + "identity");
     id.appendChild(el("h3", {}, "Run"));
     var prod = m.producer ? [m.producer.name, m.producer.version, m.producer.binding].filter(Boolean).join(" ") : "";
     var ci = m.comparison_identity || {};
@@ -119,7 +116,7 @@
       ["measured region", R && R.measured_region ? R.measured_region.name + " (" + R.measured_region.span_id + "), " + (R.measured_region.closed ? fmtNS(R.measured_region.duration_ns) : "never closed") : ""],
     ]);
 
-    var o = $("overhead");
+    var o = $(pre + "overhead");
     o.appendChild(el("h3", {}, "Overhead analysis"));
     if (R) {
       var oa = R.overhead;
@@ -139,13 +136,13 @@
     var spanRows = R.spans.slice(0, TOP).map(function (s) {
       return [s.name, s.count, fmtNS(s.total_ns), fmtNS(s.self_ns), fmtNS(s.mean_ns), fmtNS(s.p50_ns), fmtNS(s.p95_ns), fmtNS(s.max_ns), s.encloses_measured_region ? "-" : fmtShare(s.share), s.open || ""];
     });
-    table("top-spans", ["name", "count", "total", "self", "mean", "p50", "p95", "max", "share", "open"], spanRows);
+    table(pre + "top-spans", ["name", "count", "total", "self", "mean", "p50", "p95", "max", "share", "open"], spanRows);
     var ops = R.ops || [];
-    table("top-ops", ["name", "count", "total", "mean", "p50", "p95", "max", "share", "in bytes", "out bytes"], ops.slice(0, TOP).map(function (s) {
+    table(pre + "top-ops", ["name", "count", "total", "mean", "p50", "p95", "max", "share", "in bytes", "out bytes"], ops.slice(0, TOP).map(function (s) {
       return [s.name, s.count, fmtNS(s.total_ns), fmtNS(s.mean_ns), fmtNS(s.p50_ns), fmtNS(s.p95_ns), fmtNS(s.max_ns), fmtShare(s.share), fmtBytes(s.input_bytes || 0), fmtBytes(s.output_bytes || 0)];
     }));
     var ks = (R.device && R.device.kernels) || [];
-    table("top-kernels", ["name", "count", "total", "mean", "max", "share of device time"], ks.slice(0, TOP).map(function (k) {
+    table(pre + "top-kernels", ["name", "count", "total", "mean", "max", "share of device time"], ks.slice(0, TOP).map(function (k) {
       return [k.name, k.count, fmtNS(k.total_ns), fmtNS(k.mean_ns), fmtNS(k.max_ns), fmtShare(k.share)];
     }));
   }
@@ -154,8 +151,8 @@
 
   var ROW = 18, AXIS = 22, GUTTER = 130, MAX_RECTS = 20000;
 
-  function timeline() {
-    var T = D.timeline, svg = $("timeline-svg"), box = $("timeline-box");
+  function timeline(P, pre) {
+    var R = P.report, T = P.timeline, svg = $(pre + "timeline-svg"), box = $(pre + "timeline-box");
     var spans = T.spans, ops = T.ops, ivs = T.intervals, names = T.names;
     var mr = R && R.measured_region;
 
@@ -179,7 +176,7 @@
     var full = [t0, t1], view = [t0, t1];
 
     var tr = mr && mr.tracer_ns !== undefined ? mr.tracer_ns : null;
-    var ttext = $("tracer-time");
+    var ttext = $(pre + "tracer-time");
     if (tr !== null || (mr && mr.session_tracer_ns !== undefined)) {
       var parts = [];
       if (tr !== null) parts.push(fmtNS(tr) + " inside the measured region, left out of its " + fmtNS(mr.duration_ns));
@@ -193,7 +190,7 @@
     if (dr.spans) left.push(dr.spans + " spans");
     if (dr.ops) left.push(dr.ops + " ops");
     if (dr.intervals) left.push(dr.intervals + " device intervals");
-    $("timeline-dropped").textContent = (left.length ? "Left out of this page to keep it small: " + left.join(", ") + ". " : "") +
+    $(pre + "timeline-dropped").textContent = (left.length ? "Left out of this page to keep it small: " + left.join(", ") + ". " : "") +
       (dr.other_clock_intervals ? dr.other_clock_intervals + " device intervals on a device clock are not drawn (they cannot be placed on the host clock)." : "");
 
     function width() { return Math.max(box.clientWidth || 0, 600); }
@@ -277,11 +274,11 @@
       svg.setAttribute("data-ops", drawn.op);
       svg.setAttribute("data-kernels", drawn.kernel);
       svg.setAttribute("data-rects", svg.getElementsByTagName("rect").length);
-      $("timeline-window").textContent = "showing " + fmtNS(view[0] - full[0]) + " – " + fmtNS(view[1] - full[0]) + " (" + fmtNS(span) + ")" + (dense.length ? "; narrow items drawn as dense blocks: zoom in" : "") + (skipped ? "; " + skipped + " more items hidden: zoom in" : "");
+      $(pre + "timeline-window").textContent = "showing " + fmtNS(view[0] - full[0]) + " – " + fmtNS(view[1] - full[0]) + " (" + fmtNS(span) + ")" + (dense.length ? "; narrow items drawn as dense blocks: zoom in" : "") + (skipped ? "; " + skipped + " more items hidden: zoom in" : "");
     }
 
     function detail(t, i) {
-      var d = $("timeline-detail");
+      var d = $(pre + "timeline-detail");
       if (t === "span") {
         var s = spans[i];
         d.textContent = "span " + names[s[4]] + ": starts " + fmtNS(s[0] - full[0]) + ", lasts " + fmtNS(s[1]) + ((s[5] & 2) ? " (never closed)" : "") + ((s[5] & 1) ? ", the measured region" : "") + ", thread " + T.threads[s[2]];
@@ -322,10 +319,10 @@
       if (t) detail(t, +e.target.getAttribute("data-i"));
     });
     box.addEventListener("dblclick", function () { view = full.slice(); draw(); });
-    $("zoom-in").addEventListener("click", function () { zoom(0.5); });
-    $("zoom-out").addEventListener("click", function () { zoom(2); });
-    $("zoom-reset").addEventListener("click", function () { view = full.slice(); draw(); });
-    $("zoom-measured").addEventListener("click", function () {
+    $(pre + "zoom-in").addEventListener("click", function () { zoom(0.5); });
+    $(pre + "zoom-out").addEventListener("click", function () { zoom(2); });
+    $(pre + "zoom-reset").addEventListener("click", function () { view = full.slice(); draw(); });
+    $(pre + "zoom-measured").addEventListener("click", function () {
       if (mr && mr.duration_ns > 0) { view = [mr.start_ns, mr.start_ns + mr.duration_ns]; draw(); }
     });
     window.addEventListener("resize", draw);
@@ -334,10 +331,10 @@
 
   // ---- memory ------------------------------------------------------------
 
-  function memory() {
-    var M = D.memory, svg = $("memory-svg"), pts = M.points;
+  function memory(P, pre) {
+    var R = P.report, M = P.memory, svg = $(pre + "memory-svg"), pts = M.points;
     var peak = R && R.memory && R.memory.peak;
-    var sum = $("memory-summary");
+    var sum = $(pre + "memory-summary");
     if (pts.length === 0) {
       sum.textContent = "No logical memory records in this trace.";
       svg.setAttribute("height", 0);
@@ -350,8 +347,8 @@
       var W = Math.max(svg.parentNode.clientWidth || 0, 600), H = 240, L = 70, B = 24, Tp = 16;
       svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("viewBox", "0 0 " + W + " " + H);
       // The same stretch of time as the timeline, so the two line up.
-      var x0 = pts[0][0], x1 = Math.max(pts[pts.length - 1][0], D.timeline.end_ns || 0);
-      D.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
+      var x0 = pts[0][0], x1 = Math.max(pts[pts.length - 1][0], P.timeline.end_ns || 0);
+      P.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
       if (x1 <= x0) x1 = x0 + 1;
       var ymax = Math.max(M.peak_bytes, 1);
       function X(t) { return L + (t - x0) / (x1 - x0) * (W - L - 10); }
@@ -367,20 +364,20 @@
       var d = "M" + X(x0) + "," + Y(0);
       pts.forEach(function (p) { d += " H" + X(p[0]) + " V" + Y(p[1]); });
       d += " H" + X(x1) + " V" + Y(0) + " Z";
-      svg.appendChild(sv("path", { id: "memory-curve", "class": "curve", d: d }));
+      svg.appendChild(sv("path", { id: pre + "memory-curve", "class": "curve", d: d }));
       var px = X(M.peak_at_ns), py = Y(M.peak_bytes);
-      svg.appendChild(sv("circle", { id: "memory-peak", "class": "peak", cx: px, cy: py, r: 4, "data-bytes": M.peak_bytes, "data-at": M.peak_at_ns }));
+      svg.appendChild(sv("circle", { id: pre + "memory-peak", "class": "peak", cx: px, cy: py, r: 4, "data-bytes": M.peak_bytes, "data-at": M.peak_at_ns }));
       svg.appendChild(sv("text", { "class": "peak-label", x: Math.min(px + 6, W - 160), y: Math.max(py - 4, 12) }, "peak " + fmtBytes(M.peak_bytes)));
     }
-    table("peak-storages", ["storage", "device", "size", "category", "made by"], M.peak_storages.map(function (s) {
+    table(pre + "peak-storages", ["storage", "device", "size", "category", "made by"], M.peak_storages.map(function (s) {
       return [s.storage, s.device, fmtBytes(s.bytes), s.category, s.made_by || "-"];
     }));
     if (M.live_at_peak > M.peak_storages.length) {
-      $("peak-storages").insertAdjacentElement("afterend", el("p", { "class": "hint" }, M.live_at_peak + " storages were live at the peak; the largest " + M.peak_storages.length + " are listed."));
+      $(pre + "peak-storages").insertAdjacentElement("afterend", el("p", { "class": "hint" }, M.live_at_peak + " storages were live at the peak; the largest " + M.peak_storages.length + " are listed."));
     }
-    deviceCurves(M.devices, svg.parentNode);
+    deviceCurves(P, pre, M.devices, svg.parentNode);
     var devs = (R && R.memory.devices) || [];
-    table("device-memory", ["device", "samples", "peak used", "peak reserved", "least free", "capacity"], devs.map(function (d) {
+    table(pre + "device-memory", ["device", "samples", "peak used", "peak reserved", "least free", "capacity"], devs.map(function (d) {
       function b(v) { return v === undefined ? "-" : fmtBytes(v); }
       return [d.device, d.samples, b(d.peak_used_bytes) + (d.peak_used_bytes !== undefined ? " at " + fmtNS(d.peak_used_at_ns) : ""), b(d.peak_reserved_bytes), b(d.min_free_bytes), b(d.capacity_bytes)];
     }));
@@ -388,13 +385,13 @@
 
   // deviceCurves draws each device's sampled used bytes, one line a device,
   // on the same stretch of time as the timeline.
-  function deviceCurves(devices, parent) {
-    var svg = $("device-memory-svg");
+  function deviceCurves(P, pre, devices, parent) {
+    var svg = $(pre + "device-memory-svg");
     if (!devices.length) { svg.setAttribute("height", 0); return; }
     var W = Math.max(parent.clientWidth || 0, 600), H = 160, L = 70, B = 24, Tp = 12;
     svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-    var x0 = Infinity, x1 = D.timeline.end_ns || 0, ymax = 1;
-    D.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
+    var x0 = Infinity, x1 = P.timeline.end_ns || 0, ymax = 1;
+    P.timeline.spans.forEach(function (s) { x0 = Math.min(x0, s[0]); });
     devices.forEach(function (d) { d.points.forEach(function (p) { x0 = Math.min(x0, p[0]); x1 = Math.max(x1, p[0]); ymax = Math.max(ymax, p[1]); }); });
     if (!isFinite(x0)) x0 = 0;
     if (x1 <= x0) x1 = x0 + 1;
@@ -414,35 +411,161 @@
 
   // ---- gradients and tensor statistics -----------------------------------
 
-  function gradients() {
-    if (!R) { table("gradients-table", ["root", "key"], []); return; }
+  function gradients(P, pre) {
+    var R = P.report;
+    if (!R) { table(pre + "gradients-table", ["root", "key"], []); return; }
     var g = R.gradients, fam = {};
-    var gc = D.meta && D.meta.capture_contract && D.meta.capture_contract.gradient_contract;
+    var gc = P.meta && P.meta.capture_contract && P.meta.capture_contract.gradient_contract;
     if (gc) gc.expected.forEach(function (e) { fam[e.root + "\u0000" + e.key] = e.family; });
     var rows = g.all.slice();
     // A contract's parameters that never got a gradient record are missing too.
     if (gc) gc.expected.forEach(function (e) {
       if (!g.all.some(function (x) { return x.root === e.root && x.key === e.key; })) rows.push({ root: e.root, key: e.key, state: "not recorded" });
     });
-    $("gradient-summary").textContent = g.total + " parameters: " + g.present + " present, " + g.zero + " zero, " + g.missing + " missing, " + g.non_finite + " non-finite" +
+    $(pre + "gradient-summary").textContent = g.total + " parameters: " + g.present + " present, " + g.zero + " zero, " + g.missing + " missing, " + g.non_finite + " non-finite" +
       (rows.length > g.all.length ? "; " + (rows.length - g.all.length) + " of the contract's parameters have no record" : "") + ".";
-    table("gradients-table", ["root", "key", "family", "state", "norm", "line"], rows.map(function (x) {
+    table(pre + "gradients-table", ["root", "key", "family", "state", "norm", "line"], rows.map(function (x) {
       return [x.root, x.key, fam[x.root + "\u0000" + x.key] || "-", x.state, x.norm === undefined ? "-" : fmtNum(x.norm), x.line || "-"];
     }), function (i) { return rows[i].state !== "present"; });
   }
 
-  function tensorStats() {
+  function tensorStats(P, pre) {
+    var R = P.report;
     var ts = (R && R.tensor_stats) || [];
-    table("tensor-stats-table", ["label", "dtype", "shape", "records", "non-finite records", "non-finite elements", "rms", "abs max", "mean"], ts.map(function (s) {
+    table(pre + "tensor-stats-table", ["label", "dtype", "shape", "records", "non-finite records", "non-finite elements", "rms", "abs max", "mean"], ts.map(function (s) {
       return [s.label, s.dtype, "[" + s.shape.join(", ") + "]", s.observations, s.non_finite_records, s.non_finite_elements, fmtNum(s.rms), fmtNum(s.abs_max), fmtNum(s.mean)];
     }), function (i) { return ts[i].non_finite_elements > 0; });
   }
 
-  overview();
-  timeline();
-  memory();
-  gradients();
-  tensorStats();
+  // ---- the page's skeleton --------------------------------------------
+
+  // traceSkeleton is the markup of one trace's views; every id carries the
+  // prefix (none for a single trace, "a-"/"b-" for the sides of a
+  // comparison), so the same code draws either.
+  function traceSkeleton(pre, label) {
+    var L = label ? label + ": " : "";
+    return (
+      '<section id="{p}overview"><h2>' + L + 'Overview</h2>' +
+      '<div class="cards"><div class="card" id="{p}verdict"></div><div class="card" id="{p}identity"></div><div class="card" id="{p}overhead"></div></div>' +
+      '<h3>Issues</h3><ul id="{p}issues" class="issues"></ul>' +
+      '<h3>Spans by name</h3><table id="{p}top-spans" class="stats"></table>' +
+      '<h3>Ops by name</h3><table id="{p}top-ops" class="stats"></table>' +
+      '<h3>Device kernels by name</h3><table id="{p}top-kernels" class="stats"></table></section>' +
+      '<section id="{p}timeline"><h2>' + L + 'Timeline of the update</h2>' +
+      '<p class="hint">Wheel or the buttons zoom, drag pans, double-click shows the whole update. Spans nest per thread; ops sit under their span; host-clock device work runs on one lane per stream, a dashed line up to the span that launched it.</p>' +
+      '<div class="toolbar"><button id="{p}zoom-in" type="button">+</button><button id="{p}zoom-out" type="button">&minus;</button>' +
+      '<button id="{p}zoom-measured" type="button">measured region</button><button id="{p}zoom-reset" type="button">whole update</button><span id="{p}timeline-window" class="window"></span></div>' +
+      '<p id="{p}tracer-time" class="note"></p><p id="{p}timeline-dropped" class="note"></p>' +
+      '<div id="{p}timeline-box" class="timeline-box"><svg id="{p}timeline-svg" class="timeline-svg" xmlns="http://www.w3.org/2000/svg"></svg></div>' +
+      '<div id="{p}timeline-detail" class="detail">Point at a span or an op.</div></section>' +
+      '<section id="{p}memory"><h2>' + L + 'Memory</h2><p id="{p}memory-summary" class="note"></p>' +
+      '<svg id="{p}memory-svg" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
+      '<h3>Live storages at the peak</h3><table id="{p}peak-storages" class="stats"></table>' +
+      '<h3>Device memory samples</h3><svg id="{p}device-memory-svg" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
+      '<table id="{p}device-memory" class="stats"></table></section>' +
+      '<section id="{p}gradients"><h2>' + L + 'Gradients</h2><p id="{p}gradient-summary" class="note"></p><table id="{p}gradients-table" class="stats"></table></section>' +
+      '<section id="{p}tensor-stats"><h2>' + L + 'Tensor statistics</h2><table id="{p}tensor-stats-table" class="stats"></table></section>'
+    ).replace(/\{p\}/g, pre);
+  }
+
+  function nav(links) {
+    var n = $("nav");
+    links.forEach(function (l) { n.appendChild(el("a", { href: "#" + l[0] }, l[1])); });
+  }
+
+  function tracePage(P, pre, label) {
+    var holder = el("div", { id: pre + "trace", "class": "trace" });
+    holder.innerHTML = traceSkeleton(pre, label);
+    $("main").appendChild(holder);
+    overview(P, pre);
+    timeline(P, pre);
+    memory(P, pre);
+    gradients(P, pre);
+    tensorStats(P, pre);
+  }
+
+  // ---- two traces ----------------------------------------------------------
+
+  function ratio(r) { return r === undefined || r === null ? "-" : "×" + r.toFixed(3); }
+  function signedNS(d) { return (d > 0 ? "+" : d < 0 ? "−" : "") + fmtNS(Math.abs(d)); }
+  function signedBytes(d) { return d === undefined || d === null ? "-" : (d > 0 ? "+" : d < 0 ? "−" : "") + fmtBytes(Math.abs(d)); }
+
+  function deltaTable(t, rows) {
+    table(t, ["name", "count A", "count B", "total A", "total B", "delta", "ratio", ""], rows.map(function (r) {
+      return [r.name, r.count_a, r.count_b, fmtNS(r.total_a_ns), fmtNS(r.total_b_ns), signedNS(r.delta_ns), ratio(r.ratio), r.significant ? "!" : ""];
+    }), function (i) { return rows[i].significant; });
+  }
+
+  function comparePage(C, A, B) {
+    var s = el("section", { id: "compare" });
+    s.innerHTML = '<h2>B against A</h2><div class="cards"><div class="card" id="compare-a"></div><div class="card" id="compare-b"></div><div class="card" id="compare-identity"></div></div>' +
+      '<h3>Measured region</h3><table id="compare-region" class="stats"></table>' +
+      '<h3>Spans by name (phase times)</h3><table id="compare-spans" class="stats"></table>' +
+      '<h3>Ops by name</h3><table id="compare-ops" class="stats"></table>' +
+      '<h3>Device time by launching span</h3><table id="compare-device-by-span" class="stats"></table>' +
+      '<h3>Device kernels by name</h3><table id="compare-kernels" class="stats"></table>' +
+      '<h3>Memory peaks</h3><table id="compare-memory" class="stats"></table>' +
+      '<h3>Gradient norms</h3><table id="compare-gradients" class="stats"></table>' +
+      '<h3>Only on one side</h3><table id="compare-only" class="stats"></table>';
+    $("main").appendChild(s);
+    [["compare-a", "A", C.a, A], ["compare-b", "B", C.b, B]].forEach(function (x) {
+      var card = $(x[0]), ok = x[2].structurally_valid && x[2].capture_complete;
+      card.setAttribute("data-ok", ok ? "true" : "false");
+      card.appendChild(el("h3", {}, x[1] + ": " + x[2].path));
+      card.appendChild(el("div", { "class": ok ? "verdict-ok" : "verdict-bad" }, ok ? "OK" : "FAIL"));
+      dl(card, [["run", x[2].run_id], ["implementation", x[2].implementation_id], ["entrypoint", x[3].meta && x[3].meta.entrypoint],
+        ["issues", x[3].health.issues.map(function (i) { return i.code; }).join(", ") || "none"]]);
+    });
+    var idc = $("compare-identity");
+    idc.setAttribute("data-comparable", C.identity_comparable ? "true" : "false");
+    idc.appendChild(el("h3", {}, "Comparison identity"));
+    idc.appendChild(el("div", { "class": C.identity_comparable ? "verdict-ok" : "verdict-bad" }, C.identity_comparable ? "comparable" : "NOT comparable"));
+    if (C.identity_problem) idc.appendChild(el("p", {}, C.identity_problem + " (`compare` refuses these without --force; the page shows them anyway)"));
+    dl(idc, (C.identity_diffs || []).map(function (d) { return [d.field, "A " + d.a + ", B " + d.b]; }));
+    dl(idc, [["significant", "changes beyond " + fmtShare(C.threshold) + " are marked !"]]);
+
+    deltaTable($("compare-region"), C.measured_region ? [C.measured_region] : []);
+    deltaTable($("compare-spans"), C.spans || []);
+    deltaTable($("compare-ops"), C.ops || []);
+    deltaTable($("compare-device-by-span"), C.device_by_span || []);
+    deltaTable($("compare-kernels"), C.kernels || []);
+    var m = C.memory, mrows = [];
+    if (m.peak_a_bytes !== undefined || m.peak_b_bytes !== undefined) {
+      mrows.push(["logical peak", m.peak_a_bytes === undefined ? "-" : fmtBytes(m.peak_a_bytes), m.peak_b_bytes === undefined ? "-" : fmtBytes(m.peak_b_bytes), signedBytes(m.delta_bytes), ratio(m.ratio)]);
+    }
+    (m.devices || []).forEach(function (d) {
+      mrows.push([d.device + " peak used", d.peak_used_a_bytes === undefined ? "-" : fmtBytes(d.peak_used_a_bytes), d.peak_used_b_bytes === undefined ? "-" : fmtBytes(d.peak_used_b_bytes), signedBytes(d.delta_bytes), "-"]);
+    });
+    table($("compare-memory"), ["", "A", "B", "delta", "ratio"], mrows);
+    var g = C.gradients || [];
+    table($("compare-gradients"), ["root", "key", "state A", "state B", "norm A", "norm B", "relative error", ""], g.map(function (x) {
+      return [x.root, x.key, x.state_a, x.state_b, fmtNum(x.norm_a), fmtNum(x.norm_b), x.rel_error === undefined ? "-" : x.rel_error.toExponential(2), x.significant || x.state_changed ? "!" : ""];
+    }), function (i) { return g[i].significant || g[i].state_changed; });
+    var only = [];
+    [["A", C.only_in_a], ["B", C.only_in_b]].forEach(function (x) {
+      (x[1].spans || []).forEach(function (n) { only.push([x[0], "span", n.name, fmtNS(n.total_ns)]); });
+      (x[1].ops || []).forEach(function (n) { only.push([x[0], "op", n.name, fmtNS(n.total_ns)]); });
+      (x[1].kernels || []).forEach(function (n) { only.push([x[0], "kernel", n.name, fmtNS(n.total_ns)]); });
+      (x[1].gradients || []).forEach(function (n) { only.push([x[0], "gradient", n, "-"]); });
+    });
+    table($("compare-only"), ["only in", "what", "name", "total"], only);
+  }
+
+  // ---- draw ------------------------------------------------------------------
+
+  if (D.comparison) {
+    document.title = "candle-trace view: " + D.a.name + " vs " + D.b.name;
+    $("title").textContent = "B: " + D.b.name + " against A: " + D.a.name;
+    nav([["compare", "B against A"], ["a-overview", "A"], ["a-timeline", "A timeline"], ["b-overview", "B"], ["b-timeline", "B timeline"]]);
+    comparePage(D.comparison, D.a, D.b);
+    tracePage(D.a, "a-", "A");
+    tracePage(D.b, "b-", "B");
+  } else {
+    document.title = "candle-trace view: " + D.name;
+    $("title").textContent = D.name + (D.meta && D.meta.entrypoint ? " — " + D.meta.entrypoint : "");
+    nav([["overview", "Overview"], ["timeline", "Timeline"], ["memory", "Memory"], ["gradients", "Gradients"], ["tensor-stats", "Tensor stats"]]);
+    tracePage(D, "", "");
+  }
   // How long parsing the data and drawing every view took, for the record.
   document.documentElement.setAttribute("data-render-ms", Math.round(performance.now() - started));
   document.documentElement.setAttribute("data-rendered", "ok");
