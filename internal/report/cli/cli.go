@@ -60,7 +60,8 @@ commands:
         zoomable timeline of the update, the memory curve with the peak
         and what was live there, gradients and tensor statistics
         (default FILE: TRACE with .html). With two traces: B against A as
-        compare sets them (PCT as there), then each trace's own views
+        compare sets them (PCT as there), then each trace's own views;
+        an aggregate SUMMARY: its distributions, categories and scalars
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]

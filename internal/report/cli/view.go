@@ -54,6 +54,14 @@ func viewCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		dst = viewOutput(paths)
 	}
+	if len(paths) == 1 && isSummary(paths[0]) {
+		s, err := readSummary(paths[0])
+		if err != nil {
+			fmt.Fprintf(stderr, "candle-trace view: %s: %v\n", paths[0], err)
+			return ExitProblem
+		}
+		return writeView(htmlview.Aggregate(paths[0], s), dst, stdout, stderr)
+	}
 	var pages []*htmlview.Page
 	for _, p := range paths {
 		opts := htmlview.Options{Progress: progress(stderr, p)}
@@ -73,6 +81,12 @@ func viewCmd(args []string, stdout, stderr io.Writer) int {
 	if len(pages) == 2 {
 		doc = htmlview.Compare(pages[0], pages[1], *threshold/100)
 	}
+	return writeView(doc, dst, stdout, stderr)
+}
+
+// writeView writes the page to dst ("-": standard output) and says where.
+func writeView(doc page, dst string, stdout, stderr io.Writer) int {
+	var err error
 	var w io.Writer = stdout
 	var f *os.File
 	if dst != "-" {

@@ -26,6 +26,7 @@ func TestViewCommand(t *testing.T) {
 		{"no trace", []string{"view"}, ExitUsage, "", nil, []string{"give one trace, or two"}},
 		{"three traces", []string{"view", "a", "b", "c"}, ExitUsage, "", nil, []string{"give one trace, or two"}},
 		{"two traces", []string{"view", corpus("valid-train.jsonl"), corpus("failed-capture_failed.jsonl"), "-o", out}, ExitOK, out, []string{"wrote " + out}, nil},
+		{"aggregate summary", []string{"view", corpus("aggregate-a.json"), "-o", out}, ExitOK, out, []string{"wrote " + out}, nil},
 		{"bad threshold", []string{"view", "--threshold", "0", corpus("valid-train.jsonl"), corpus("valid-train.jsonl")}, ExitUsage, "", nil, []string{"positive percentage"}},
 		{"stdin needs an output", []string{"view", "-"}, ExitUsage, "", nil, []string{"needs --output"}},
 		{"missing trace", []string{"view", filepath.Join(dir, "none.jsonl"), "-o", out}, ExitProblem, "", nil, []string{"no such file"}},

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/report/analysis"
 	"github.com/candle-trace/candle-trace/internal/testutil"
 )
@@ -175,6 +176,41 @@ func attr(t *testing.T, dom, id, name string) string {
 	v := regexp.MustCompile(`\s` + regexp.QuoteMeta(name) + `="([^"]*)"`).FindStringSubmatch(m)
 	require.NotNil(t, v, "#%s has no %s", id, name)
 	return v[1]
+}
+
+// TestAggregatePageInChromium opens a whole-run summary's page.
+func TestAggregatePageInChromium(t *testing.T) {
+	chromium := testutil.Chromium(t)
+	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
+	require.NoError(t, os.MkdirAll(out, 0o755))
+	s, err := aggregate.ReadFile(filepath.Join(testutil.CorpusDir(t), "aggregate-a.json"))
+	require.NoError(t, err)
+	p := Aggregate("aggregate-a.json", s)
+	var buf bytes.Buffer
+	require.NoError(t, p.WriteHTML(&buf))
+	page := filepath.Join(t.TempDir(), "aggregate.html")
+	require.NoError(t, os.WriteFile(page, buf.Bytes(), 0o644))
+	dom := chromiumDOM(t, chromium, page, filepath.Join(out, "aggregate.png"))
+
+	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
+	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
+	r := p.Aggregate
+	assert.Equal(t, r.Analysis.Verdict, attr(t, dom, "aggregate-analysis", "data-verdict"))
+	assert.Equal(t, len(r.Spans), atoi(t, attr(t, dom, "aggregate-spans", "data-rows")))
+	assert.Equal(t, min(len(r.Spans), 30), strings.Count(dom, `<g class="dist"`))
+	for _, row := range r.Spans {
+		assert.Regexp(t, `<g class="dist" data-name="`+regexp.QuoteMeta(row.Name)+`" data-p50="`+strconv.FormatUint(row.P50NS, 10)+`" data-p99="`+strconv.FormatUint(row.P99NS, 10)+`"`, dom)
+	}
+	nonFinite := 0
+	for _, sc := range r.Scalars {
+		if sc.NonFinite > 0 {
+			nonFinite++
+		}
+	}
+	require.Equal(t, 1, nonFinite, "the fixture's grad_norm saw one non-finite value")
+	scalars := regexp.MustCompile(`(?s)<table id="aggregate-scalars".*?</table>`).FindString(dom)
+	assert.Equal(t, nonFinite, strings.Count(scalars, `<tr class="flag">`))
+	assert.Equal(t, len(r.Analysis.Categories), strings.Count(dom, `class="category"`))
 }
 
 // TestComparisonPageInChromium opens B against A: the comparison's tables

@@ -20,6 +20,7 @@
 // Layers of internal/report, each importing only those below it:
 //
 //	cli                                    the candle-trace command line
+//	htmlview                               the HTML page (over compare, aggsummary)
 //	text, compare, aggsummary, chrome      outputs
 //	analysis                               what `report` computes
 //	health                                 candle-graph's rules

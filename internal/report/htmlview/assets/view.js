@@ -46,13 +46,15 @@
   // table fills a <table> with a header and rows; flag(row) marks a row.
   function table(t, headers, rows, flag) {
     t = clear(typeof t === "string" ? $(t) : t);
+    // Words sit left, numbers (with or without a unit) right; a column
+    // heads the way its first row reads.
+    function isText(c, j) { return j === 0 || (typeof c === "string" && !/^[-+\d.\[]/.test(c)); }
     var tr = el("tr");
-    headers.forEach(function (h) { tr.appendChild(el("th", {}, h)); });
+    headers.forEach(function (h, j) { tr.appendChild(el("th", rows.length && isText(rows[0][j], j) ? { "class": "text" } : {}, h)); });
     t.appendChild(tr);
     rows.forEach(function (r, i) {
       var row = el("tr", flag && flag(i) ? { "class": "flag" } : {});
-      // Words sit left, numbers (with or without a unit) right.
-      r.forEach(function (c, j) { row.appendChild(el("td", j === 0 || (typeof c === "string" && !/^[-+\d.\[]/.test(c)) ? { "class": "text" } : {}, c)); });
+      r.forEach(function (c, j) { row.appendChild(el("td", isText(c, j) ? { "class": "text" } : {}, c)); });
       t.appendChild(row);
     });
     if (rows.length === 0) {
@@ -551,9 +553,94 @@
     table($("compare-only"), ["only in", "what", "name", "total"], only);
   }
 
+  // ---- an aggregate summary -------------------------------------------------
+
+  function aggregatePage(A) {
+    var s = el("section", { id: "aggregate" });
+    s.innerHTML = '<h2>Whole run (aggregate summary)</h2><div class="cards"><div class="card" id="aggregate-run"></div><div class="card" id="aggregate-analysis"></div></div>' +
+      '<h3>Categorized span time</h3><svg id="aggregate-categories" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
+      '<h3>Distributions per span name (log scale: min–max line, p50–p95 box, p99 tick)</h3><svg id="aggregate-dist" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
+      '<h3>Spans by total time</h3><table id="aggregate-spans" class="stats"></table>' +
+      '<h3>Scalars</h3><table id="aggregate-scalars" class="stats"></table><p id="aggregate-limits" class="note"></p>';
+    $("main").appendChild(s);
+    var run = A.run || {}, win = A.window || {};
+    var rc = $("aggregate-run");
+    rc.appendChild(el("h3", {}, "Run"));
+    dl(rc, [["entrypoint", run.entrypoint], ["phase", run.phase], ["device", run.device], ["binding", run.binding],
+      ["tags", Object.keys(run.tags || {}).sort().map(function (k) { return k + "=" + run.tags[k]; }).join(" ")],
+      ["window", win.duration_ns !== undefined ? fmtNS(win.duration_ns) : ""], ["summary", "sequence " + A.sequence + (A.final ? ", final" : ", not final (the run was still going)")],
+      ["schema", A.schema]]);
+    var an = A.overhead, ac = $("aggregate-analysis");
+    ac.setAttribute("data-verdict", an.verdict);
+    ac.appendChild(el("h3", {}, "Overhead analysis"));
+    dl(ac, [["hypothesis", an.hypothesis], ["numbers", "compute " + fmtNS(an.compute_ns) + " of " + fmtNS(an.categorized_ns) + " categorized = " + fmtShare(an.compute_share) + (an.ignored_ns ? "; " + fmtNS(an.ignored_ns) + " ignored (enclosing spans)" : "")],
+      ["threshold", "compute share > " + fmtShare(an.threshold)], ["verdict", an.verdict + ": " + an.explanation]]);
+
+    // One stacked bar of the categories.
+    var cs = $("aggregate-categories"), W = Math.max(cs.parentNode.clientWidth || 0, 600), H = 44, x = 0;
+    cs.setAttribute("width", W); cs.setAttribute("height", H); cs.setAttribute("viewBox", "0 0 " + W + " " + H);
+    var colors = { compute: "#84adea", data: "#f4b860", transfer: "#c4a5ec", other: "#d0d5dd" };
+    (an.categories || []).forEach(function (c) {
+      var w = c.share * (W - 2);
+      var r = sv("rect", { x: x + 1, y: 2, width: Math.max(w, 0.5), height: 22, fill: colors[c.category] || "#9bd3a8", "class": "category", "data-category": c.category, "data-share": c.share });
+      r.appendChild(sv("title", {}, c.category + ": " + fmtNS(c.total_ns) + " (" + fmtShare(c.share) + ", " + c.spans + " names)"));
+      cs.appendChild(r);
+      if (w > 70) cs.appendChild(sv("text", { "class": "label", x: x + 5, y: 17 }, c.category + " " + fmtShare(c.share)));
+      x += w;
+    });
+    cs.appendChild(sv("text", { "class": "tick", x: 2, y: 40 }, "of " + fmtNS(an.categorized_ns) + " categorized span time"));
+
+    // Distributions: the 30 largest names by total, on one log axis.
+    var rows = (A.spans || []).slice(0, 30), ds = $("aggregate-dist");
+    var lo = Infinity, hi = 1;
+    rows.forEach(function (r) { if (r.count) { lo = Math.min(lo, Math.max(r.min_ns, 1)); hi = Math.max(hi, r.max_ns); } });
+    if (!isFinite(lo)) lo = 1;
+    if (hi <= lo) hi = lo * 10;
+    var L = 240, RW = 20, DH = rows.length * RW + 30;
+    ds.setAttribute("width", W); ds.setAttribute("height", DH); ds.setAttribute("viewBox", "0 0 " + W + " " + DH);
+    function X(v) { return L + (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo)) * (W - L - 20); }
+    for (var e = Math.ceil(Math.log10(lo)); e <= Math.floor(Math.log10(hi)); e++) {
+      var gx = X(Math.pow(10, e));
+      ds.appendChild(sv("line", { "class": "grid", x1: gx, x2: gx, y1: 14, y2: DH }));
+      ds.appendChild(sv("text", { "class": "tick", x: gx + 2, y: 11 }, fmtNS(Math.pow(10, e))));
+    }
+    rows.forEach(function (r, i) {
+      var y = 18 + i * RW, g = sv("g", { "class": "dist", "data-name": r.name, "data-p50": r.p50_ns, "data-p99": r.p99_ns });
+      var label = r.name + (r.step ? " [" + r.step + "]" : "");
+      g.appendChild(sv("text", { "class": "lane-label", x: 4, y: y + 12 }, label.length > 36 ? label.slice(0, 35) + "…" : label));
+      if (r.count) {
+        g.appendChild(sv("line", { x1: X(r.min_ns), x2: X(r.max_ns), y1: y + 8, y2: y + 8, stroke: "#667085" }));
+        g.appendChild(sv("rect", { x: X(r.p50_ns), y: y + 2, width: Math.max(X(r.p95_ns) - X(r.p50_ns), 1.5), height: 12, fill: colors[r.category] || "#9bd3a8", stroke: "#3b6fc4", "stroke-width": 0.6 }));
+        g.appendChild(sv("line", { x1: X(r.p99_ns), x2: X(r.p99_ns), y1: y, y2: y + 16, stroke: "#b42318", "stroke-width": 1.5 }));
+        var t = sv("title", {}, label + ": p50 " + fmtNS(r.p50_ns) + ", p95 " + fmtNS(r.p95_ns) + ", p99 " + fmtNS(r.p99_ns) + ", min " + fmtNS(r.min_ns) + ", max " + fmtNS(r.max_ns) + ", " + r.count + " times");
+        g.appendChild(t);
+      }
+      ds.appendChild(g);
+    });
+
+    var spans = A.spans || [];
+    table($("aggregate-spans"), ["name", "step", "category", "count", "total", "share", "mean", "p50", "p95", "p99", "max"], spans.map(function (r) {
+      return [r.name, r.step || "-", r.category + (r.category_source !== "default" ? " (" + r.category_source + ")" : ""), r.count, fmtNS(r.total_ns), r.category === "ignore" ? "-" : fmtShare(r.share), fmtNS(r.mean_ns), fmtNS(r.p50_ns), fmtNS(r.p95_ns), fmtNS(r.p99_ns), fmtNS(r.max_ns)];
+    }));
+    var sc = A.scalars || [];
+    table($("aggregate-scalars"), ["label", "count", "mean", "min", "max", "last", "non-finite"], sc.map(function (x) {
+      return [x.label, x.count, fmtNum(x.mean), fmtNum(x.min), fmtNum(x.max), fmtNum(x.last), x.non_finite];
+    }), function (i) { return sc[i].non_finite > 0; });
+    var ov = A.overflow || {}, dr = A.dropped || {}, notes = [];
+    if (ov.keys_refused) notes.push(ov.keys_refused + " span keys refused past " + ov.max_keys);
+    if (ov.scalars_refused) notes.push(ov.scalars_refused + " scalar labels refused past " + ov.max_scalars);
+    if (dr.invalid_key || dr.producer) notes.push((dr.invalid_key || 0) + " invalid keys and " + (dr.producer || 0) + " producer records dropped");
+    $("aggregate-limits").textContent = notes.length ? "Not counted: " + notes.join("; ") + "." : "Every span and scalar of the run was counted.";
+  }
+
   // ---- draw ------------------------------------------------------------------
 
-  if (D.comparison) {
+  if (D.aggregate) {
+    document.title = "candle-trace view: " + D.name;
+    $("title").textContent = D.name + (D.aggregate.run && D.aggregate.run.entrypoint ? " — " + D.aggregate.run.entrypoint + " (whole run)" : "");
+    nav([["aggregate", "Whole run"], ["aggregate-spans", "Spans"], ["aggregate-scalars", "Scalars"]]);
+    aggregatePage(D.aggregate);
+  } else if (D.comparison) {
     document.title = "candle-trace view: " + D.a.name + " vs " + D.b.name;
     $("title").textContent = "B: " + D.b.name + " against A: " + D.a.name;
     nav([["compare", "B against A"], ["a-overview", "A"], ["a-timeline", "A timeline"], ["b-overview", "B"], ["b-timeline", "B timeline"]]);
