@@ -153,6 +153,23 @@ func TestNamesCannotCloseTheScript(t *testing.T) {
 	assert.Contains(t, p.Timeline.Names, "</script><script>alert(1)</script>")
 }
 
+// openInChromium writes the page, loads it in headless Chromium, checks
+// that its script ran to the end without an error, saves a screenshot as
+// build/view-test/SHOT.png and returns the DOM after the scripts ran.
+func openInChromium(t *testing.T, shot string, html []byte) string {
+	t.Helper()
+	chromium := testutil.Chromium(t)
+	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
+	require.NoError(t, os.MkdirAll(out, 0o755))
+	page := filepath.Join(t.TempDir(), "view.html")
+	require.NoError(t, os.WriteFile(page, html, 0o644))
+	dom := chromiumDOM(t, chromium, page, filepath.Join(out, shot+".png"))
+	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
+	assert.False(t, strings.Contains(dom, `<pre id="js-error"`), "a script error was written into the page")
+	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
+	return dom
+}
+
 // chromiumDOM loads the page in headless Chromium and returns the DOM after
 // its scripts ran; it also saves a screenshot under build/view-test/.
 func chromiumDOM(t *testing.T, chromium, page, shot string) string {
@@ -180,20 +197,13 @@ func attr(t *testing.T, dom, id, name string) string {
 
 // TestAggregatePageInChromium opens a whole-run summary's page.
 func TestAggregatePageInChromium(t *testing.T) {
-	chromium := testutil.Chromium(t)
-	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
-	require.NoError(t, os.MkdirAll(out, 0o755))
 	s, err := aggregate.ReadFile(filepath.Join(testutil.CorpusDir(t), "aggregate-a.json"))
 	require.NoError(t, err)
 	p := Aggregate("aggregate-a.json", s)
 	var buf bytes.Buffer
 	require.NoError(t, p.WriteHTML(&buf))
-	page := filepath.Join(t.TempDir(), "aggregate.html")
-	require.NoError(t, os.WriteFile(page, buf.Bytes(), 0o644))
-	dom := chromiumDOM(t, chromium, page, filepath.Join(out, "aggregate.png"))
+	dom := openInChromium(t, "aggregate", buf.Bytes())
 
-	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
-	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
 	r := p.Aggregate
 	assert.Equal(t, r.Analysis.Verdict, attr(t, dom, "aggregate-analysis", "data-verdict"))
 	assert.Equal(t, len(r.Spans), atoi(t, attr(t, dom, "aggregate-spans", "data-rows")))
@@ -216,21 +226,14 @@ func TestAggregatePageInChromium(t *testing.T) {
 // TestComparisonPageInChromium opens B against A: the comparison's tables
 // mark what compare marks, and both traces' views are drawn below it.
 func TestComparisonPageInChromium(t *testing.T) {
-	chromium := testutil.Chromium(t)
-	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
-	require.NoError(t, os.MkdirAll(out, 0o755))
 	a := build(t, testutil.Corpus(t, "valid-train.jsonl"), Limits{})
 	// B: the same run with a slower relu, so one op and its phase change.
 	b := build(t, bytes.Replace(testutil.Corpus(t, "valid-train.jsonl"), []byte(`"duration_ns":500`), []byte(`"duration_ns":900`), 1), Limits{})
 	c := Compare(a, b, 0.05)
 	var buf bytes.Buffer
 	require.NoError(t, c.WriteHTML(&buf))
-	page := filepath.Join(t.TempDir(), "compare.html")
-	require.NoError(t, os.WriteFile(page, buf.Bytes(), 0o644))
-	dom := chromiumDOM(t, chromium, page, filepath.Join(out, "compare.png"))
+	dom := openInChromium(t, "compare", buf.Bytes())
 
-	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
-	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
 	assert.Equal(t, "true", attr(t, dom, "compare-identity", "data-comparable"))
 	significant := 0
 	for _, o := range c.Comparison.Ops {
@@ -253,19 +256,10 @@ func TestComparisonPageInChromium(t *testing.T) {
 // failed (out-of-memory) capture in a real headless browser: no script
 // error, every view drawn, and the DOM shows the trace's own numbers.
 func TestPageInChromium(t *testing.T) {
-	chromium := testutil.Chromium(t)
-	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
-	require.NoError(t, os.MkdirAll(out, 0o755))
 	for _, name := range []string{"valid-train.jsonl", "failed-capture_failed.jsonl"} {
 		t.Run(name, func(t *testing.T) {
 			p := build(t, testutil.Corpus(t, name), Limits{})
-			page := filepath.Join(t.TempDir(), "view.html")
-			require.NoError(t, os.WriteFile(page, []byte(writeHTML(t, p)), 0o644))
-			dom := chromiumDOM(t, chromium, page, filepath.Join(out, strings.TrimSuffix(name, ".jsonl")+".png"))
-
-			assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
-			assert.False(t, strings.Contains(dom, `<pre id="js-error"`), "a script error was written into the page")
-			require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
+			dom := openInChromium(t, strings.TrimSuffix(name, ".jsonl"), []byte(writeHTML(t, p)))
 			for _, id := range []string{"verdict", "identity", "overhead", "issues", "top-spans", "top-ops", "top-kernels",
 				"timeline-svg", "tracer-time", "memory-svg", "memory-curve", "memory-peak", "peak-storages",
 				"gradients-table", "tensor-stats-table"} {
