@@ -1,6 +1,7 @@
 package htmlview
 
 import (
+	"fmt"
 	"sort"
 	"unicode/utf8"
 
@@ -16,11 +17,12 @@ type Limits struct {
 	MemoryPoints                        int // points of the drawn memory curve
 	DeviceSamples                       int // device-memory samples kept, all devices
 	PeakStorages                        int // rows of the live-at-peak table
+	GraphOps                            int // ops beyond which the page draws no execution graph
 }
 
 // DefaultLimits keep the embedded data of a trace of any size to a few tens
 // of megabytes.
-var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, MemoryEvents: 1_000_000, MemoryPoints: 4000, DeviceSamples: 200_000, PeakStorages: 100}
+var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, MemoryEvents: 1_000_000, MemoryPoints: 4000, DeviceSamples: 200_000, PeakStorages: 100, GraphOps: 20_000}
 
 // collector keeps what the page draws beyond the report's summaries: each
 // span's place on its thread, the ops inside them, host-clock device
@@ -37,6 +39,8 @@ type collector struct {
 	depth    []int32        // per kept span
 	latest   uint64         // latest timestamp seen: where open spans end
 	mem      []memRec
+	graph    Graph
+	tensors  map[string]int // tensor id -> index into graph.Tensors
 	devices  map[string]int // device -> index into devSamples
 	devNames []string
 	devUsed  [][][2]uint64 // per device: [timestamp, used bytes]
@@ -55,7 +59,8 @@ type memRec struct {
 func newCollector(lim Limits) *collector {
 	return &collector{
 		lim: lim, names: map[string]int{}, spanIdx: map[string]int{}, threads: map[uint64]int{},
-		streams: map[string]int{}, devices: map[string]int{},
+		streams: map[string]int{}, devices: map[string]int{}, tensors: map[string]int{},
+		graph:   Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
 		tl: Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
 	}
 }
@@ -109,6 +114,8 @@ func (c *collector) event(k trace.Kind, d *trace.Decoder, _ int) {
 		c.memory(&d.Memory)
 	case trace.KindDeviceMemory:
 		c.deviceMemory(&d.DeviceMemory)
+	case trace.KindEdge:
+		c.edge(&d.Edge)
 	}
 }
 
@@ -132,6 +139,13 @@ func (c *collector) spanStart(e *trace.SpanStartEvent) {
 			depth = c.depth[p] + 1
 		}
 	}
+	parent := -1
+	if e.HasParent {
+		if p, ok := c.spanIdx[string(e.Parent)]; ok {
+			parent = p
+		}
+	}
+	c.graph.SpanParent = append(c.graph.SpanParent, parent)
 	flags := uint64(flagOpen)
 	if e.Measured {
 		flags |= flagMeasured
@@ -158,12 +172,58 @@ func (c *collector) op(e *trace.OpEvent) {
 		return
 	}
 	var th, depth uint64
+	span := -1
 	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
-		th, depth = c.tl.Spans[i][2], c.tl.Spans[i][3]+1
+		th, depth, span = c.tl.Spans[i][2], c.tl.Spans[i][3]+1, i
 	} else {
 		th = uint64(c.thread(0)) // a span not (yet) seen: the thread-less lane
 	}
 	c.tl.Ops = append(c.tl.Ops, []uint64{e.Timestamp, e.Duration, th, depth, uint64(c.name(e.OpName))})
+	if c.graph.Omitted != "" {
+		return
+	}
+	if len(c.tl.Ops) > c.lim.GraphOps {
+		c.dropGraph(fmt.Sprintf("more than %d ops: too many to draw as a graph; the timeline has them", c.lim.GraphOps))
+		return
+	}
+	in := make([]int, 0, len(e.Inputs))
+	for _, t := range e.Inputs {
+		in = append(in, c.tensor(t))
+	}
+	out := -1
+	if e.HasOutput {
+		out = c.tensor(e.Output)
+	}
+	c.graph.OpSpan = append(c.graph.OpSpan, span)
+	c.graph.OpIn = append(c.graph.OpIn, in)
+	c.graph.OpOut = append(c.graph.OpOut, out)
+}
+
+func (c *collector) tensor(id []byte) int {
+	if i, ok := c.tensors[string(id)]; ok {
+		return i
+	}
+	i := len(c.graph.Tensors)
+	c.tensors[string(id)] = i
+	c.graph.Tensors = append(c.graph.Tensors, string(id))
+	return i
+}
+
+func (c *collector) edge(e *trace.EdgeEvent) {
+	if e.Call || c.graph.Omitted != "" {
+		return
+	}
+	if len(c.graph.Data) >= c.lim.GraphOps {
+		c.dropGraph(fmt.Sprintf("more than %d data edges: too many to draw as a graph", c.lim.GraphOps))
+		return
+	}
+	c.graph.Data = append(c.graph.Data, [2]int{c.tensor(e.From), c.tensor(e.To)})
+}
+
+// dropGraph gives the graph up (the page says why) and frees what it held.
+func (c *collector) dropGraph(why string) {
+	c.graph = Graph{Omitted: why, Tensors: []string{}, SpanParent: c.graph.SpanParent, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}}
+	c.tensors = map[string]int{}
 }
 
 func (c *collector) interval(e *trace.DeviceIntervalEvent) {
@@ -235,7 +295,7 @@ func (c *collector) deviceMemory(e *trace.DeviceMemoryEvent) {
 
 // finish closes open spans at the latest timestamp seen and computes the
 // memory curve.
-func (c *collector) finish() (*Timeline, *MemoryView) {
+func (c *collector) finish() (*Timeline, *MemoryView, *Graph) {
 	for _, s := range c.tl.Spans {
 		if s[5]&flagOpen != 0 && c.latest > s[0] {
 			s[1] = c.latest - s[0]
@@ -254,7 +314,7 @@ func (c *collector) finish() (*Timeline, *MemoryView) {
 		}
 		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: decimate(pts, c.lim.MemoryPoints, peak[0])})
 	}
-	return &c.tl, mv
+	return &c.tl, mv, &c.graph
 }
 
 type live struct {

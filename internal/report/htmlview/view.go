@@ -35,6 +35,7 @@ type Page struct {
 	Report   *analysis.Report `json:"report,omitempty"`
 	Timeline *Timeline        `json:"timeline"`
 	Memory   *MemoryView      `json:"memory"`
+	Graph    *Graph           `json:"graph"`
 	// Spellings the page needs to decode the timeline's numbers.
 	SpanKinds []string `json:"span_kinds"`
 }
@@ -65,6 +66,21 @@ type Dropped struct {
 	OtherClockIntervals int `json:"other_clock_intervals,omitempty"`
 	MemoryEvents        int `json:"memory_events,omitempty"`
 	DeviceSamples       int `json:"device_samples,omitempty"`
+}
+
+// Graph is the execution graph: the spans' call tree (SpanParent, by index
+// into Timeline.Spans, -1 for a root), each op in its span (OpSpan) with the
+// tensors it read (OpIn) and wrote (OpOut, -1: none), and the trace's data
+// edges between tensors. Ops are Timeline.Ops by index. Omitted says why a
+// trace too large for a graph has none (the call tree is kept).
+type Graph struct {
+	Tensors    []string `json:"tensors"`
+	SpanParent []int    `json:"span_parent"`
+	OpSpan     []int    `json:"op_span"`
+	OpIn       [][]int  `json:"op_in"`
+	OpOut      []int    `json:"op_out"`
+	Data       [][2]int `json:"data"`
+	Omitted    string   `json:"omitted,omitempty"`
 }
 
 // MemoryView is the logical live bytes over the update.
@@ -116,8 +132,8 @@ func Build(r io.Reader, name string, opts Options) (*Page, error) {
 	if err != nil {
 		return nil, err
 	}
-	tl, mem := c.finish()
-	return &Page{Name: name, Health: res.Health, Meta: res.Meta, Report: res.Report, Timeline: tl, Memory: mem,
+	tl, mem, g := c.finish()
+	return &Page{Name: name, Health: res.Health, Meta: res.Meta, Report: res.Report, Timeline: tl, Memory: mem, Graph: g,
 		SpanKinds: traceformat.SpanKinds}, nil
 }
 

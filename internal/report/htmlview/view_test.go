@@ -158,12 +158,18 @@ func TestNamesCannotCloseTheScript(t *testing.T) {
 // build/view-test/SHOT.png and returns the DOM after the scripts ran.
 func openInChromium(t *testing.T, shot string, html []byte) string {
 	t.Helper()
+	return openInChromiumAt(t, shot, html, "")
+}
+
+// openInChromiumAt is openInChromium with a #fragment on the page's URL.
+func openInChromiumAt(t *testing.T, shot string, html []byte, fragment string) string {
+	t.Helper()
 	chromium := testutil.Chromium(t)
 	out := filepath.Join(testutil.ModuleRoot(t), "build", "view-test")
 	require.NoError(t, os.MkdirAll(out, 0o755))
 	page := filepath.Join(t.TempDir(), "view.html")
 	require.NoError(t, os.WriteFile(page, html, 0o644))
-	dom := chromiumDOM(t, chromium, page, filepath.Join(out, shot+".png"))
+	dom := chromiumDOM(t, chromium, page+fragment, filepath.Join(out, shot+".png"))
 	assert.Empty(t, attrHTML(t, dom, "data-js-error"), "a script error was written into the page")
 	assert.False(t, strings.Contains(dom, `<pre id="js-error"`), "a script error was written into the page")
 	require.Equal(t, "ok", attrHTML(t, dom, "data-rendered"), "the script ran to its end")
@@ -250,6 +256,37 @@ func TestComparisonPageInChromium(t *testing.T) {
 		assert.Equal(t, len(p.Timeline.Spans), atoi(t, attr(t, dom, side+"timeline-svg", "data-spans")))
 		assert.Equal(t, p.Memory.PeakBytes, uint64(atoi(t, attr(t, dom, side+"memory-peak", "data-bytes"))))
 	}
+}
+
+// TestGraphInChromium: the execution graph holds every span, op and
+// tensor, a search finds a node, and selecting it marks the same op on the
+// timeline.
+func TestGraphInChromium(t *testing.T) {
+	p := build(t, testutil.Corpus(t, "valid-train.jsonl"), Limits{})
+	g := p.Graph
+	produced := map[int]bool{}
+	for _, o := range g.OpOut {
+		if o >= 0 {
+			produced[o] = true
+		}
+	}
+	flows := len(g.Data)
+	for _, in := range g.OpIn {
+		flows += len(in)
+	}
+	dom := openInChromiumAt(t, "graph", []byte(writeHTML(t, p)), "#find=matmul_back")
+	assert.Equal(t, len(p.Timeline.Spans)+len(p.Timeline.Ops)+len(g.Tensors)-len(produced), atoi(t, attr(t, dom, "graph-svg", "data-nodes")))
+	assert.Equal(t, flows, atoi(t, attr(t, dom, "graph-svg", "data-flows")), "every op input and data edge is drawn")
+	assert.Equal(t, "1", attr(t, dom, "graph-svg", "data-matches"))
+	op := -1
+	for i, o := range p.Timeline.Ops {
+		if p.Timeline.Names[o[4]] == "matmul_backward" {
+			op = i
+		}
+	}
+	require.GreaterOrEqual(t, op, 0)
+	assert.Equal(t, "op:"+strconv.Itoa(op), attr(t, dom, "graph-svg", "data-selected"))
+	assert.Regexp(t, `<rect class="op selected"[^>]*data-i="`+strconv.Itoa(op)+`" data-t="op"`, dom, "the timeline marks the op the graph selected")
 }
 
 // TestPageInChromium opens the pages of a complete training trace and of a

@@ -5,6 +5,8 @@
   var started = performance.now();
   var D = JSON.parse(document.getElementById("trace-data").textContent);
   var SVGNS = "http://www.w3.org/2000/svg";
+  // The views of one trace that follow each other's selection, by prefix.
+  var linked = {};
 
   // ---- helpers -----------------------------------------------------------
 
@@ -328,8 +330,202 @@
       if (mr && mr.duration_ns > 0) { view = [mr.start_ns, mr.start_ns + mr.duration_ns]; draw(); }
     });
     window.addEventListener("resize", draw);
+    // Selection, shared with the execution graph: focus zooms onto an item
+    // and marks it; a click on an item selects it in the graph.
+    var selected = null;
+    var baseDraw = draw;
+    draw = function () {
+      baseDraw();
+      if (!selected) return;
+      var r = svg.querySelector('rect[data-t="' + selected[0] + '"][data-i="' + selected[1] + '"]');
+      if (r) r.setAttribute("class", r.getAttribute("class") + " selected");
+    };
+    linked[pre] = linked[pre] || {};
+    linked[pre].focus = function (kind, i) {
+      var row = kind === "span" ? spans[i] : ops[i];
+      if (!row) return;
+      selected = [kind, i];
+      var pad = Math.max(row[1] * 0.25, 50), a = Math.max(row[0] - pad, full[0]), b = Math.min(row[0] + row[1] + pad, full[1]);
+      view = b > a ? [a, b] : full.slice();
+      draw();
+      detail(kind, i);
+    };
+    svg.addEventListener("click", function (e) {
+      var t = e.target.getAttribute && e.target.getAttribute("data-t");
+      if ((t === "span" || t === "op") && linked[pre].select) linked[pre].select(t, +e.target.getAttribute("data-i"), true);
+    });
     draw();
   }
+
+  // ---- execution graph -----------------------------------------------------
+
+  // The graph reads top to bottom as the update ran: each span, then its
+  // child spans and ops by start time, indented by depth (the call tree);
+  // each op's output tensor sits in the tensor column on the op's row, and
+  // arcs on the right carry every tensor to the ops that read it (dashed:
+  // the trace's data edges). Tensors no op wrote come first.
+  var GROW = 18, INDENT = 16;
+
+  function graph(P, pre) {
+    var G = P.graph, T = P.timeline, svg = $(pre + "graph-svg"), box = $(pre + "graph-box");
+    var names = T.names, spans = T.spans, ops = T.ops;
+    var note = $(pre + "graph-note");
+    var rows = [], rowOfSpan = {}, rowOfOp = {}, rowOfTensor = {};
+    var kids = spans.map(function () { return []; });
+    var rootKids = [];
+    G.span_parent.forEach(function (p, i) { (p >= 0 && p < spans.length ? kids[p] : rootKids).push(["span", i, spans[i][0]]); });
+    G.op_span.forEach(function (s, i) { (s >= 0 ? kids[s] : rootKids).push(["op", i, ops[i][0]]); });
+    function byStart(a, b) { return a[2] - b[2] || (a[0] === b[0] ? a[1] - b[1] : a[0] === "span" ? -1 : 1); }
+    var produced = {};
+    G.op_out.forEach(function (t) { if (t >= 0) produced[t] = true; });
+    G.tensors.forEach(function (id, t) {
+      if (!produced[t]) { rowOfTensor[t] = rows.length; rows.push({ k: "tensor", i: t, d: 0, name: id }); }
+    });
+    // Iterative depth-first walk (a deep call tree must not overflow the stack).
+    var stack = rootKids.sort(byStart).reverse().map(function (c) { return [c, 0]; });
+    while (stack.length) {
+      var top = stack.pop(), c = top[0], d = top[1];
+      if (c[0] === "span") {
+        rowOfSpan[c[1]] = rows.length;
+        rows.push({ k: "span", i: c[1], d: d, name: names[spans[c[1]][4]] });
+        kids[c[1]].sort(byStart).slice().reverse().forEach(function (k) { stack.push([k, d + 1]); });
+      } else {
+        rowOfOp[c[1]] = rows.length;
+        var out = G.op_out[c[1]];
+        rows.push({ k: "op", i: c[1], d: d, name: names[ops[c[1]][4]], out: out });
+        if (out >= 0 && rowOfTensor[out] === undefined) rowOfTensor[out] = rows.length - 1;
+      }
+    }
+    var maxD = 0;
+    rows.forEach(function (r) { maxD = Math.max(maxD, r.d); });
+    var TCOL = 40 + maxD * INDENT + 260, W = TCOL + 260, H = rows.length * GROW + 20;
+    svg.setAttribute("data-nodes", rows.length);
+    note.textContent = rows.length + " nodes: " + Object.keys(rowOfSpan).length + " spans, " + Object.keys(rowOfOp).length + " ops, " + G.tensors.length + " tensors; " +
+      G.data.length + " data edges." + (G.omitted ? " No ops or tensors: " + G.omitted + "." : "") + " Wheel zooms, drag pans; click a node to find it on the timeline.";
+    function Y(r) { return 14 + r * GROW; }
+    function X(d) { return 10 + d * INDENT; }
+    var gEdges = sv("g", { "class": "edges" }), gNodes = sv("g", { "class": "nodes" });
+    svg.appendChild(gEdges); svg.appendChild(gNodes);
+    // The call tree: an elbow from each parent to each child.
+    rows.forEach(function (r, n) {
+      var parentRow = r.k === "span" ? (G.span_parent[r.i] >= 0 ? rowOfSpan[G.span_parent[r.i]] : undefined) : r.k === "op" && G.op_span[r.i] >= 0 ? rowOfSpan[G.op_span[r.i]] : undefined;
+      if (parentRow === undefined) return;
+      var px = X(rows[parentRow].d) + 4;
+      gEdges.appendChild(sv("path", { "class": "tree", d: "M" + px + "," + (Y(parentRow) + 5) + " V" + Y(n) + " H" + (X(r.d) - 2) }));
+    });
+    var edgeCount = 0;
+    function arc(t, toRow, dashed) {
+      var from = rowOfTensor[t];
+      if (from === undefined || toRow === undefined) return;
+      var y1 = Y(from), y2 = Y(toRow), bulge = Math.min(20 + Math.abs(y2 - y1) * 0.15, 220);
+      gEdges.appendChild(sv("path", { "class": dashed ? "flow data" : "flow", d: "M" + (TCOL + 6) + "," + y1 + " C" + (TCOL + 6 + bulge) + "," + y1 + " " + (TCOL + 6 + bulge) + "," + y2 + " " + (TCOL + 8) + "," + y2 }));
+      edgeCount++;
+    }
+    G.op_in.forEach(function (ins, o) { ins.forEach(function (t) { arc(t, rowOfOp[o], false); }); });
+    G.data.forEach(function (e) { arc(e[0], rowOfTensor[e[1]], true); });
+    svg.setAttribute("data-flows", edgeCount);
+    var nodeEls = [];
+    rows.forEach(function (r, n) {
+      var y = Y(n), g = sv("g", { "class": "node " + r.k, "data-k": r.k, "data-i": r.i, "data-row": n });
+      if (r.k === "tensor") {
+        g.appendChild(sv("circle", { cx: TCOL, cy: y, r: 4 }));
+        g.appendChild(sv("text", { x: TCOL + 10, y: y + 4 }, r.name));
+      } else {
+        var x = X(r.d), label = r.name.length > 40 ? r.name.slice(0, 39) + "…" : r.name;
+        g.appendChild(sv("rect", { x: x, y: y - 7, width: 8, height: 12, rx: r.k === "op" ? 4 : 1 }));
+        g.appendChild(sv("text", { x: x + 12, y: y + 4 }, label));
+        if (r.k === "op" && r.out >= 0) {
+          gEdges.appendChild(sv("line", { "class": "writes", x1: x + 12 + label.length * 6.2, x2: TCOL - 5, y1: y, y2: y }));
+          var tg = sv("g", { "class": "node tensor", "data-k": "tensor", "data-i": r.out, "data-row": n });
+          tg.appendChild(sv("circle", { cx: TCOL, cy: y, r: 4 }));
+          tg.appendChild(sv("text", { x: TCOL + 10, y: y + 4 }, G.tensors[r.out]));
+          gNodes.appendChild(tg);
+        }
+      }
+      g.appendChild(sv("title", {}, r.k + " " + r.name));
+      gNodes.appendChild(g);
+      nodeEls[n] = g;
+    });
+
+    // Pan and zoom on the viewBox.
+    var vb = [0, 0, W, Math.min(H, 520)];
+    svg.setAttribute("height", Math.min(H, 520));
+    svg.setAttribute("preserveAspectRatio", "xMinYMin meet");
+    function apply() { svg.setAttribute("viewBox", vb.join(" ")); }
+    svg.setAttribute("width", "100%");
+    apply();
+    box.addEventListener("wheel", function (e) {
+      e.preventDefault();
+      var r = svg.getBoundingClientRect(), f = e.deltaY < 0 ? 0.8 : 1.25;
+      var mx = vb[0] + (e.clientX - r.left) / r.width * vb[2], my = vb[1] + (e.clientY - r.top) / r.height * vb[3];
+      vb = [mx - (mx - vb[0]) * f, my - (my - vb[1]) * f, vb[2] * f, vb[3] * f];
+      apply();
+    }, { passive: false });
+    var drag = null;
+    box.addEventListener("mousedown", function (e) { drag = { x: e.clientX, y: e.clientY, vb: vb.slice() }; });
+    window.addEventListener("mouseup", function () { drag = null; });
+    box.addEventListener("mousemove", function (e) {
+      if (!drag) return;
+      var r = svg.getBoundingClientRect();
+      vb = [drag.vb[0] - (e.clientX - drag.x) / r.width * vb[2], drag.vb[1] - (e.clientY - drag.y) / r.height * vb[3], vb[2], vb[3]];
+      apply();
+    });
+
+    var current = null;
+    function show(n) {
+      vb = [Math.max(X(rows[n].d) - 40, 0), Math.max(Y(n) - vb[3] / 2, 0), vb[2], vb[3]];
+      apply();
+    }
+    function select(kind, i, fromTimeline) {
+      var n = kind === "span" ? rowOfSpan[i] : kind === "op" ? rowOfOp[i] : rowOfTensor[i];
+      if (n === undefined) return;
+      if (current !== null) nodeEls[current].setAttribute("class", nodeEls[current].getAttribute("class").replace(" selected", ""));
+      current = n;
+      nodeEls[n].setAttribute("class", nodeEls[n].getAttribute("class") + " selected");
+      svg.setAttribute("data-selected", kind + ":" + i);
+      $(pre + "graph-detail").textContent = kind + " " + rows[n].name + (kind === "op" && rows[n].out >= 0 ? " → tensor " + G.tensors[rows[n].out] : "");
+      show(n);
+      if (!fromTimeline && linked[pre].focus && kind !== "tensor") linked[pre].focus(kind, i);
+    }
+    linked[pre] = linked[pre] || {};
+    linked[pre].select = select;
+    svg.addEventListener("click", function (e) {
+      var g = e.target.closest ? e.target.closest("g.node") : null;
+      if (g) select(g.getAttribute("data-k"), +g.getAttribute("data-i"), false);
+    });
+
+    // Search: mark every node whose name holds the text; Enter walks them.
+    var input = $(pre + "graph-search"), count = $(pre + "graph-count"), matches = [], at = -1;
+    input.addEventListener("input", function () {
+      var q = input.value.toLowerCase();
+      matches = [];
+      rows.forEach(function (r, n) {
+        var hit = q !== "" && r.name.toLowerCase().indexOf(q) >= 0;
+        var cls = nodeEls[n].getAttribute("class").replace(" match", "");
+        nodeEls[n].setAttribute("class", hit ? cls + " match" : cls);
+        if (hit) matches.push(n);
+      });
+      at = -1;
+      count.textContent = q === "" ? "" : matches.length + " match" + (matches.length === 1 ? "" : "es");
+      svg.setAttribute("data-matches", matches.length);
+    });
+    function next() {
+      if (!matches.length) return;
+      at = (at + 1) % matches.length;
+      var r = rows[matches[at]];
+      select(r.k, r.i, false);
+    }
+    input.addEventListener("keydown", function (e) { if (e.key === "Enter") next(); });
+    // A link can carry a search: view.html#find=relu finds and selects the
+    // first match (on the first trace's graph).
+    var m = /[#&]find=([^&]*)/.exec(location.hash);
+    if (m && pre === firstPrefix()) {
+      input.value = decodeURIComponent(m[1]);
+      input.dispatchEvent(new Event("input"));
+      next();
+    }
+  }
+  function firstPrefix() { return D.comparison ? "a-" : ""; }
 
   // ---- memory ------------------------------------------------------------
 
@@ -460,6 +656,10 @@
       '<p id="{p}tracer-time" class="note"></p><p id="{p}timeline-dropped" class="note"></p>' +
       '<div id="{p}timeline-box" class="timeline-box"><svg id="{p}timeline-svg" class="timeline-svg" xmlns="http://www.w3.org/2000/svg"></svg></div>' +
       '<div id="{p}timeline-detail" class="detail">Point at a span or an op.</div></section>' +
+      '<section id="{p}graph"><h2>' + L + 'Execution graph</h2><p id="{p}graph-note" class="note"></p>' +
+      '<div class="toolbar"><input id="{p}graph-search" type="search" placeholder="find a span, op or tensor"><span id="{p}graph-count" class="window"></span></div>' +
+      '<div id="{p}graph-box" class="timeline-box"><svg id="{p}graph-svg" class="graph-svg" xmlns="http://www.w3.org/2000/svg"></svg></div>' +
+      '<div id="{p}graph-detail" class="detail">Click a node.</div></section>' +
       '<section id="{p}memory"><h2>' + L + 'Memory</h2><p id="{p}memory-summary" class="note"></p>' +
       '<svg id="{p}memory-svg" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
       '<h3>Live storages at the peak</h3><table id="{p}peak-storages" class="stats"></table>' +
@@ -476,11 +676,12 @@
   }
 
   function tracePage(P, pre, label) {
-    var holder = el("div", { id: pre + "trace", "class": "trace" });
+    var holder = el("div", { id: pre + "trace", "class": label ? "trace side" : "trace" });
     holder.innerHTML = traceSkeleton(pre, label);
     $("main").appendChild(holder);
     overview(P, pre);
     timeline(P, pre);
+    graph(P, pre);
     memory(P, pre);
     gradients(P, pre);
     tensorStats(P, pre);
@@ -650,7 +851,7 @@
   } else {
     document.title = "candle-trace view: " + D.name;
     $("title").textContent = D.name + (D.meta && D.meta.entrypoint ? " — " + D.meta.entrypoint : "");
-    nav([["overview", "Overview"], ["timeline", "Timeline"], ["memory", "Memory"], ["gradients", "Gradients"], ["tensor-stats", "Tensor stats"]]);
+    nav([["overview", "Overview"], ["timeline", "Timeline"], ["graph", "Graph"], ["memory", "Memory"], ["gradients", "Gradients"], ["tensor-stats", "Tensor stats"]]);
     tracePage(D, "", "");
   }
   // How long parsing the data and drawing every view took, for the record.
