@@ -2,6 +2,7 @@ package htmlview
 
 import (
 	"fmt"
+	"io"
 	"sort"
 	"unicode/utf8"
 
@@ -38,7 +39,10 @@ type collector struct {
 	streams  map[string]int // device \0 stream -> index into tl.Streams
 	depth    []int32        // per kept span
 	latest   uint64         // latest timestamp seen: where open spans end
-	mem      []memRec
+	curve    *memCurve // the memory curve, applied as the records stream by
+	buffer   bool      // keep the records too: the input cannot be re-read
+	mem      []memRec  // the kept records, for a sorted replay when out of order
+	keyBuf   []byte
 	graph    Graph
 	tensors  map[string]int // tensor id -> index into graph.Tensors
 	devices  map[string]int // device -> index into devSamples
@@ -47,18 +51,10 @@ type collector struct {
 	devKept  int
 }
 
-// memRec is one memory record, kept to replay them sorted.
-type memRec struct {
-	ts, bytes uint64
-	key       string // device \0 storage
-	alloc     bool
-	category  int8
-	op        int32 // name index of the op (or span) that made it, -1 none
-}
 
 func newCollector(lim Limits) *collector {
 	return &collector{
-		lim: lim, names: map[string]int{}, spanIdx: map[string]int{}, threads: map[uint64]int{},
+		lim: lim, names: map[string]int{}, curve: newMemCurve(), spanIdx: map[string]int{}, threads: map[uint64]int{},
 		streams: map[string]int{}, devices: map[string]int{}, tensors: map[string]int{},
 		graph:   Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
 		tl: Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
@@ -256,21 +252,59 @@ func (c *collector) interval(e *trace.DeviceIntervalEvent) {
 
 func (c *collector) memory(e *trace.MemoryEvent) {
 	c.note(e.Timestamp)
+	alloc := e.Action == trace.ActionAlloc
+	op := int32(-1)
+	if alloc {
+		op = c.madeBy(e)
+	}
+	c.keyBuf = append(append(append(c.keyBuf[:0], e.Device...), 0), e.StorageID...)
+	c.curve.add(e.Timestamp, c.keyBuf, alloc, e.Bytes, int8(e.Category), op)
+	if !c.buffer {
+		return
+	}
 	if len(c.mem) >= c.lim.MemoryEvents {
 		c.tl.Dropped.MemoryEvents++
 		return
 	}
-	op := int32(-1)
-	switch {
-	case e.HasOpName && len(e.OpName) > 0:
-		op = int32(c.name(e.OpName))
-	default:
-		if i, ok := c.spanIdx[string(e.SpanID)]; ok {
-			op = int32(c.tl.Spans[i][4])
-		}
+	c.mem = append(c.mem, memRec{ts: e.Timestamp, bytes: e.Bytes, key: string(c.keyBuf), alloc: alloc, category: int8(e.Category), op: op})
+}
+
+// madeBy names what allocated a storage: its op, else its span.
+func (c *collector) madeBy(e *trace.MemoryEvent) int32 {
+	if e.HasOpName && len(e.OpName) > 0 {
+		return int32(c.name(e.OpName))
 	}
-	c.mem = append(c.mem, memRec{ts: e.Timestamp, bytes: e.Bytes, key: string(e.Device) + "\x00" + string(e.StorageID),
-		alloc: e.Action == trace.ActionAlloc, category: int8(e.Category), op: op})
+	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
+		return int32(c.tl.Spans[i][4])
+	}
+	return -1
+}
+
+// replayMemory re-reads a trace's memory records, for a sorted replay.
+func (c *collector) replayMemory(r io.Reader, maxLine int) error {
+	st := trace.NewStream(r, maxLine)
+	c.mem = c.mem[:0]
+	for {
+		k, ok := st.Next()
+		if !ok {
+			break
+		}
+		if k != trace.KindMemory {
+			continue
+		}
+		if len(c.mem) >= c.lim.MemoryEvents {
+			c.tl.Dropped.MemoryEvents++
+			continue
+		}
+		e := &st.Decoded.Memory
+		alloc := e.Action == trace.ActionAlloc
+		op := int32(-1)
+		if alloc {
+			op = c.madeBy(e)
+		}
+		c.mem = append(c.mem, memRec{ts: e.Timestamp, bytes: e.Bytes, key: string(e.Device) + "\x00" + string(e.StorageID), alloc: alloc, category: int8(e.Category), op: op})
+	}
+	return st.Err
 }
 
 func (c *collector) deviceMemory(e *trace.DeviceMemoryEvent) {
@@ -293,16 +327,34 @@ func (c *collector) deviceMemory(e *trace.DeviceMemoryEvent) {
 	c.devKept++
 }
 
-// finish closes open spans at the latest timestamp seen and computes the
-// memory curve.
-func (c *collector) finish() (*Timeline, *MemoryView, *Graph) {
+// finish closes open spans at the latest timestamp seen, and gives the
+// memory curve. When the memory records turned out to be out of timestamp
+// order the curve applied as they streamed is void: they are replayed
+// sorted, from the kept records or re-read from seeker.
+func (c *collector) finish(seeker io.ReadSeeker, origin int64, maxLine int) (*Timeline, *MemoryView, *Graph, error) {
 	for _, s := range c.tl.Spans {
 		if s[5]&flagOpen != 0 && c.latest > s[0] {
 			s[1] = c.latest - s[0]
 		}
 	}
 	c.tl.End = c.latest
-	mv := c.memoryView()
+	curve := c.curve
+	if curve.disordered {
+		if !c.buffer {
+			if _, err := seeker.Seek(origin, io.SeekStart); err != nil {
+				return nil, nil, nil, fmt.Errorf("re-read memory records: %w", err)
+			}
+			if err := c.replayMemory(seeker, maxLine); err != nil {
+				return nil, nil, nil, fmt.Errorf("re-read memory records: %w", err)
+			}
+		}
+		sort.SliceStable(c.mem, func(i, j int) bool { return c.mem[i].ts < c.mem[j].ts })
+		curve = newMemCurve()
+		for _, r := range c.mem {
+			curve.add(r.ts, []byte(r.key), r.alloc, r.bytes, r.category, r.op)
+		}
+	}
+	mv := c.memoryView(curve)
 	for i, name := range c.devNames {
 		pts := c.devUsed[i]
 		sort.SliceStable(pts, func(a, b int) bool { return pts[a][0] < pts[b][0] })
@@ -314,85 +366,7 @@ func (c *collector) finish() (*Timeline, *MemoryView, *Graph) {
 		}
 		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: decimate(pts, c.lim.MemoryPoints, peak[0])})
 	}
-	return &c.tl, mv, &c.graph
-}
-
-type live struct {
-	bytes    uint64
-	category int8
-	op       int32
-}
-
-// memoryView replays the memory records in timestamp order (stable, as
-// candle-graph does) with the lifetimes' rules: an alloc of a live storage
-// is an alias and adds nothing, a free releases what the storage holds. The
-// peak is the first strictly greatest total after all records of one
-// timestamp, so it agrees with the report's.
-func (c *collector) memoryView() *MemoryView {
-	mv := &MemoryView{Points: [][]uint64{}, PeakStorages: []PeakStorage{}, Devices: []DeviceUsed{}, Dropped: c.tl.Dropped.MemoryEvents}
-	if len(c.mem) == 0 {
-		return mv
-	}
-	sort.SliceStable(c.mem, func(i, j int) bool { return c.mem[i].ts < c.mem[j].ts })
-	var points [][2]uint64
-	peakAt, peakIdx := uint64(0), -1
-	var peak uint64
-	replay(c.mem, func(i int, total uint64) {
-		points = append(points, [2]uint64{c.mem[i].ts, total})
-		if peakIdx < 0 || total > peak {
-			peak, peakAt, peakIdx = total, c.mem[i].ts, i
-		}
-	}, nil)
-	mv.PeakBytes, mv.PeakAtNS = peak, peakAt
-	mv.Points = decimate(points, c.lim.MemoryPoints, peakAt)
-	mv.DrawnPoints, mv.AllPoints = len(mv.Points), len(points)
-	// Replay again up to the peak's timestamp and list what is live there.
-	var atPeak map[string]live
-	replay(c.mem[:peakIdx+1], nil, func(m map[string]live) { atPeak = m })
-	for key, l := range atPeak {
-		dev, storage := splitKey(key)
-		ps := PeakStorage{Bytes: l.bytes, Category: category(l.category), Device: dev, Storage: storage}
-		if l.op >= 0 {
-			ps.MadeBy = c.tl.Names[l.op]
-		}
-		mv.PeakStorages = append(mv.PeakStorages, ps)
-	}
-	sort.Slice(mv.PeakStorages, func(i, j int) bool {
-		a, b := mv.PeakStorages[i], mv.PeakStorages[j]
-		if a.Bytes != b.Bytes {
-			return a.Bytes > b.Bytes
-		}
-		return a.Device+a.Storage < b.Device+b.Storage
-	})
-	mv.LiveAtPeak = len(mv.PeakStorages)
-	if len(mv.PeakStorages) > c.lim.PeakStorages {
-		mv.PeakStorages = mv.PeakStorages[:c.lim.PeakStorages]
-	}
-	return mv
-}
-
-// replay applies sorted records; point is called with the last index of
-// each timestamp and the total live after it, end with the live set.
-func replay(recs []memRec, point func(last int, total uint64), end func(map[string]live)) {
-	liveSet := map[string]live{}
-	var total uint64
-	for i, r := range recs {
-		l, isLive := liveSet[r.key]
-		switch {
-		case r.alloc && !isLive:
-			liveSet[r.key] = live{bytes: r.bytes, category: r.category, op: r.op}
-			total = trace.SatAdd(total, r.bytes)
-		case !r.alloc && isLive:
-			delete(liveSet, r.key)
-			total -= min(total, l.bytes)
-		}
-		if point != nil && (i+1 == len(recs) || recs[i+1].ts != r.ts) {
-			point(i, total)
-		}
-	}
-	if end != nil {
-		end(liveSet)
-	}
+	return &c.tl, mv, &c.graph, nil
 }
 
 // decimate keeps at most n points: the largest of each bucket, and always

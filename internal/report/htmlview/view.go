@@ -128,11 +128,25 @@ func Build(r io.Reader, name string, opts Options) (*Page, error) {
 		lim = DefaultLimits
 	}
 	c := newCollector(lim)
+	// As the checker does: a reader that can seek is re-read for memory
+	// records out of timestamp order; another one has them kept.
+	seeker, _ := r.(io.ReadSeeker)
+	var origin int64
+	if seeker != nil {
+		var err error
+		if origin, err = seeker.Seek(0, io.SeekCurrent); err != nil {
+			seeker = nil
+		}
+	}
+	c.buffer = seeker == nil
 	res, err := analysis.Analyze(r, analysis.Options{MaxLineBytes: opts.MaxLineBytes, Report: true, Progress: opts.Progress, Observe: c.event})
 	if err != nil {
 		return nil, err
 	}
-	tl, mem, g := c.finish()
+	tl, mem, g, err := c.finish(seeker, origin, opts.MaxLineBytes)
+	if err != nil {
+		return nil, err
+	}
 	return &Page{Name: name, Health: res.Health, Meta: res.Meta, Report: res.Report, Timeline: tl, Memory: mem, Graph: g,
 		SpanKinds: traceformat.SpanKinds}, nil
 }

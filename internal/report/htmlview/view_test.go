@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,6 +67,29 @@ func TestPageAgreesWithTheReport(t *testing.T) {
 		})
 	}
 	assert.Greater(t, checked, 10)
+}
+
+// onlyReader hides io.Seeker: the page must then keep the memory records.
+type onlyReader struct{ io.Reader }
+
+// TestOutOfOrderMemory: records out of timestamp order void the curve drawn
+// as they streamed; re-read (a file) or kept (a pipe), they replay sorted to
+// the same curve as the sorted trace's.
+func TestOutOfOrderMemory(t *testing.T) {
+	sorted := build(t, testutil.Corpus(t, "valid-infer.jsonl"), Limits{})
+	shuffled := testutil.Corpus(t, "valid-memory-out-of-order.jsonl")
+	for name, r := range map[string]io.Reader{
+		"seekable (re-read)":  bytes.NewReader(shuffled),
+		"not seekable (kept)": onlyReader{bytes.NewReader(shuffled)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, err := Build(r, "t.jsonl", Options{})
+			require.NoError(t, err)
+			require.NotEmpty(t, sorted.Memory.Points)
+			assert.Equal(t, sorted.Memory.Points, p.Memory.Points)
+			assert.Equal(t, sorted.Memory.PeakStorages, p.Memory.PeakStorages)
+		})
+	}
 }
 
 func TestTrainPageNumbers(t *testing.T) {

@@ -217,28 +217,29 @@
       });
       T.streams.forEach(function (s, i) { svg.appendChild(sv("text", { "class": "lane-label", x: 4, y: streamY[i] + 13 }, s)); });
 
-      var items = [];
-      function visible(start, dur) { return start + dur >= view[0] && start <= view[1]; }
-      spans.forEach(function (s, i) { if (visible(s[0], s[1])) items.push(["span", i, s[0], s[1], laneY[s[2]] + s[3] * ROW]); });
-      ops.forEach(function (o, i) { if (visible(o[0], o[1])) items.push(["op", i, o[0], o[1], laneY[o[2]] + o[3] * ROW]); });
-      ivs.forEach(function (v, i) { if (visible(v[0], v[1])) items.push(["kernel", i, v[0], v[1], streamY[v[2]]]); });
       // Items narrower than two pixels melt into one "dense" block per row
       // and stretch, so a million events draw as a few thousand rects; the
-      // rest are drawn one by one, widest first up to MAX_RECTS.
-      items.sort(function (a, b) { return a[4] - b[4] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0) || a[2] - b[2]; });
-      var wide = [], dense = [], cur = null, skipped = 0;
-      items.forEach(function (it) {
-        var x = GUTTER + Math.max(it[2] - view[0], 0) * scale;
-        var x2 = GUTTER + Math.min(it[2] + it[3] - view[0], span) * scale;
-        it.push(x, x2);
-        if (x2 - x >= 2) { wide.push(it); return; }
-        if (cur && cur.y === it[4] && cur.t === it[0] && x <= cur.x2 + 1) {
-          cur.x2 = Math.max(cur.x2, x2); cur.n++;
+      // rest are drawn one by one, widest first up to MAX_RECTS. Rows come
+      // in start order as the trace wrote them, so no sort is needed: an
+      // item out of order only starts a new block.
+      var wide = [], dense = [], open = [], skipped = 0;
+      function place(kind, i, start, dur, y) {
+        if (start + dur < view[0] || start > view[1]) return;
+        var x = GUTTER + Math.max(start - view[0], 0) * scale;
+        var x2 = GUTTER + Math.min(start + dur - view[0], span) * scale;
+        if (x2 - x >= 2) { wide.push([kind, i, start, dur, y, x, x2]); return; }
+        var key = y * 4 + (kind === "span" ? 0 : kind === "op" ? 1 : 2), cur = open[key];
+        if (cur && x <= cur.x2 + 1 && x2 >= cur.x - 1) {
+          cur.x = Math.min(cur.x, x); cur.x2 = Math.max(cur.x2, x2); cur.n++;
         } else {
-          cur = { y: it[4], t: it[0], x: x, x2: x2, n: 1 };
+          cur = open[key] = { y: y, t: kind, x: x, x2: x2, n: 1 };
           dense.push(cur);
         }
-      });
+      }
+      var n, row;
+      for (n = 0; n < spans.length; n++) { row = spans[n]; place("span", n, row[0], row[1], laneY[row[2]] + row[3] * ROW); }
+      for (n = 0; n < ops.length; n++) { row = ops[n]; place("op", n, row[0], row[1], laneY[row[2]] + row[3] * ROW); }
+      for (n = 0; n < ivs.length; n++) { row = ivs[n]; place("kernel", n, row[0], row[1], streamY[row[2]]); }
       if (wide.length > MAX_RECTS) {
         wide.sort(function (a, b) { return b[3] - a[3]; });
         skipped = wide.length - MAX_RECTS;
@@ -364,7 +365,7 @@
   // each op's output tensor sits in the tensor column on the op's row, and
   // arcs on the right carry every tensor to the ops that read it (dashed:
   // the trace's data edges). Tensors no op wrote come first.
-  var GROW = 18, INDENT = 16;
+  var GROW = 18, INDENT = 16, GRAPH_ROWS = 4000;
 
   function graph(P, pre) {
     var G = P.graph, T = P.timeline, svg = $(pre + "graph-svg"), box = $(pre + "graph-box");
@@ -396,18 +397,23 @@
         if (out >= 0 && rowOfTensor[out] === undefined) rowOfTensor[out] = rows.length - 1;
       }
     }
+    // A browser lays out a few thousand rows quickly, not a hundred thousand:
+    // past GRAPH_ROWS the rows are searchable and selectable (the timeline
+    // shows them) but not drawn.
+    var drawnRows = Math.min(rows.length, GRAPH_ROWS);
     var maxD = 0;
-    rows.forEach(function (r) { maxD = Math.max(maxD, r.d); });
-    var TCOL = 40 + maxD * INDENT + 260, W = TCOL + 260, H = rows.length * GROW + 20;
+    rows.slice(0, drawnRows).forEach(function (r) { maxD = Math.max(maxD, r.d); });
+    var TCOL = 40 + maxD * INDENT + 260, W = TCOL + 260, H = drawnRows * GROW + 20;
     svg.setAttribute("data-nodes", rows.length);
     note.textContent = rows.length + " nodes: " + Object.keys(rowOfSpan).length + " spans, " + Object.keys(rowOfOp).length + " ops, " + G.tensors.length + " tensors; " +
-      G.data.length + " data edges." + (G.omitted ? " No ops or tensors: " + G.omitted + "." : "") + " Wheel zooms, drag pans; click a node to find it on the timeline.";
+      G.data.length + " data edges." + (G.omitted ? " No ops or tensors: " + G.omitted + "." : "") +
+      (drawnRows < rows.length ? " The first " + drawnRows + " rows are drawn; search finds the others on the timeline." : "") + " Wheel zooms, drag pans; click a node to find it on the timeline.";
     function Y(r) { return 14 + r * GROW; }
     function X(d) { return 10 + d * INDENT; }
     var gEdges = sv("g", { "class": "edges" }), gNodes = sv("g", { "class": "nodes" });
     svg.appendChild(gEdges); svg.appendChild(gNodes);
     // The call tree: an elbow from each parent to each child.
-    rows.forEach(function (r, n) {
+    rows.slice(0, drawnRows).forEach(function (r, n) {
       var parentRow = r.k === "span" ? (G.span_parent[r.i] >= 0 ? rowOfSpan[G.span_parent[r.i]] : undefined) : r.k === "op" && G.op_span[r.i] >= 0 ? rowOfSpan[G.op_span[r.i]] : undefined;
       if (parentRow === undefined) return;
       var px = X(rows[parentRow].d) + 4;
@@ -416,7 +422,7 @@
     var edgeCount = 0;
     function arc(t, toRow, dashed) {
       var from = rowOfTensor[t];
-      if (from === undefined || toRow === undefined) return;
+      if (from === undefined || toRow === undefined || from >= drawnRows || toRow >= drawnRows) return;
       var y1 = Y(from), y2 = Y(toRow), bulge = Math.min(20 + Math.abs(y2 - y1) * 0.15, 220);
       gEdges.appendChild(sv("path", { "class": dashed ? "flow data" : "flow", d: "M" + (TCOL + 6) + "," + y1 + " C" + (TCOL + 6 + bulge) + "," + y1 + " " + (TCOL + 6 + bulge) + "," + y2 + " " + (TCOL + 8) + "," + y2 }));
       edgeCount++;
@@ -425,7 +431,7 @@
     G.data.forEach(function (e) { arc(e[0], rowOfTensor[e[1]], true); });
     svg.setAttribute("data-flows", edgeCount);
     var nodeEls = [];
-    rows.forEach(function (r, n) {
+    rows.slice(0, drawnRows).forEach(function (r, n) {
       var y = Y(n), g = sv("g", { "class": "node " + r.k, "data-k": r.k, "data-i": r.i, "data-row": n });
       if (r.k === "tensor") {
         g.appendChild(sv("circle", { cx: TCOL, cy: y, r: 4 }));
@@ -479,12 +485,12 @@
     function select(kind, i, fromTimeline) {
       var n = kind === "span" ? rowOfSpan[i] : kind === "op" ? rowOfOp[i] : rowOfTensor[i];
       if (n === undefined) return;
-      if (current !== null) nodeEls[current].setAttribute("class", nodeEls[current].getAttribute("class").replace(" selected", ""));
+      if (current !== null && nodeEls[current]) nodeEls[current].setAttribute("class", nodeEls[current].getAttribute("class").replace(" selected", ""));
       current = n;
-      nodeEls[n].setAttribute("class", nodeEls[n].getAttribute("class") + " selected");
+      if (nodeEls[n]) nodeEls[n].setAttribute("class", nodeEls[n].getAttribute("class") + " selected");
       svg.setAttribute("data-selected", kind + ":" + i);
       $(pre + "graph-detail").textContent = kind + " " + rows[n].name + (kind === "op" && rows[n].out >= 0 ? " → tensor " + G.tensors[rows[n].out] : "");
-      show(n);
+      if (nodeEls[n]) show(n);
       if (!fromTimeline && linked[pre].focus && kind !== "tensor") linked[pre].focus(kind, i);
     }
     linked[pre] = linked[pre] || {};
@@ -501,8 +507,10 @@
       matches = [];
       rows.forEach(function (r, n) {
         var hit = q !== "" && r.name.toLowerCase().indexOf(q) >= 0;
-        var cls = nodeEls[n].getAttribute("class").replace(" match", "");
-        nodeEls[n].setAttribute("class", hit ? cls + " match" : cls);
+        if (nodeEls[n]) {
+          var cls = nodeEls[n].getAttribute("class").replace(" match", "");
+          nodeEls[n].setAttribute("class", hit ? cls + " match" : cls);
+        }
         if (hit) matches.push(n);
       });
       at = -1;
@@ -679,12 +687,12 @@
     var holder = el("div", { id: pre + "trace", "class": label ? "trace side" : "trace" });
     holder.innerHTML = traceSkeleton(pre, label);
     $("main").appendChild(holder);
-    overview(P, pre);
-    timeline(P, pre);
-    graph(P, pre);
-    memory(P, pre);
-    gradients(P, pre);
-    tensorStats(P, pre);
+    // Each view's drawing time, for the record (data-ms-* on <html>).
+    [["overview", overview], ["timeline", timeline], ["graph", graph], ["memory", memory], ["gradients", gradients], ["tensor-stats", tensorStats]].forEach(function (v) {
+      var t0 = performance.now();
+      v[1](P, pre);
+      document.documentElement.setAttribute("data-ms-" + pre + v[0], Math.round(performance.now() - t0));
+    });
   }
 
   // ---- two traces ----------------------------------------------------------
