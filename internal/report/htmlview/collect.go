@@ -39,9 +39,9 @@ type collector struct {
 	streams  map[string]int // device \0 stream -> index into tl.Streams
 	depth    []int32        // per kept span
 	latest   uint64         // latest timestamp seen: where open spans end
-	curve    *memCurve // the memory curve, applied as the records stream by
-	buffer   bool      // keep the records too: the input cannot be re-read
-	mem      []memRec  // the kept records, for a sorted replay when out of order
+	curve    *memCurve      // the memory curve, applied as the records stream by
+	buffer   bool           // keep the records too: the input cannot be re-read
+	mem      []memRec       // the kept records, for a sorted replay when out of order
 	keyBuf   []byte
 	graph    Graph
 	tensors  map[string]int // tensor id -> index into graph.Tensors
@@ -51,13 +51,12 @@ type collector struct {
 	devKept  int
 }
 
-
 func newCollector(lim Limits) *collector {
 	return &collector{
 		lim: lim, names: map[string]int{}, curve: newMemCurve(), spanIdx: map[string]int{}, threads: map[uint64]int{},
 		streams: map[string]int{}, devices: map[string]int{}, tensors: map[string]int{},
-		graph:   Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
-		tl: Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
+		graph: Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
+		tl:    Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
 	}
 }
 
