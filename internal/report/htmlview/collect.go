@@ -53,7 +53,7 @@ type collector struct {
 
 func newCollector(lim Limits) *collector {
 	return &collector{
-		lim: lim, names: map[string]int{}, curve: newMemCurve(), spanIdx: map[string]int{}, threads: map[uint64]int{},
+		lim: lim, names: map[string]int{}, curve: newMemCurve(lim.MemoryPoints), spanIdx: map[string]int{}, threads: map[uint64]int{},
 		streams: map[string]int{}, devices: map[string]int{}, tensors: map[string]int{},
 		graph: Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
 		tl:    Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
@@ -348,7 +348,7 @@ func (c *collector) finish(seeker io.ReadSeeker, origin int64, maxLine int) (*Ti
 			}
 		}
 		sort.SliceStable(c.mem, func(i, j int) bool { return c.mem[i].ts < c.mem[j].ts })
-		curve = newMemCurve()
+		curve = newMemCurve(c.lim.MemoryPoints)
 		for _, r := range c.mem {
 			curve.add(r.ts, []byte(r.key), r.alloc, r.bytes, r.category, r.op)
 		}
@@ -357,36 +357,34 @@ func (c *collector) finish(seeker io.ReadSeeker, origin int64, maxLine int) (*Ti
 	for i, name := range c.devNames {
 		pts := c.devUsed[i]
 		sort.SliceStable(pts, func(a, b int) bool { return pts[a][0] < pts[b][0] })
-		var peak [2]uint64
-		for _, p := range pts {
-			if p[1] > peak[1] {
-				peak = p
-			}
+		drawn := [][]uint64{}
+		for _, k := range decimate(len(pts), c.lim.MemoryPoints, func(i int) uint64 { return pts[i][1] }) {
+			drawn = append(drawn, []uint64{pts[k][0], pts[k][1]})
 		}
-		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: decimate(pts, c.lim.MemoryPoints, peak[0])})
+		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: drawn})
 	}
 	return &c.tl, mv, &c.graph, nil
 }
 
-// decimate keeps at most n points: the largest of each bucket, and always
-// the peak, so the drawn curve never hides how high it went.
-func decimate(points [][2]uint64, n int, peakAt uint64) [][]uint64 {
-	out := make([][]uint64, 0, min(len(points), n+1))
-	if len(points) <= n {
-		for _, p := range points {
-			out = append(out, []uint64{p[0], p[1]})
+// decimate picks at most n of count points: the largest (by value) of each
+// stretch, so the drawn curve never hides how high it went.
+func decimate(count, n int, value func(int) uint64) []int {
+	out := make([]int, 0, min(count, n+1))
+	if count <= n {
+		for i := range count {
+			out = append(out, i)
 		}
 		return out
 	}
-	per := (len(points) + n - 1) / n
-	for i := 0; i < len(points); i += per {
+	per := (count + n - 1) / n
+	for i := 0; i < count; i += per {
 		best := i
-		for j := i; j < min(i+per, len(points)); j++ {
-			if points[j][1] > points[best][1] || points[j][0] == peakAt {
+		for j := i; j < min(i+per, count); j++ {
+			if value(j) > value(best) {
 				best = j
 			}
 		}
-		out = append(out, []uint64{points[best][0], points[best][1]})
+		out = append(out, best)
 	}
 	return out
 }

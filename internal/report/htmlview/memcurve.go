@@ -1,6 +1,10 @@
 package htmlview
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+)
 
 // memRec is one memory record, kept to replay them sorted.
 type memRec struct {
@@ -39,12 +43,19 @@ type keyedLive struct {
 // they come; when a later peak replaces it, the storages noted for the old
 // one were freed before the new one, so the notes start over.
 type memCurve struct {
-	live          map[string]live
-	total         uint64
-	ord, allocs   int
-	inGroup       bool
-	groupTS       uint64
-	points        [][2]uint64
+	live        map[string]live
+	total       uint64
+	byCategory  []uint64 // by index into traceformat.Categories
+	ord, allocs int
+	inGroup     bool
+	groupTS     uint64
+	// points: [timestamp, total, bytes per category]. Kept to at most twice
+	// maxPoints by merging neighbours (the larger total stays) whenever full,
+	// so a long update costs a few hundred kilobytes; allPoints counts them.
+	points        []uint64 // flat, stride values a point
+	stride        int
+	maxPoints     int
+	allPoints     int
 	havePeak      bool
 	peak, peakAt  uint64
 	peakOrd       int
@@ -52,7 +63,21 @@ type memCurve struct {
 	disordered    bool // a record came earlier than the one before: the curve is void
 }
 
-func newMemCurve() *memCurve { return &memCurve{live: map[string]live{}} }
+func newMemCurve(maxPoints int) *memCurve {
+	n := len(traceformat.Categories)
+	return &memCurve{live: map[string]live{}, maxPoints: max(maxPoints, 1), byCategory: make([]uint64, n), stride: 2 + n}
+}
+
+func (m *memCurve) numPoints() int { return len(m.points) / m.stride }
+
+func (m *memCurve) point(i int) []uint64 { return m.points[i*m.stride : (i+1)*m.stride] }
+
+func catIndex(c int8) int {
+	if c < 0 || int(c) >= len(traceformat.Categories) {
+		return 0 // other
+	}
+	return int(c)
+}
 
 func (m *memCurve) add(ts uint64, key []byte, alloc bool, bytes uint64, category int8, op int32) {
 	if m.disordered {
@@ -72,10 +97,13 @@ func (m *memCurve) add(ts uint64, key []byte, alloc bool, bytes uint64, category
 	case alloc && !isLive:
 		m.live[string(key)] = live{bytes: bytes, category: category, op: op, ord: m.ord}
 		m.total += bytes
+		m.byCategory[catIndex(category)] += bytes
 		m.allocs++
 	case !alloc && isLive:
 		delete(m.live, string(key))
 		m.total -= min(m.total, l.bytes)
+		c := &m.byCategory[catIndex(l.category)]
+		*c -= min(*c, l.bytes)
 		if m.havePeak && l.ord <= m.peakOrd {
 			m.freedFromPeak = append(m.freedFromPeak, keyedLive{string(key), l})
 		}
@@ -87,7 +115,21 @@ func (m *memCurve) closeGroup() {
 		return
 	}
 	m.inGroup = false
-	m.points = append(m.points, [2]uint64{m.groupTS, m.total})
+	if m.numPoints() >= 2*m.maxPoints {
+		// Merge neighbours, the larger total staying, in place.
+		kept := 0
+		for i := 0; i+1 < m.numPoints(); i += 2 {
+			a := m.point(i)
+			if b := m.point(i + 1); b[1] > a[1] {
+				a = b
+			}
+			copy(m.points[kept*m.stride:], a)
+			kept++
+		}
+		m.points = m.points[:kept*m.stride]
+	}
+	m.points = append(append(m.points, m.groupTS, m.total), m.byCategory...)
+	m.allPoints++
 	if m.allocs > 0 && (!m.havePeak || m.total > m.peak) {
 		m.havePeak, m.peak, m.peakAt, m.peakOrd = true, m.total, m.groupTS, m.ord
 		m.freedFromPeak = m.freedFromPeak[:0]
@@ -119,8 +161,11 @@ func (c *collector) memoryView(m *memCurve) *MemoryView {
 		return mv
 	}
 	mv.PeakBytes, mv.PeakAtNS = m.peak, m.peakAt
-	mv.Points = decimate(m.points, c.lim.MemoryPoints, m.peakAt)
-	mv.DrawnPoints, mv.AllPoints = len(mv.Points), len(m.points)
+	for _, k := range decimate(m.numPoints(), c.lim.MemoryPoints, func(i int) uint64 { return m.point(i)[1] }) {
+		mv.Points = append(mv.Points, append([]uint64(nil), m.point(k)...))
+	}
+	mv.DrawnPoints, mv.AllPoints = len(mv.Points), m.allPoints
+	mv.Categories = traceformat.Categories
 	all := m.atPeak()
 	mv.LiveAtPeak = len(all)
 	for _, l := range all[:min(len(all), c.lim.PeakStorages)] {

@@ -85,7 +85,8 @@ type Graph struct {
 
 // MemoryView is the logical live bytes over the update.
 type MemoryView struct {
-	Points       [][]uint64    `json:"points"` // [timestamp, live bytes]
+	Points       [][]uint64    `json:"points"` // [timestamp, live bytes, then bytes per category]
+	Categories   []string      `json:"categories"`
 	DrawnPoints  int           `json:"drawn_points"`
 	AllPoints    int           `json:"all_points"`
 	PeakBytes    uint64        `json:"peak_bytes"`

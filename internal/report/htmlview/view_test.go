@@ -113,6 +113,16 @@ func TestTrainPageNumbers(t *testing.T) {
 		{Bytes: 1024, Category: "gradient", Device: "cuda:0", Storage: "cuda-storage-3", MadeBy: "matmul_backward"},
 		{Bytes: 512, Category: "activation", Device: "cuda:0", Storage: "cuda-storage-2", MadeBy: "relu"},
 	}, p.Memory.PeakStorages)
+	// The trace's memory records: 1300 alloc storage-1 512 B activation,
+	// 1350 the same storage again (an alias: nothing added), 1900 alloc
+	// storage-2 512 B activation, 3400 free storage-1, 5400 alloc storage-3
+	// 1 KiB gradient, 7400 free storage-2, 9000 free storage-3. Per point:
+	// timestamp, total, then other, parameter, activation, gradient, optimizer.
+	assert.Equal(t, []string{"other", "parameter", "activation", "gradient", "optimizer"}, p.Memory.Categories)
+	assert.Equal(t, [][]uint64{
+		{1300, 512, 0, 0, 512, 0, 0}, {1350, 512, 0, 0, 512, 0, 0}, {1900, 1024, 0, 0, 1024, 0, 0}, {3400, 512, 0, 0, 512, 0, 0},
+		{5400, 1536, 0, 0, 512, 1024, 0}, {7400, 1024, 0, 0, 0, 1024, 0}, {9000, 0, 0, 0, 0, 0, 0},
+	}, p.Memory.Points)
 	// The two device_memory samples of the trace, at 2000 and 6000 ns.
 	assert.Equal(t, []DeviceUsed{{Device: "cuda:0", Samples: 2, Points: [][]uint64{{2000, 1 << 20}, {6000, 2 << 20}}}}, p.Memory.Devices)
 }
@@ -342,6 +352,16 @@ func TestPageInChromium(t *testing.T) {
 			flagged := regexp.MustCompile(`(?s)<table id="gradients-table".*?</table>`).FindString(dom)
 			assert.Equal(t, len(p.Report.Gradients.Flagged), strings.Count(flagged, `<tr class="flag">`), "non-present gradients are highlighted")
 			assert.Equal(t, p.Report.Overhead.Verdict, attr(t, dom, "overhead", "data-verdict"))
+			bands := 0
+			for k := range p.Memory.Categories {
+				for _, pt := range p.Memory.Points {
+					if pt[2+k] > 0 {
+						bands++
+						break
+					}
+				}
+			}
+			assert.Equal(t, bands, strings.Count(dom, `class="category-band"`), "one band per category that held bytes")
 			for _, d := range p.Memory.Devices {
 				assert.Regexp(t, `<path class="device-used"[^>]*data-device="`+regexp.QuoteMeta(d.Device)+`" data-samples="`+strconv.Itoa(d.Samples)+`"`, dom)
 			}

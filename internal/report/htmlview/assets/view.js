@@ -566,11 +566,39 @@
       }
       svg.appendChild(sv("text", { "class": "tick", x: L, y: H - 6 }, fmtNS(x0)));
       svg.appendChild(sv("text", { "class": "tick", x: W - 80, y: H - 6 }, fmtNS(x1)));
-      // A step curve: the bytes hold until the next point.
+      // Step curves: the bytes hold until the next point. One band per
+      // category, stacked, under the total's outline.
+      var cats = M.categories || [], colors = { parameter: "#84adea", activation: "#9bd3a8", gradient: "#f4b860", optimizer: "#c4a5ec", other: "#d0d5dd" };
+      var below = pts.map(function () { return 0; });
+      cats.forEach(function (c, k) {
+        if (!pts.some(function (p) { return p[2 + k] > 0; })) return;
+        var up = "M" + X(x0) + "," + Y(0), down = ""; // nothing is live before the first record
+        pts.forEach(function (p, i) {
+          var top = below[i] + p[2 + k];
+          up += " H" + X(p[0]) + " V" + Y(top);
+          below[i] = top;
+        });
+        // Back along the band's floor.
+        var floor = pts.map(function (p, i) { return below[i] - p[2 + k]; });
+        down = " H" + X(x1) + " V" + Y(floor[pts.length - 1]);
+        for (var i = pts.length - 1; i >= 0; i--) {
+          down += " H" + X(pts[i][0]) + " V" + Y(i > 0 ? floor[i - 1] : 0);
+        }
+        var band = sv("path", { "class": "category-band", "data-category": c, d: up + down + " H" + X(x0) + " Z", fill: colors[c] || "#d0d5dd" });
+        band.appendChild(sv("title", {}, c));
+        svg.appendChild(band);
+      });
       var d = "M" + X(x0) + "," + Y(0);
       pts.forEach(function (p) { d += " H" + X(p[0]) + " V" + Y(p[1]); });
-      d += " H" + X(x1) + " V" + Y(0) + " Z";
+      d += " H" + X(x1) + " V" + Y(0);
       svg.appendChild(sv("path", { id: pre + "memory-curve", "class": "curve", d: d }));
+      var lx = L + 4;
+      cats.forEach(function (c, k) {
+        if (!pts.some(function (p) { return p[2 + k] > 0; })) return;
+        svg.appendChild(sv("rect", { x: lx, y: 4, width: 10, height: 10, fill: colors[c] || "#d0d5dd" }));
+        svg.appendChild(sv("text", { "class": "tick", x: lx + 14, y: 13 }, c));
+        lx += 30 + c.length * 6;
+      });
       var px = X(M.peak_at_ns), py = Y(M.peak_bytes);
       svg.appendChild(sv("circle", { id: pre + "memory-peak", "class": "peak", cx: px, cy: py, r: 4, "data-bytes": M.peak_bytes, "data-at": M.peak_at_ns }));
       svg.appendChild(sv("text", { "class": "peak-label", x: Math.min(px + 6, W - 160), y: Math.max(py - 4, 12) }, "peak " + fmtBytes(M.peak_bytes)));
