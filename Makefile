@@ -1,6 +1,6 @@
 # candle-trace — build, test, benchmark.
 #   make          build/libcandle_trace.so and build/candle-trace
-#   make demo     build and run the C demo, check its trace with candle-graph
+#   make demo     build and run the C demo, check its trace with candle-graph, write build/demo/demo.html
 #   make test     every test of the project
 #   make setup    what make test needs on a fresh Debian 12 (tools/setup.sh; make demo
 #                 runs its smaller part, setup-demo); both are quick once done
@@ -114,6 +114,8 @@ demo: setup-demo $(LIB) $(CLI) $(BUILD)/train_step
 	  python3 -c "import json; h=json.load(open('summary.json'))['health']; print('structurally_valid:', h['structurally_valid'], ' capture_complete:', h['capture_complete']); [print(' ', i['severity'], i['code'], '-', i['message']) for i in h['issues']]"
 	@echo "--- candle-trace report:"
 	$(CLI) report $(BUILD)/demo/demo.jsonl
+	@echo "--- candle-trace view (one self-contained page for a browser):"
+	$(CLI) view $(BUILD)/demo/demo.jsonl --output $(BUILD)/demo/demo.html
 
 test: test-go test-c test-sanitize test-load test-python test-rust test-twins test-aggregate-demo test-packaging
 

@@ -32,7 +32,8 @@ VENV_MODULES="pytest jsonschema"
 #   python3-venv         build/venv, build/venv-torch2 and the packaging test's venv
 #   python3-wheel        setuptools 66 (Debian's, in a fresh venv) builds wheels with it:
 #                        the packaging test installs bindings/python offline with it
-APT_PACKAGES="python3-torch python3-pytest g++ ninja-build libtorch-dev python3-venv python3-wheel"
+#   chromium             the view tests open the HTML pages in a real headless browser
+APT_PACKAGES="python3-torch python3-pytest g++ ninja-build libtorch-dev python3-venv python3-wheel chromium"
 
 fail() { echo "tools/setup.sh: $*" >&2; exit 1; }
 

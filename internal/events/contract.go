@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
 )
 
 // Coverage is a capture contract's coverage level for one kind of evidence.
@@ -17,31 +19,14 @@ const (
 	CoverageComplete
 )
 
-func (c Coverage) String() string {
-	switch c {
-	case CoverageNone:
-		return "none"
-	case CoveragePartial:
-		return "partial"
-	case CoverageComplete:
-		return "complete"
-	}
-	return fmt.Sprintf("Coverage(%d)", uint8(c))
-}
+func (c Coverage) String() string { return spell(traceformat.Coverages, uint64(c), "Coverage") }
 
 // Valid reports whether c is a defined level.
 func (c Coverage) Valid() bool { return c <= CoverageComplete }
 
 func parseCoverage(s string) (Coverage, bool) {
-	switch s {
-	case "none":
-		return CoverageNone, true
-	case "partial":
-		return CoveragePartial, true
-	case "complete":
-		return CoverageComplete, true
-	}
-	return 0, false
+	i := traceformat.Index(traceformat.Coverages, s)
+	return Coverage(max(i, 0)), i >= 0
 }
 
 // MeasurementScope says what the measured region stands for.
@@ -54,15 +39,7 @@ const (
 )
 
 func (m MeasurementScope) String() string {
-	switch m {
-	case ScopeUnknown:
-		return "unknown"
-	case ScopeProfiledWork:
-		return "profiled_work"
-	case ScopeProductionEquivalent:
-		return "production_equivalent"
-	}
-	return fmt.Sprintf("MeasurementScope(%d)", uint8(m))
+	return spell(traceformat.MeasurementScopes, uint64(m), "MeasurementScope")
 }
 
 // Valid reports whether m is a defined scope.
@@ -80,15 +57,7 @@ const (
 )
 
 func (e FamilyExpectation) String() string {
-	switch e {
-	case FamilyActive:
-		return "active"
-	case FamilyInactive:
-		return "inactive"
-	case FamilyDataConditional:
-		return "data_conditional"
-	}
-	return fmt.Sprintf("FamilyExpectation(%d)", uint8(e))
+	return spell(traceformat.FamilyExpectations, uint64(e), "FamilyExpectation")
 }
 
 // Valid reports whether e is a defined expectation.
@@ -321,16 +290,11 @@ func parseContract(f fields) (CaptureContract, error) {
 		"required_semantic_labels", "gpu_expected_semantic_labels", "cpu_only_semantic_labels"); err != nil {
 		return c, err
 	}
-	scope, err := f.enum("measurement_scope", false, "unknown", "unknown", "profiled_work", "production_equivalent")
+	scope, err := f.enum("measurement_scope", false, "unknown", traceformat.MeasurementScopes...)
 	if err != nil {
 		return c, err
 	}
-	switch scope {
-	case "profiled_work":
-		c.MeasurementScope = ScopeProfiledWork
-	case "production_equivalent":
-		c.MeasurementScope = ScopeProductionEquivalent
-	}
+	c.MeasurementScope = MeasurementScope(traceformat.Index(traceformat.MeasurementScopes, scope))
 	for _, l := range [...]struct {
 		key string
 		dst *Coverage
@@ -418,16 +382,11 @@ func parseGradientContract(f fields) (*GradientContract, error) {
 		if fam.Family, _, err = ff.str("family", true, false); err != nil {
 			return nil, err
 		}
-		exp, err := ff.enum("expectation", true, "", "active", "inactive", "data_conditional")
+		exp, err := ff.enum("expectation", true, "", traceformat.FamilyExpectations...)
 		if err != nil {
 			return nil, err
 		}
-		switch exp {
-		case "inactive":
-			fam.Expectation = FamilyInactive
-		case "data_conditional":
-			fam.Expectation = FamilyDataConditional
-		}
+		fam.Expectation = FamilyExpectation(traceformat.Index(traceformat.FamilyExpectations, exp))
 		if fam.MinPresent, _, err = ff.uint("min_present", true); err != nil {
 			return nil, err
 		}

@@ -1,6 +1,10 @@
 package events
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
+)
 
 // The numeric values of these enums are the C ABI's (include/candle_trace.h) and must not
 // change; String returns the wire spelling.
@@ -14,17 +18,7 @@ const (
 	SpanModule   SpanKind = 2
 )
 
-func (k SpanKind) String() string {
-	switch k {
-	case SpanFunction:
-		return "function"
-	case SpanOp:
-		return "op"
-	case SpanModule:
-		return "module"
-	}
-	return "SpanKind(" + strconv.FormatUint(uint64(k), 10) + ")"
-}
+func (k SpanKind) String() string { return spell(traceformat.SpanKinds, uint64(k), "SpanKind") }
 
 // Valid reports whether k is one of the defined kinds.
 func (k SpanKind) Valid() bool { return k <= SpanModule }
@@ -41,15 +35,11 @@ const (
 )
 
 func (s Step) String() string {
-	switch s {
-	case StepNone:
+	if s == StepNone {
 		return "none"
-	case StepForward:
-		return "forward"
-	case StepBackward:
-		return "backward"
-	case StepOptimizer:
-		return "optimizer"
+	}
+	if int(s) <= len(traceformat.Steps) {
+		return traceformat.Steps[s-1]
 	}
 	return "Step(" + strconv.FormatUint(uint64(s), 10) + ")"
 }
@@ -66,13 +56,7 @@ const (
 )
 
 func (a MemoryAction) String() string {
-	switch a {
-	case MemoryAlloc:
-		return "alloc"
-	case MemoryFree:
-		return "free"
-	}
-	return "MemoryAction(" + strconv.FormatUint(uint64(a), 10) + ")"
+	return spell(traceformat.MemoryActions, uint64(a), "MemoryAction")
 }
 
 // Valid reports whether a is alloc or free.
@@ -89,17 +73,7 @@ const (
 )
 
 func (g GradientState) String() string {
-	switch g {
-	case GradientPresent:
-		return "present"
-	case GradientZero:
-		return "zero"
-	case GradientMissing:
-		return "missing"
-	case GradientNonFinite:
-		return "non_finite"
-	}
-	return "GradientState(" + strconv.FormatUint(uint64(g), 10) + ")"
+	return spell(traceformat.GradientStates, uint64(g), "GradientState")
 }
 
 // Valid reports whether g is one of the defined states.
@@ -116,21 +90,16 @@ const (
 	CategoryOptimizer  Category = 4
 )
 
-func (c Category) String() string {
-	switch c {
-	case CategoryOther:
-		return "other"
-	case CategoryParameter:
-		return "parameter"
-	case CategoryActivation:
-		return "activation"
-	case CategoryGradient:
-		return "gradient"
-	case CategoryOptimizer:
-		return "optimizer"
-	}
-	return "Category(" + strconv.FormatUint(uint64(c), 10) + ")"
-}
+func (c Category) String() string { return spell(traceformat.Categories, uint64(c), "Category") }
 
 // Valid reports whether c is one of the defined categories.
 func (c Category) Valid() bool { return c <= CategoryOptimizer }
+
+// spell is the wire spelling of an enum value, from the one definition in
+// traceformat; a value outside it prints as TYPE(N), as fmt would.
+func spell(values []string, i uint64, typ string) string {
+	if i < uint64(len(values)) {
+		return values[i]
+	}
+	return typ + "(" + strconv.FormatUint(i, 10) + ")"
+}

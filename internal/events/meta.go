@@ -8,10 +8,12 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
 )
 
 // Schema is the trace schema this package writes.
-const Schema = "candle-graph/trace/10"
+const Schema = traceformat.Schema
 
 // MetaPrefix is how every trace AppendMeta begins: the first bytes of its
 // meta line.

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/candle-trace/candle-trace/internal/traceformat"
 )
 
 // Run is the provenance of one capture, given to ct_open as JSON and written into meta.
@@ -104,7 +106,7 @@ func parseRun(data []byte) (*Run, error) {
 	if r.Device, _, err = f.str("device", true, false); err != nil {
 		return nil, err
 	}
-	if r.Phase, err = f.enum("phase", true, "", "train", "infer"); err != nil {
+	if r.Phase, err = f.enum("phase", true, "", traceformat.Phases...); err != nil {
 		return nil, err
 	}
 	if r.Mode, err = f.enum("mode", false, "trace", "trace", "aggregate"); err != nil {
@@ -144,7 +146,7 @@ func parseRun(data []byte) (*Run, error) {
 	if !hasCorr {
 		r.CorrelationID = DefaultCorrelationID(r.Entrypoint, r.Phase, r.CaptureStep)
 	}
-	if r.TimingMode, err = f.enum("timing_mode", false, "host", "host", "device_synchronized"); err != nil {
+	if r.TimingMode, err = f.enum("timing_mode", false, "host", traceformat.TimingModes...); err != nil {
 		return nil, err
 	}
 	if r.MeasuredRegionDeviceSynchronized, err = f.boolean("measured_region_device_synchronized"); err != nil {

@@ -7,14 +7,17 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/text"
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // Verdict is the one line said about a trace at the end of a run: where it
 // is, whether candle-graph would accept it (valid, complete), and the
 // measured region with the span that took the most of it.
 func Verdict(path string) string {
-	res, err := report.AnalyzeFile(path, report.Options{Report: true})
+	res, err := analysis.AnalyzeFile(path, analysis.Options{Report: true})
 	if err != nil {
 		return fmt.Sprintf("%s: unreadable (%v)", path, err)
 	}
@@ -23,7 +26,7 @@ func Verdict(path string) string {
 	fmt.Fprintf(&b, "%s: ", path)
 	if !h.StructurallyValid {
 		b.WriteString("INVALID")
-		if e := firstIssue(h, report.SeverityError, ""); e != nil {
+		if e := firstIssue(h, trace.SeverityError, ""); e != nil {
 			fmt.Fprintf(&b, " (%s: %s)", e.Code, e.Message)
 		}
 		return b.String()
@@ -41,11 +44,11 @@ func Verdict(path string) string {
 	}
 	if r := res.Report; r != nil && r.MeasuredRegion != nil && r.MeasuredRegion.Closed {
 		region := r.MeasuredRegion
-		fmt.Fprintf(&b, "; %s %s", region.Name, report.FormatNS(float64(region.DurationNS)))
+		fmt.Fprintf(&b, "; %s %s", region.Name, text.FormatNS(float64(region.DurationNS)))
 		if top := topSpan(r); top != nil {
-			fmt.Fprintf(&b, ", top span %s (%s self", top.Name, report.FormatNS(float64(top.SelfNS)))
+			fmt.Fprintf(&b, ", top span %s (%s self", top.Name, text.FormatNS(float64(top.SelfNS)))
 			if region.DurationNS > 0 {
-				fmt.Fprintf(&b, ", %s", report.FormatShare(float64(top.SelfNS)/float64(region.DurationNS)))
+				fmt.Fprintf(&b, ", %s", text.FormatShare(float64(top.SelfNS)/float64(region.DurationNS)))
 			}
 			b.WriteString(")")
 		}
@@ -58,7 +61,7 @@ func Verdict(path string) string {
 	return b.String()
 }
 
-func firstIssue(h *report.Health, sev report.Severity, code string) *report.Issue {
+func firstIssue(h *health.Health, sev trace.Severity, code string) *trace.Issue {
 	for i := range h.Issues {
 		if (sev == "" || h.Issues[i].Severity == sev) && (code == "" || h.Issues[i].Code == code) {
 			return &h.Issues[i]
@@ -69,8 +72,8 @@ func firstIssue(h *report.Health, sev report.Severity, code string) *report.Issu
 
 // topSpan is the span name with the most self time inside the measured
 // region: neither the region itself nor a span around it.
-func topSpan(r *report.Report) *report.NameStats {
-	var top *report.NameStats
+func topSpan(r *analysis.Report) *analysis.NameStats {
+	var top *analysis.NameStats
 	for i := range r.Spans {
 		s := &r.Spans[i]
 		if s.Encloses || s.Name == r.MeasuredRegion.Name {

@@ -142,3 +142,18 @@ func OfKind(lines []map[string]any, kind string) []map[string]any {
 	}
 	return out
 }
+
+// CorpusDir is the trace corpus every layer of internal/report tests
+// against: one file per rule, named after the code it shows.
+func CorpusDir(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(ModuleRoot(t), "internal", "report", "testdata")
+}
+
+// Corpus reads one file of the corpus.
+func Corpus(t testing.TB, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(CorpusDir(t), name))
+	require.NoError(t, err)
+	return data
+}

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/aggsummary"
 )
 
 // report and compare accept a candle-trace/aggregate/1 summary as well as a
@@ -120,12 +120,12 @@ func aggregateDispatch(cmd string, args []string, stdout, stderr io.Writer) (cod
 }
 
 // categoryFlag collects repeated --category NAME=CAT.
-type categoryFlag []report.CategoryRule
+type categoryFlag []aggsummary.CategoryRule
 
 func (c *categoryFlag) String() string { return fmt.Sprint(*c) }
 
 func (c *categoryFlag) Set(s string) error {
-	r, err := report.ParseCategoryRule(s)
+	r, err := aggsummary.ParseCategoryRule(s)
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func aggregateReportCmd(args []string, stdout, stderr io.Writer) int {
 	var rules categoryFlag
 	fs.Var(&rules, "category", "put span `NAME=CATEGORY` (NAME may be a * pattern; categories compute, data, transfer, other, ignore or your own); repeatable, before --categories rules")
 	file := fs.String("categories", "", "read NAME=CATEGORY rules from `FILE`, one a line (# comments)")
-	threshold := fs.Float64("threshold", 100*report.DefaultComputeThreshold, "compute share in `PCT` percent above which compute dominates")
+	threshold := fs.Float64("threshold", 100*aggsummary.DefaultComputeThreshold, "compute share in `PCT` percent above which compute dominates")
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
@@ -152,14 +152,14 @@ func aggregateReportCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "candle-trace report: --threshold must be a percentage between 0 and 100")
 		return ExitUsage
 	}
-	all := []report.CategoryRule(rules)
+	all := []aggsummary.CategoryRule(rules)
 	if *file != "" {
 		f, err := os.Open(*file)
 		if err != nil {
 			fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
 			return ExitUsage
 		}
-		more, err := report.ReadCategoryRules(f)
+		more, err := aggsummary.ReadCategoryRules(f)
 		f.Close()
 		if err != nil {
 			fmt.Fprintf(stderr, "candle-trace report: %s: %v\n", *file, err)
@@ -172,11 +172,11 @@ func aggregateReportCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "candle-trace report: %s: %v\n", paths[0], err)
 		return ExitProblem
 	}
-	r := report.AnalyzeAggregate(paths[0], s, report.NewCategorizer(all), *threshold/100)
+	r := aggsummary.AnalyzeAggregate(paths[0], s, aggsummary.NewCategorizer(all), *threshold/100)
 	if *asJSON {
 		writeJSON(stdout, r)
 	} else {
-		report.WriteAggregateReport(stdout, r)
+		aggsummary.WriteAggregateReport(stdout, r)
 	}
 	return ExitOK
 }
@@ -184,7 +184,7 @@ func aggregateReportCmd(args []string, stdout, stderr io.Writer) int {
 func aggregateCompareCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("compare", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON document for machines")
-	threshold := fs.Float64("threshold", 100*report.DefaultRegressionThreshold, "flag a p50 that moved by more than `PCT` percent")
+	threshold := fs.Float64("threshold", 100*aggsummary.DefaultRegressionThreshold, "flag a p50 that moved by more than `PCT` percent")
 	failOn := fs.Bool("fail-on-regression", false, "exit 1 when any p50 rose by more than the threshold")
 	paths, err := parse(fs, args)
 	if err != nil {
@@ -205,11 +205,11 @@ func aggregateCompareCmd(args []string, stdout, stderr io.Writer) int {
 			return ExitProblem
 		}
 	}
-	c := report.CompareAggregate(paths[0], sums[0], paths[1], sums[1], *threshold/100)
+	c := aggsummary.CompareAggregate(paths[0], sums[0], paths[1], sums[1], *threshold/100)
 	if *asJSON {
 		writeJSON(stdout, c)
 	} else {
-		report.WriteAggregateComparison(stdout, c)
+		aggsummary.WriteAggregateComparison(stdout, c)
 	}
 	if *failOn && c.Regressions > 0 {
 		return ExitProblem

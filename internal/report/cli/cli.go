@@ -1,6 +1,8 @@
 // Package cli is the candle-trace command line: argument handling and
-// output around package report, so that cmd/candle-trace stays a one-liner
-// and the commands can be tested in-process.
+// output around the layers of internal/report (trace, health, analysis and
+// the outputs text, compare, aggsummary, chrome), so that cmd/candle-trace
+// stays a one-liner and the commands can be tested in-process. It is the top
+// layer: nothing below imports it.
 package cli
 
 import (
@@ -13,7 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/health"
+	"github.com/candle-trace/candle-trace/internal/report/text"
 	"github.com/candle-trace/candle-trace/internal/runner"
 )
 
@@ -51,6 +55,14 @@ commands:
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
         meta.clock.wall_unix_ns_at_open
+  view [--output FILE] [--threshold PCT] TRACE [B]
+        one self-contained HTML page (no network needed) to open in a
+        browser: health verdict, overhead analysis, top spans and ops, a
+        zoomable timeline of the update, the memory curve with the peak
+        and what was live there, gradients and tensor statistics
+        (default FILE: TRACE with .html). With two traces: B against A as
+        compare sets them (PCT as there), then each trace's own views;
+        an aggregate SUMMARY: its distributions, categories and scalars
 
   run [--capture-step N] [--output PATTERN] [--match PATTERNS]
       [--device-collect C] [--aggregate PATH] -- COMMAND ARGS...
@@ -110,6 +122,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return mergeCmd(args[1:], stdout, stderr)
 	case "run":
 		return runner.Main(args[1:], stdout, stderr)
+	case "view":
+		return viewCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
@@ -151,7 +165,7 @@ type validateResult struct {
 	Path   string         `json:"path"`
 	OK     bool           `json:"ok"`
 	Error  string         `json:"error,omitempty"`
-	Health *report.Health `json:"health,omitempty"`
+	Health *health.Health `json:"health,omitempty"`
 }
 
 func validate(args []string, stdout, stderr io.Writer) int {
@@ -169,7 +183,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	allOK := true
 	var results []validateResult
 	for _, p := range paths {
-		res, err := analyze(p, report.Options{Progress: progress(stderr, p)})
+		res, err := analyze(p, analysis.Options{Progress: progress(stderr, p)})
 		vr := validateResult{Path: p}
 		if err != nil {
 			vr.Error = err.Error()
@@ -186,7 +200,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%s: FAIL (%v)\n", p, err)
 			continue
 		}
-		report.WriteHealth(stdout, p, &res.Health, *allowPartial)
+		text.WriteHealth(stdout, p, &res.Health, *allowPartial)
 	}
 	if *asJSON {
 		writeJSON(stdout, struct {
@@ -212,7 +226,7 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	p := paths[0]
-	res, err := analyze(p, report.Options{Report: true, Progress: progress(stderr, p)})
+	res, err := analyze(p, analysis.Options{Report: true, Progress: progress(stderr, p)})
 	if err != nil {
 		fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
 		return ExitProblem
@@ -220,10 +234,10 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 	if *asJSON {
 		writeJSON(stdout, struct {
 			Path string `json:"path"`
-			*report.Result
+			*analysis.Result
 		}{p, res})
 	} else {
-		report.WriteReport(stdout, p, res)
+		text.WriteReport(stdout, p, res)
 	}
 	if res.Report == nil {
 		return ExitProblem
@@ -232,11 +246,11 @@ func reportCmd(args []string, stdout, stderr io.Writer) int {
 }
 
 // analyze reads a trace file, or standard input for "-".
-func analyze(path string, opts report.Options) (*report.Result, error) {
+func analyze(path string, opts analysis.Options) (*analysis.Result, error) {
 	if path == "-" {
-		return report.Analyze(stdinReader(), opts)
+		return analysis.Analyze(stdinReader(), opts)
 	}
-	return report.AnalyzeFile(path, opts)
+	return analysis.AnalyzeFile(path, opts)
 }
 
 func writeJSON(w io.Writer, v any) {
@@ -266,7 +280,7 @@ func progress(stderr io.Writer, path string) func(int64) {
 		if time.Since(start) < 2*time.Second {
 			return
 		}
-		line := fmt.Sprintf("%s: %s read", path, report.FormatBytes(uint64(n)))
+		line := fmt.Sprintf("%s: %s read", path, text.FormatBytes(uint64(n)))
 		if size > 0 {
 			line += fmt.Sprintf(" (%.0f%%)", 100*float64(n)/float64(size))
 		}

@@ -4,14 +4,16 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/analysis"
+	"github.com/candle-trace/candle-trace/internal/report/compare"
+	"github.com/candle-trace/candle-trace/internal/report/text"
 )
 
 func compareCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("compare", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON document for machines")
 	force := fs.Bool("force", false, "compare even when the comparison identities differ or are missing")
-	threshold := fs.Float64("threshold", 100*report.DefaultCompareThreshold, "mark time ratios and gradient-norm errors beyond this `PCT` percent")
+	threshold := fs.Float64("threshold", 100*compare.DefaultCompareThreshold, "mark time ratios and gradient-norm errors beyond this `PCT` percent")
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
@@ -24,39 +26,39 @@ func compareCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "candle-trace compare: --threshold must be a positive percentage")
 		return ExitUsage
 	}
-	var results [2]*report.Result
+	var results [2]*analysis.Result
 	for i, p := range paths {
-		res, err := analyze(p, report.Options{Report: true, Progress: progress(stderr, p)})
+		res, err := analyze(p, analysis.Options{Report: true, Progress: progress(stderr, p)})
 		if err != nil {
 			fmt.Fprintf(stderr, "candle-trace compare: %v\n", err)
 			return ExitProblem
 		}
 		if res.Report == nil {
 			fmt.Fprintf(stderr, "candle-trace compare: %s cannot be read:\n", p)
-			report.WriteHealth(stderr, p, &res.Health, true)
+			text.WriteHealth(stderr, p, &res.Health, true)
 			return ExitProblem
 		}
 		results[i] = res
 	}
-	c := report.Compare(paths[0], results[0], paths[1], results[1], *threshold/100)
+	c := compare.Compare(paths[0], results[0], paths[1], results[1], *threshold/100)
 	c.Forced = *force && !c.IdentityComparable
 	refused := !c.IdentityComparable && !*force
 	if *asJSON {
 		writeJSON(stdout, struct {
 			Refused bool `json:"refused"`
-			*report.Comparison
+			*compare.Comparison
 		}{refused, c})
 	}
 	if refused {
 		if !*asJSON {
-			report.WriteIdentityRefusal(stderr, c)
+			compare.WriteIdentityRefusal(stderr, c)
 		} else {
 			fmt.Fprintf(stderr, "candle-trace compare: refused: %s (--force compares anyway)\n", c.IdentityProblem)
 		}
 		return ExitProblem
 	}
 	if !*asJSON {
-		report.WriteComparison(stdout, c)
+		compare.WriteComparison(stdout, c)
 	}
 	return ExitOK
 }

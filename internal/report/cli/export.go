@@ -8,7 +8,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/candle-trace/candle-trace/internal/report"
+	"github.com/candle-trace/candle-trace/internal/report/chrome"
+	"github.com/candle-trace/candle-trace/internal/report/text"
 )
 
 func exportCmd(args []string, stdout, stderr io.Writer) int {
@@ -28,19 +29,19 @@ func exportCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	p := paths[0]
-	var res *report.ExportResult
-	code := writeOutput(*out, stdout, stderr, "export", func(w *report.ChromeWriter) (map[string]string, error) {
+	var res *chrome.ExportResult
+	code := writeOutput(*out, stdout, stderr, "export", func(w *chrome.ChromeWriter) (map[string]string, error) {
 		var err error
 		if p == "-" {
-			res, err = report.ExportChrome(os.Stdin, w, report.ChromeOptions{})
+			res, err = chrome.ExportChrome(os.Stdin, w, chrome.ChromeOptions{})
 		} else {
-			res, err = report.ExportChromeFile(p, w, report.ChromeOptions{})
+			res, err = chrome.ExportChromeFile(p, w, chrome.ChromeOptions{})
 		}
 		if err != nil {
 			return nil, err
 		}
 		return map[string]string{"source": p, "run_id": res.Meta.RunID, "schema": res.Meta.Schema, "exported_by": "candle-trace export"}, nil
-	}, func(w *report.ChromeWriter) {
+	}, func(w *chrome.ChromeWriter) {
 		fmt.Fprintf(stderr, "%s: %d trace events (%s) from %d lines, %d spans\n", dest(*out), w.Events(), phaseCounts(w.Phases()), res.Lines, res.Spans)
 		notePartial(stderr, p, res)
 	})
@@ -61,10 +62,10 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "candle-trace merge: give the traces of the job's ranks")
 		return ExitUsage
 	}
-	var res *report.MergeResult
-	code := writeOutput(*out, stdout, stderr, "merge", func(w *report.ChromeWriter) (map[string]string, error) {
+	var res *chrome.MergeResult
+	code := writeOutput(*out, stdout, stderr, "merge", func(w *chrome.ChromeWriter) (map[string]string, error) {
 		var err error
-		if res, err = report.Merge(paths, w); err != nil {
+		if res, err = chrome.Merge(paths, w); err != nil {
 			return nil, err
 		}
 		other := map[string]string{"exported_by": "candle-trace merge", "ranks": fmt.Sprint(len(res.Inputs))}
@@ -72,10 +73,10 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 			other[fmt.Sprintf("rank %d", in.Rank)] = fmt.Sprintf("%s (pid %d, offset %d ns, rank from %s)", in.Path, in.HostPID, in.OffsetNS, in.RankFrom)
 		}
 		return other, nil
-	}, func(w *report.ChromeWriter) {
+	}, func(w *chrome.ChromeWriter) {
 		fmt.Fprintf(stderr, "%s: %d trace events (%s) from %d ranks\n", dest(*out), w.Events(), phaseCounts(w.Phases()), len(res.Inputs))
 		for _, in := range res.Inputs {
-			fmt.Fprintf(stderr, "  rank %d (%s): %s, pid %d, +%s\n", in.Rank, in.RankFrom, in.Path, in.HostPID, report.FormatNS(float64(in.OffsetNS)))
+			fmt.Fprintf(stderr, "  rank %d (%s): %s, pid %d, +%s\n", in.Rank, in.RankFrom, in.Path, in.HostPID, text.FormatNS(float64(in.OffsetNS)))
 			notePartial(stderr, in.Path, in.Result)
 		}
 		for _, warn := range res.Warnings {
@@ -95,7 +96,7 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 // writeOutput runs fill on a Chrome writer to path (through a temporary
 // file renamed at the end, so a failed run leaves no half file) or to
 // stdout, then summary.
-func writeOutput(path string, stdout, stderr io.Writer, cmd string, fill func(*report.ChromeWriter) (map[string]string, error), summary func(*report.ChromeWriter)) int {
+func writeOutput(path string, stdout, stderr io.Writer, cmd string, fill func(*chrome.ChromeWriter) (map[string]string, error), summary func(*chrome.ChromeWriter)) int {
 	var dst io.Writer = stdout
 	var tmp *os.File
 	if path != "" && path != "-" {
@@ -108,7 +109,7 @@ func writeOutput(path string, stdout, stderr io.Writer, cmd string, fill func(*r
 		defer os.Remove(tmp.Name()) // a no-op once renamed
 		dst = tmp
 	}
-	w := report.NewChromeWriter(dst)
+	w := chrome.NewChromeWriter(dst)
 	other, err := fill(w)
 	if err == nil {
 		err = w.Close(other)
@@ -153,7 +154,7 @@ func phaseCounts(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-func notePartial(stderr io.Writer, path string, r *report.ExportResult) {
+func notePartial(stderr io.Writer, path string, r *chrome.ExportResult) {
 	switch {
 	case r.Stop != nil:
 		fmt.Fprintf(stderr, "  %s: stopped at line %d: %s: %s (exported what came before)\n", path, r.Stop.Line, r.Stop.Code, r.Stop.Message)
@@ -163,7 +164,7 @@ func notePartial(stderr io.Writer, path string, r *report.ExportResult) {
 		fmt.Fprintf(stderr, "  %s: partial trace (no terminal record)\n", path)
 	}
 	if r.OpenSpans > 0 {
-		fmt.Fprintf(stderr, "  %s: %d open spans end at the last timestamp, %s (args.open)\n", path, r.OpenSpans, report.FormatNS(float64(r.LastNS)))
+		fmt.Fprintf(stderr, "  %s: %d open spans end at the last timestamp, %s (args.open)\n", path, r.OpenSpans, text.FormatNS(float64(r.LastNS)))
 	}
 	if r.DroppedFlows > 0 {
 		fmt.Fprintf(stderr, "  %s: %d edges left out: an endpoint never appeared\n", path, r.DroppedFlows)
