@@ -18,6 +18,7 @@ from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
 from ._common import compiled_inner, exception_reason
+from ._distributed import StepAgreement, rank_path, rank_tags, rank_world
 
 __all__ = ["profile"]
 
@@ -105,7 +106,10 @@ class profile:
         tops = self._tops = _tops(model)
         self.model = model
         self.optimizer = optimizer
-        self.path = str(path)
+        #: this process's rank and the job's world size (RANK/WORLD_SIZE; see _distributed)
+        self.rank, self.world_size = rank_world()
+        self.path = rank_path(str(path), self.rank, self.world_size)
+        tags = rank_tags(dict(tags or {}), self.rank, self.world_size)
         self.capture_step = capture_step
         self.phase = phase
         self.name, device = _identity(model, tops, name, device)
@@ -126,8 +130,13 @@ class profile:
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.profile: {e}") from None
         self.steps = 0  #: step() calls so far
+        if aggregate_path is not None:
+            aggregate_path = rank_path(str(aggregate_path), self.rank, self.world_size)
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix,
                                 aggregate_loss)
+        #: the same capture step on every rank, checked through the process group
+        self.agreement = StepAgreement(capture_step)
+        self.capture.on_complete.append(self.agreement.record)
         #: the aggregate session's owner (``aggregate_path`` given and enabled), else None
         self.whole_run: Optional[WholeRun] = None
         self._started = False
@@ -188,6 +197,7 @@ class profile:
             self._started = True
             return self
         self.capture.open()
+        self.agreement.publish()
         path, interval, prefix, loss = self._aggregate_args
         if path is not None:
             try:
