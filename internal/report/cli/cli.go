@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/candle-trace/candle-trace/internal/job"
 	"github.com/candle-trace/candle-trace/internal/report"
 )
 
@@ -35,6 +36,12 @@ commands:
         where the captured step spent its time, device idle time, memory
         peak, gradients, tensor statistics and an overhead analysis; exit 0
         whenever the trace could be read (its health is part of the report)
+  report [--json] [--threshold PCT] RANK_TRACE RANK_TRACE...
+        the job view of a multi-rank job: ranks on one clock (wall clocks
+        refined by the collectives' ends), per-rank update, waiting and
+        busy time per phase, who entered each collective last, and a
+        straggler verdict (PCT: how much of their update the others must
+        wait, default 5)
   compare [--json] [--force] [--threshold PCT] A B
         B against A: per span and op name count, totals, delta and ratio;
         measured region; memory peaks; gradient norm relative error and
@@ -49,7 +56,8 @@ commands:
   merge [-o OUT] RANK_TRACE...
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
-        meta.clock.wall_unix_ns_at_open
+        meta.clock.wall_unix_ns_at_open, refined by the ends of the
+        collectives every rank shares
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]
@@ -193,9 +201,13 @@ func validate(args []string, stdout, stderr io.Writer) int {
 func reportCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("report", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON document for machines")
+	waitPct := fs.Float64("threshold", job.DefaultWaitThreshold, "job view: the share (percent) of their update the other ranks must wait for a straggler")
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
+	}
+	if len(paths) > 1 { // the traces of a job's ranks
+		return jobReportCmd(paths, *asJSON, *waitPct, stdout, stderr)
 	}
 	if len(paths) != 1 {
 		fmt.Fprintln(stderr, "candle-trace report: give exactly one trace")

@@ -62,9 +62,10 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	var res *report.MergeResult
+	offsets, refined := alignedOffsets(paths) // job clock (package job), else wall clocks
 	code := writeOutput(*out, stdout, stderr, "merge", func(w *report.ChromeWriter) (map[string]string, error) {
 		var err error
-		if res, err = report.Merge(paths, w); err != nil {
+		if res, err = report.MergeWith(paths, w, offsets); err != nil {
 			return nil, err
 		}
 		other := map[string]string{"exported_by": "candle-trace merge", "ranks": fmt.Sprint(len(res.Inputs))}
@@ -74,6 +75,9 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 		return other, nil
 	}, func(w *report.ChromeWriter) {
 		fmt.Fprintf(stderr, "%s: %d trace events (%s) from %d ranks\n", dest(*out), w.Events(), phaseCounts(w.Phases()), len(res.Inputs))
+		if offsets != nil {
+			fmt.Fprintf(stderr, "  %s\n", refined)
+		}
 		for _, in := range res.Inputs {
 			fmt.Fprintf(stderr, "  rank %d (%s): %s, pid %d, +%s\n", in.Rank, in.RankFrom, in.Path, in.HostPID, report.FormatNS(float64(in.OffsetNS)))
 			notePartial(stderr, in.Path, in.Result)
