@@ -35,8 +35,9 @@ type RankStat struct {
 	UpdateNS int64 `json:"update_ns"`
 	// CollectiveNS is the time it had a collective under way (their union).
 	CollectiveNS int64 `json:"collective_ns"`
-	// WaitNS is the part of that spent before the last rank entered: waiting
-	// for the others, not moving data.
+	// WaitNS is the part of that spent waiting for a later rank: from the
+	// rank's latest enter of a collective to the last rank's enter of one it
+	// had under way (until it enters a collective, a rank is computing).
 	WaitNS int64       `json:"wait_ns"`
 	BusyNS int64       `json:"busy_ns"` // UpdateNS - WaitNS
 	Phases []PhaseTime `json:"phases"`
@@ -180,9 +181,18 @@ func (j *Job) rankStat(i int) RankStat {
 		for _, e := range c.EnterNS {
 			lastEnter = max(lastEnter, e)
 		}
-		// Back on this rank's clock: from entering to the last rank's enter
-		// (or its own end, if that came first).
-		wait = append(wait, interval{enter - off, min(lastEnter, c.EndNS[i]) - off})
+		// A collective may be under way while the rank computes (DDP's
+		// buckets are all-reduced during backward): the rank counts as
+		// computing until it enters its next collective, and as waiting from
+		// its latest enter before the last rank arrived until that arrival
+		// (or the collective's end on this rank, if that came first).
+		from := enter
+		for _, x := range j.Collectives {
+			if e := x.EnterNS[i]; e > from && e <= lastEnter {
+				from = e
+			}
+		}
+		wait = append(wait, interval{from - off, min(lastEnter, c.EndNS[i]) - off}) // back on this rank's clock
 		if c.LastRank == t.Rank {
 			r.LastIn++
 			held = append(held, interval{secondLast(c.EnterNS), enter})
