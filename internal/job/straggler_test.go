@@ -4,33 +4,35 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/candle-trace/candle-trace/internal/job/jobtest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestStragglerVerdict(t *testing.T) {
-	slow := func(m jobModel, rank int, f func(r *rankModel)) jobModel {
+	slow := func(m jobtest.Job, rank int, f func(r *jobtest.Rank)) jobtest.Job {
 		f(&m.Ranks[rank])
 		return m
 	}
 	const delay = 12_000_000
 	tests := []struct {
 		name      string
-		model     jobModel
+		model     jobtest.Job
 		straggler int // -1: none
 		phase     string
 		kind      string
 		// the straggler's excess busy time in its phase, and the others' busy time there
 		excess, base int64
 	}{
-		{"rank 1 of 2 slow in forward", slow(even(2), 1, func(r *rankModel) { r.Fwd += delay }), 1, "forward", "compute-bound", delay, 10_000_000},
-		{"rank 3 of 4 slow in forward, with a late wall anchor", slow(slow(even(4), 3, func(r *rankModel) { r.Fwd += delay }), 3, func(r *rankModel) { r.AnchorErr = 2_000_000 }), 3, "forward", "compute-bound", delay, 10_000_000},
+		{"rank 1 of 2 slow in forward", slow(jobtest.Even(2), 1, func(r *jobtest.Rank) { r.Fwd += delay }), 1, "forward", "compute-bound", delay, 10_000_000},
+		{"rank 3 of 4 slow in forward, with a late wall anchor", slow(slow(jobtest.Even(4), 3, func(r *jobtest.Rank) { r.Fwd += delay }), 3, func(r *jobtest.Rank) { r.AnchorErr = 2_000_000 }), 3, "forward", "compute-bound", delay, 10_000_000},
 		// backward returns once the last bucket is all-reduced: the others' busy
 		// backward is its compute and the transfer after the last enter.
-		{"rank 2 of 4 slow in backward", slow(even(4), 2, func(r *rankModel) { r.Bwd += 3 * delay }), 2, "backward", "compute-bound", 3 * delay, 20_000_000 + even(1).Xfer},
-		{"rank 0 starts late: input-bound", slow(even(3), 0, func(r *rankModel) { r.Start += delay }), 0, "", "input-bound", 0, 0},
-		{"balanced ranks", even(4), -1, "", "", 0, 0},
-		{"a 1% slower rank is within the threshold", slow(even(2), 1, func(r *rankModel) { r.Fwd += 300_000 }), -1, "", "", 0, 0},
+		{"rank 2 of 4 slow in backward", slow(jobtest.Even(4), 2, func(r *jobtest.Rank) { r.Bwd += 3 * delay }), 2, "backward", "compute-bound", 3 * delay, 20_000_000 + jobtest.Even(1).Xfer},
+		{"rank 0 starts late: input-bound", slow(jobtest.Even(3), 0, func(r *jobtest.Rank) { r.Start += delay }), 0, "", "input-bound", 0, 0},
+		{"balanced ranks", jobtest.Even(4), -1, "", "", 0, 0},
+		{"a 1% slower rank is within the threshold", slow(jobtest.Even(2), 1, func(r *jobtest.Rank) { r.Fwd += 300_000 }), -1, "", "", 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,17 +67,17 @@ func TestStragglerVerdict(t *testing.T) {
 // them, and the waiting is taken out of their backward.
 func TestRankTimes(t *testing.T) {
 	const delay = 7_000_000
-	m := even(3)
+	m := jobtest.Even(3)
 	m.Collectives = m.Collectives[:1] // one bucket: the wait is one interval
 	m.Ranks[1].Fwd += delay
 	j := analyzed(t, m)
 	require.Len(t, j.Ranks, 3)
 	for i, r := range j.Ranks {
 		mr := m.Ranks[i]
-		enter := m.enter(mr, 0)
-		wait := m.enter(m.Ranks[1], 0) - enter
+		enter := m.Enter(mr, 0)
+		wait := m.Enter(m.Ranks[1], 0) - enter
 		assert.Equal(t, wait, r.WaitNS, "rank %d", r.Rank)
-		assert.Equal(t, m.end(0)-enter, r.CollectiveNS, "rank %d", r.Rank)
+		assert.Equal(t, m.End(0)-enter, r.CollectiveNS, "rank %d", r.Rank)
 		bwd := r.phase("backward")
 		assert.Equal(t, wait, bwd.WaitNS, "rank %d: the wait lies in backward", r.Rank)
 		assert.Equal(t, r.UpdateNS-r.WaitNS, r.BusyNS)
@@ -99,7 +101,7 @@ func TestRankTimes(t *testing.T) {
 }
 
 func TestNoCollectives(t *testing.T) {
-	m := even(3)
+	m := jobtest.Even(3)
 	m.Collectives = nil
 	m.Ranks[2].Opt += 20_000_000
 	j := analyzed(t, m)
@@ -111,8 +113,8 @@ func TestNoCollectives(t *testing.T) {
 }
 
 func TestAnalyzeRefuses(t *testing.T) {
-	m := even(2)
-	paths := m.write(t, t.TempDir())
+	m := jobtest.Even(2)
+	paths := writeJob(t, m)
 	one, err := ReadAll(paths[:1])
 	require.NoError(t, err)
 	_, err = Analyze(one, DefaultWaitThreshold)
