@@ -63,6 +63,12 @@ type Trace struct {
 	// region, in time order.
 	Phases      []Span       `json:"-"`
 	Collectives []Collective `json:"-"`
+	// Busy is when the rank ran an op other than a collective's (on any
+	// thread), merged: what tells computing from waiting while a collective
+	// is under way (DDP all-reduces buckets while backward goes on).
+	Busy []interval `json:"-"`
+	// Ops is how many such ops the trace holds.
+	Ops int `json:"ops"`
 }
 
 // line is the union of the fields read from the lines that are decoded.
@@ -92,9 +98,9 @@ type line struct {
 }
 
 // wanted tells, from the raw bytes, whether a line may be one the analysis
-// needs: the meta and terminal, span lines, and ops whose name is a
+// decodes: the meta and terminal, span lines, and ops whose name is a
 // collective's. Everything else (most of a trace: ops, tensors, memory) is
-// skipped without decoding.
+// skipped without decoding; of the other ops only the times are scanned.
 func wanted(raw []byte) bool {
 	for _, k := range [][]byte{[]byte(`span_start`), []byte(`span_end`), []byte(`"meta"`), []byte(`"terminal"`)} {
 		if bytes.Contains(raw, k) {
@@ -144,7 +150,9 @@ func Read(r io.Reader, index int) (*Trace, error) {
 		}
 		if len(bytes.TrimSpace(raw)) > 0 {
 			n++
-			if n == 1 || wanted(raw) {
+			if n > 1 && kindOf(raw) == "op" && !wanted(raw) {
+				t.busyOp(raw)
+			} else if n == 1 || wanted(raw) {
 				var l line
 				if jerr := json.Unmarshal(raw, &l); jerr != nil {
 					if err == io.EOF { // the cut last line of a killed writer
@@ -226,6 +234,57 @@ func (t *Trace) finish(all []Span) {
 	}
 	t.Phases = outermost(tagged, t.Measured)
 	sortCollectives(t.Collectives)
+	t.Busy = merge(t.Busy)
+}
+
+// busyOp takes the time of an op that is no collective (the c10d:: op that
+// enqueues one is part of it). The two numbers are scanned, not decoded.
+func (t *Trace) busyOp(raw []byte) {
+	if bytes.Contains(raw, []byte(`"c10d::`)) {
+		return
+	}
+	ts, ok1 := scanUint(raw, `"timestamp_ns"`)
+	d, ok2 := scanUint(raw, `"duration_ns"`)
+	if !ok1 || !ok2 || d == 0 {
+		return
+	}
+	t.Ops++
+	t.Busy = append(t.Busy, interval{int64(ts), int64(ts + d)})
+	if len(t.Busy) >= 1<<16 { // keep the list short: merge as it grows
+		t.Busy = merge(t.Busy)
+	}
+}
+
+// kindOf reads the value of the line's "kind" key from the raw bytes.
+func kindOf(raw []byte) string {
+	i := bytes.Index(raw, []byte(`"kind"`))
+	if i < 0 {
+		return ""
+	}
+	rest := bytes.TrimLeft(raw[i+6:], " \t:")
+	if len(rest) == 0 || rest[0] != '"' {
+		return ""
+	}
+	end := bytes.IndexByte(rest[1:], '"')
+	if end < 0 {
+		return ""
+	}
+	return string(rest[1 : 1+end])
+}
+
+// scanUint reads the integer after key (`"name"`) in the raw bytes.
+func scanUint(raw []byte, key string) (uint64, bool) {
+	i := bytes.Index(raw, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(raw[i+len(key):], " \t:")
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	v, err := strconv.ParseUint(string(rest[:j]), 10, 64)
+	return v, err == nil
 }
 
 // outermost returns the spans (in time order) that lie inside the measured

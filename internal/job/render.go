@@ -36,7 +36,7 @@ func Write(w io.Writer, j *Job) {
 	}
 	tw.Flush()
 
-	fmt.Fprintln(w, "\nPer rank (waiting = for a later rank, from its own latest enter of a collective; busy = update less waiting)")
+	fmt.Fprintln(w, "\nPer rank (waiting = in a collective before the last rank entered it, running no op; busy = update less waiting)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "  RANK\tSTART\tUPDATE\tCOLLECTIVES\tWAITING\tBUSY\t"
 	for _, p := range PhaseNames {

@@ -34,29 +34,46 @@ func median(v []int64) int64 {
 // interval is [lo, hi) on one clock.
 type interval struct{ lo, hi int64 }
 
-// unionLength is the total length covered by the intervals.
-func unionLength(iv []interval) int64 {
+// merge returns the union of the intervals as disjoint intervals in order.
+func merge(iv []interval) []interval {
 	s := slices.Clone(iv)
 	sort.Slice(s, func(i, j int) bool { return s[i].lo < s[j].lo })
-	var total, curLo, curHi int64
-	open := false
+	out := s[:0]
 	for _, x := range s {
 		if x.hi <= x.lo {
 			continue
 		}
-		if !open || x.lo > curHi {
-			if open {
-				total += curHi - curLo
-			}
-			curLo, curHi, open = x.lo, x.hi, true
-		} else if x.hi > curHi {
-			curHi = x.hi
+		if n := len(out); n > 0 && x.lo <= out[n-1].hi {
+			out[n-1].hi = max(out[n-1].hi, x.hi)
+			continue
 		}
+		out = append(out, x)
 	}
-	if open {
-		total += curHi - curLo
+	return out
+}
+
+// unionLength is the total length covered by the intervals.
+func unionLength(iv []interval) int64 {
+	var total int64
+	for _, x := range merge(iv) {
+		total += x.hi - x.lo
 	}
 	return total
+}
+
+// lengthOutside is how much of the union of iv lies outside the disjoint,
+// ordered intervals busy.
+func lengthOutside(iv []interval, busy []interval) int64 {
+	var out int64
+	for _, x := range merge(iv) {
+		covered := int64(0)
+		k := sort.Search(len(busy), func(i int) bool { return busy[i].hi > x.lo })
+		for ; k < len(busy) && busy[k].lo < x.hi; k++ {
+			covered += min(busy[k].hi, x.hi) - max(busy[k].lo, x.lo)
+		}
+		out += x.hi - x.lo - covered
+	}
+	return out
 }
 
 // clip returns the parts of the intervals inside [lo, hi).

@@ -35,9 +35,9 @@ type RankStat struct {
 	UpdateNS int64 `json:"update_ns"`
 	// CollectiveNS is the time it had a collective under way (their union).
 	CollectiveNS int64 `json:"collective_ns"`
-	// WaitNS is the part of that spent waiting for a later rank: from the
-	// rank's latest enter of a collective to the last rank's enter of one it
-	// had under way (until it enters a collective, a rank is computing).
+	// WaitNS is the part of that spent waiting for a later rank: between
+	// its enter and the last rank's, in no op of its own (with no ops in the
+	// trace, all of it).
 	WaitNS int64       `json:"wait_ns"`
 	BusyNS int64       `json:"busy_ns"` // UpdateNS - WaitNS
 	Phases []PhaseTime `json:"phases"`
@@ -181,18 +181,11 @@ func (j *Job) rankStat(i int) RankStat {
 		for _, e := range c.EnterNS {
 			lastEnter = max(lastEnter, e)
 		}
-		// A collective may be under way while the rank computes (DDP's
-		// buckets are all-reduced during backward): the rank counts as
-		// computing until it enters its next collective, and as waiting from
-		// its latest enter before the last rank arrived until that arrival
-		// (or the collective's end on this rank, if that came first).
-		from := enter
-		for _, x := range j.Collectives {
-			if e := x.EnterNS[i]; e > from && e <= lastEnter {
-				from = e
-			}
-		}
-		wait = append(wait, interval{from - off, min(lastEnter, c.EndNS[i]) - off}) // back on this rank's clock
+		// From entering until the last rank arrived (or its own end, if that
+		// came first), back on this rank's clock. A collective may be under
+		// way while the rank computes (DDP all-reduces buckets while backward
+		// goes on): only the time in no op of the rank is waiting (waitIn).
+		wait = append(wait, interval{enter - off, min(lastEnter, c.EndNS[i]) - off})
 		if c.LastRank == t.Rank {
 			r.LastIn++
 			held = append(held, interval{secondLast(c.EnterNS), enter})
@@ -200,7 +193,13 @@ func (j *Job) rankStat(i int) RankStat {
 	}
 	lo, hi := int64(m.StartNS), int64(m.EndNS)
 	r.CollectiveNS = unionLength(clip(in, lo, hi))
-	r.WaitNS = unionLength(clip(wait, lo, hi))
+	waitIn := func(lo, hi int64) int64 {
+		if t.Ops == 0 { // no ops recorded: all of it
+			return unionLength(clip(wait, lo, hi))
+		}
+		return lengthOutside(clip(wait, lo, hi), t.Busy)
+	}
+	r.WaitNS = waitIn(lo, hi)
 	r.BusyNS = r.UpdateNS - r.WaitNS
 	r.HeldNS = unionLength(held) // on the job clock: the others' waits overlap
 	var phaseSpan, phaseWait int64
@@ -209,7 +208,7 @@ func (j *Job) rankStat(i int) RankStat {
 		for _, s := range t.Phases {
 			if s.Step == name {
 				p.SpanNS += int64(s.EndNS - s.StartNS)
-				p.WaitNS += unionLength(clip(wait, int64(s.StartNS), int64(s.EndNS)))
+				p.WaitNS += waitIn(int64(s.StartNS), int64(s.EndNS))
 			}
 		}
 		p.BusyNS = p.SpanNS - p.WaitNS

@@ -100,6 +100,34 @@ func TestRankTimes(t *testing.T) {
 	assert.Equal(t, m.Collectives[0], c.Bytes)
 }
 
+// TestWaitingIsTimeWithoutOps: DDP all-reduces a bucket while backward goes
+// on; the rank waits only once its compute is done, and with no ops in the
+// trace all of the time before the last rank's enter counts.
+func TestWaitingIsTimeWithoutOps(t *testing.T) {
+	const delay = 15_000_000 // more than the 10 ms of backward after the enter
+	for _, noOps := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no ops %v", noOps), func(t *testing.T) {
+			m := jobtest.Even(2)
+			m.Collectives = m.Collectives[:1]
+			m.Early = true // entered half-way through backward
+			m.Ranks[1].Fwd += delay
+			for i := range m.Ranks {
+				m.Ranks[i].NoOps = noOps
+			}
+			j := analyzed(t, m)
+			r0, late := m.Ranks[0], m.Enter(m.Ranks[1], 0)
+			want := late - (r0.Start + r0.Fwd + r0.Bwd) // from the end of its compute
+			if noOps {
+				want = late - m.Enter(r0, 0) // from its enter
+			}
+			assert.Equal(t, want, j.Ranks[0].WaitNS)
+			assert.Equal(t, want, j.Ranks[0].phase("backward").WaitNS)
+			require.NotNil(t, j.Analysis.Straggler)
+			assert.Equal(t, int64(1), *j.Analysis.Straggler)
+		})
+	}
+}
+
 func TestNoCollectives(t *testing.T) {
 	m := jobtest.Even(3)
 	m.Collectives = nil

@@ -20,18 +20,27 @@ type Rank struct {
 	Open, AnchorErr      int64
 	Start, Fwd, Bwd, Opt int64
 	NoWall, NoRank       bool
+	// NoOps leaves out the compute ops (one per phase: what tells computing
+	// from waiting).
+	NoOps bool
 }
 
 type Job struct {
 	Ranks       []Rank
 	Collectives []uint64 // bytes, entered in this order during backward
 	Xfer        int64
+	// Early has backward compute on after the last bucket is entered (by
+	// default the last bucket is entered at the end of the compute).
+	Early bool
 }
 
 // Enter is when rank r enters collective k (true clock): spread over its
 // backward's compute as DDP's buckets are, the last one as the last
 // gradient is ready, at the end of the compute.
 func (m Job) Enter(r Rank, k int) int64 {
+	if m.Early {
+		return r.Start + r.Fwd + r.Bwd*int64(k+1)/int64(len(m.Collectives)+1)
+	}
 	return r.Start + r.Fwd + r.Bwd*int64(k+1)/int64(len(m.Collectives))
 }
 
@@ -74,6 +83,14 @@ func (m Job) Write(dir string) ([]string, error) {
 		span("s4", "backward", `,"step":"backward"`, r.Start+r.Fwd, bwdEnd)
 		span("s5", "M.backward", `,"step":"backward"`, r.Start+r.Fwd, r.Start+r.Fwd+r.Bwd/2) // nested: not a phase of its own
 		span("s6", "SGD.step", `,"step":"optimizer"`, bwdEnd, end)
+		if !r.NoOps { // compute: forward, backward's own, optimizer
+			op := func(name string, s, e int64) {
+				fmt.Fprintf(&b, `{"kind":"op","span_id":"s2","op_name":"%s","inputs":[],"shape":[4],"dtype":"f32","device":"cpu","duration_ns":%d,"timestamp_ns":%d,"input_dense_bytes":16}`+"\n", name, e-s, at(s))
+			}
+			op("aten::addmm", r.Start, r.Start+r.Fwd)
+			op("aten::mm", r.Start+r.Fwd, r.Start+r.Fwd+r.Bwd)
+			op("aten::add_", bwdEnd, end)
+		}
 		for k, bytes := range m.Collectives {
 			e := m.Enter(r, k)
 			fmt.Fprintf(&b, `{"kind":"op","span_id":"s2","op_name":"c10d::allreduce_","inputs":[],"shape":[4],"dtype":"f32","device":"cpu","duration_ns":10,"timestamp_ns":%d,"input_dense_bytes":%d}`+"\n", at(e), bytes)
