@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -68,7 +69,8 @@ type Trace struct {
 	// is under way (DDP all-reduces buckets while backward goes on).
 	Busy []interval `json:"-"`
 	// Ops is how many such ops the trace holds.
-	Ops int `json:"ops"`
+	Ops     int `json:"ops"`
+	mergeAt int // Busy's length at which it is merged next
 }
 
 // line is the union of the fields read from the lines that are decoded.
@@ -150,7 +152,7 @@ func Read(r io.Reader, index int) (*Trace, error) {
 		}
 		if len(bytes.TrimSpace(raw)) > 0 {
 			n++
-			if n > 1 && kindOf(raw) == "op" && !wanted(raw) {
+			if n > 1 && isOp(raw) && !wanted(raw) {
 				t.busyOp(raw)
 			} else if n == 1 || wanted(raw) {
 				var l line
@@ -250,26 +252,19 @@ func (t *Trace) busyOp(raw []byte) {
 	}
 	t.Ops++
 	t.Busy = append(t.Busy, interval{int64(ts), int64(ts + d)})
-	if len(t.Busy) >= 1<<16 { // keep the list short: merge as it grows
+	if len(t.Busy) >= t.mergeAt { // overlapping ops (threads, nesting) fold as the list grows
 		t.Busy = merge(t.Busy)
+		t.mergeAt = max(2*len(t.Busy), 1<<16)
 	}
 }
 
-// kindOf reads the value of the line's "kind" key from the raw bytes.
-func kindOf(raw []byte) string {
+// isOp tells from the raw bytes whether the line's "kind" is "op".
+func isOp(raw []byte) bool {
 	i := bytes.Index(raw, []byte(`"kind"`))
 	if i < 0 {
-		return ""
+		return false
 	}
-	rest := bytes.TrimLeft(raw[i+6:], " \t:")
-	if len(rest) == 0 || rest[0] != '"' {
-		return ""
-	}
-	end := bytes.IndexByte(rest[1:], '"')
-	if end < 0 {
-		return ""
-	}
-	return string(rest[1 : 1+end])
+	return bytes.HasPrefix(bytes.TrimLeft(raw[i+6:], " \t:"), []byte(`"op"`))
 }
 
 // scanUint reads the integer after key (`"name"`) in the raw bytes.
@@ -279,12 +274,16 @@ func scanUint(raw []byte, key string) (uint64, bool) {
 		return 0, false
 	}
 	rest := bytes.TrimLeft(raw[i+len(key):], " \t:")
+	var v uint64
 	j := 0
-	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
-		j++
+	for ; j < len(rest) && rest[j] >= '0' && rest[j] <= '9'; j++ {
+		d := uint64(rest[j] - '0')
+		if v > (math.MaxUint64-d)/10 { // past what a u64 field holds
+			return 0, false
+		}
+		v = v*10 + d
 	}
-	v, err := strconv.ParseUint(string(rest[:j]), 10, 64)
-	return v, err == nil
+	return v, j > 0
 }
 
 // outermost returns the spans (in time order) that lie inside the measured
