@@ -17,6 +17,11 @@ Three things differ from one process, and this module holds them:
   capture ends. The store's ``add`` never blocks, so a job where only some ranks profile
   cannot hang on the check; a mismatch is a warning, and the counts are scalars of the
   measured region (``candle_trace/ranks/profiling``, ``.../same_capture_step``).
+- **The same start.** Arming a capture (the op observer's calibration, hooks) takes each
+  rank a different time, and a rank that starts the captured update late makes the
+  others wait for it: the profiler would make the straggler. So once armed, each rank
+  waits at a line-up in the store (another counter, polled) until every rank profiling
+  the same step has armed, at most ``LINE_UP_TIMEOUT_S``; then all begin it together.
 - **Collectives.** The op observer records them (``_observer.cpp``): each backend work
   (``gloo:all_reduce``, ``nccl:all_reduce``, ...) is an op of the measured region from
   the moment the rank entered it to its completion, with the bytes it carried.
@@ -26,12 +31,15 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["rank_world", "rank_path", "rank_tags", "has_rank_placeholder", "StepAgreement"]
 
 _PLACEHOLDERS = ("{rank}", "%r")
+#: how long a rank waits at the line-up for the others before it goes on alone
+LINE_UP_TIMEOUT_S = 10.0
 _profiles = itertools.count(1)  # the process's profiles, in order: one store key each
 
 
@@ -109,6 +117,29 @@ class StepAgreement:
                           f"ranks: {e}", RuntimeWarning, stacklevel=3)
             return
         self._store = store
+
+    def line_up(self) -> None:
+        """Once armed: waits until every rank profiling this step has armed (or the
+        timeout)."""
+        self.publish()
+        if self._store is None:
+            return
+        # Only the ranks that capture this step line up: one that captures another
+        # cannot arm before this one's update, which needs it (DDP).
+        step = f"{self._key}/step/{self.capture_step}"
+        try:
+            seen = int(self._store.add(step, 0))
+            armed = int(self._store.add(f"{step}/armed", 1))
+            deadline = time.monotonic() + LINE_UP_TIMEOUT_S
+            while armed < seen and time.monotonic() < deadline:
+                time.sleep(0.0005)
+                armed = int(self._store.add(f"{step}/armed", 0))
+        except Exception:  # noqa: BLE001 - the store went away: nothing to line up with
+            return
+        if armed < seen:
+            warnings.warn(f"candle_trace.torch: only {armed} of the {seen} ranks profiling "
+                          f"step {self.capture_step} armed within {LINE_UP_TIMEOUT_S:.0f} s; this rank captures "
+                          f"without them", RuntimeWarning, stacklevel=4)
 
     def check(self) -> Optional[Tuple[int, int]]:
         """Reads the counters back: (ranks profiling, ranks with this capture step)."""

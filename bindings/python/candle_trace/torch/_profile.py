@@ -211,6 +211,7 @@ class profile:
         self._started = True
         if self.capture_step == 1:
             self.capture.arm()
+            self.agreement.line_up()
         return self
 
     def step(self) -> None:
@@ -225,6 +226,7 @@ class profile:
         self.steps += 1
         if self.capture.state == "open" and self.steps == self.capture_step - 1:
             self.capture.arm()
+            self.agreement.line_up()  # every rank begins the captured update together
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
         """Ends profiling (what leaving ``with`` does). ``exc_type``/``exc``: the exception
