@@ -42,10 +42,11 @@ type RankStat struct {
 	BusyNS int64       `json:"busy_ns"` // UpdateNS - WaitNS
 	Phases []PhaseTime `json:"phases"`
 	// LastIn is how many collectives it entered last; HeldNS how long it
-	// held the others back in them: the union, over those, of the time from
-	// the second-last rank's enter to its own.
+	// kept another rank waiting in those: the longest such wait of a rank.
 	LastIn int   `json:"last_in"`
 	HeldNS int64 `json:"held_ns"`
+	// waitedFor is this rank's waiting per rank that was last in.
+	waitedFor map[int64]int64
 }
 
 func (r *RankStat) phase(name string) *PhaseTime {
@@ -140,6 +141,11 @@ func Analyze(traces []*Trace, waitPct float64) (*Job, error) {
 	for i := range traces {
 		j.Ranks = append(j.Ranks, j.rankStat(i))
 	}
+	for i := range j.Ranks {
+		for _, o := range j.Ranks {
+			j.Ranks[i].HeldNS = max(j.Ranks[i].HeldNS, o.waitedFor[j.Ranks[i].Rank])
+		}
+	}
 	j.Analysis = verdict(j, waitPct)
 	return j, nil
 }
@@ -171,7 +177,8 @@ func (j *Job) rankStat(i int) RankStat {
 	t, off := j.Traces[i], j.Alignment.Clocks[i].OffsetNS
 	m := t.Measured
 	r := RankStat{Rank: t.Rank, Path: t.Path, StartNS: int64(m.StartNS) + off, UpdateNS: int64(m.EndNS - m.StartNS)}
-	var in, wait, held []interval
+	var in, wait []interval
+	waitFor := map[int64][]interval{} // the last rank -> this rank's waits for it
 	for _, c := range t.Collectives {
 		in = append(in, interval{int64(c.EnterNS), int64(c.EndNS)})
 	}
@@ -185,30 +192,36 @@ func (j *Job) rankStat(i int) RankStat {
 		// came first), back on this rank's clock. A collective may be under
 		// way while the rank computes (DDP all-reduces buckets while backward
 		// goes on): only the time in no op of the rank is waiting (waitIn).
-		wait = append(wait, interval{enter - off, min(lastEnter, c.EndNS[i]) - off})
+		w := interval{enter - off, min(lastEnter, c.EndNS[i]) - off}
+		wait = append(wait, w)
+		waitFor[c.LastRank] = append(waitFor[c.LastRank], w)
 		if c.LastRank == t.Rank {
 			r.LastIn++
-			held = append(held, interval{secondLast(c.EnterNS), enter})
 		}
 	}
 	lo, hi := int64(m.StartNS), int64(m.EndNS)
 	r.CollectiveNS = unionLength(clip(in, lo, hi))
-	waitIn := func(lo, hi int64) int64 {
+	waitIn := func(iv []interval, lo, hi int64) int64 {
 		if t.Ops == 0 { // no ops recorded: all of it
-			return unionLength(clip(wait, lo, hi))
+			return unionLength(clip(iv, lo, hi))
 		}
-		return lengthOutside(clip(wait, lo, hi), t.Busy)
+		return lengthOutside(clip(iv, lo, hi), t.Busy)
 	}
-	r.WaitNS = waitIn(lo, hi)
+	r.WaitNS = waitIn(wait, lo, hi)
 	r.BusyNS = r.UpdateNS - r.WaitNS
-	r.HeldNS = unionLength(held) // on the job clock: the others' waits overlap
+	r.waitedFor = map[int64]int64{}
+	for last, iv := range waitFor {
+		if last != t.Rank {
+			r.waitedFor[last] = waitIn(iv, lo, hi)
+		}
+	}
 	var phaseSpan, phaseWait int64
 	for _, name := range PhaseNames[:len(PhaseNames)-1] {
 		p := PhaseTime{Phase: name}
 		for _, s := range t.Phases {
 			if s.Step == name {
 				p.SpanNS += int64(s.EndNS - s.StartNS)
-				p.WaitNS += waitIn(int64(s.StartNS), int64(s.EndNS))
+				p.WaitNS += waitIn(wait, int64(s.StartNS), int64(s.EndNS))
 			}
 		}
 		p.BusyNS = p.SpanNS - p.WaitNS
@@ -252,7 +265,7 @@ func verdict(j *Job, waitPct float64) Analysis {
 	if len(j.Collectives) > 0 {
 		otherWait := others(func(r *RankStat) int64 { return r.WaitNS })
 		evidence = pct(otherWait, otherUpdate)
-		a.Numbers = fmt.Sprintf("rank %d was last into %d of %d collectives and held the others back %s; the other ranks waited %s (median), %.1f%% of their %s update",
+		a.Numbers = fmt.Sprintf("rank %d was last into %d of %d collectives and kept a rank waiting up to %s there; the other ranks waited %s (median), %.1f%% of their %s update",
 			st.Rank, st.LastIn, len(j.Collectives), report.FormatNS(float64(st.HeldNS)), report.FormatNS(float64(otherWait)), evidence, report.FormatNS(float64(otherUpdate)))
 	} else {
 		a.Hypothesis = "one rank holds the job back: its update takes longer than the others' (no collectives were recorded to show the waiting)"
@@ -320,14 +333,4 @@ func spread(v []int64) int64 {
 		lo, hi = min(lo, x), max(hi, x)
 	}
 	return hi - lo
-}
-
-// secondLast is the second-latest of the values (the latest for one value).
-func secondLast(v []int64) int64 {
-	s := append([]int64(nil), v...)
-	sort.Slice(s, func(i, k int) bool { return s[i] > s[k] })
-	if len(s) < 2 {
-		return s[0]
-	}
-	return s[1]
 }
