@@ -187,3 +187,25 @@ def test_rank_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANK")
     if not dist.is_initialized():
         assert rank_world() == (0, 1)
+
+
+def test_profile_and_watch_name_files_by_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun's environment a profile's trace and summary, and a watch's traces,
+    carry the rank; a single process keeps the names it was given."""
+    import candle_trace.torch as ctt
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    p = ctt.profile(model, None, str(tmp_path / "t.jsonl"), aggregate_path=str(tmp_path / "s.json"))
+    assert (p.rank, p.world_size, p.path) == (1, 2, str(tmp_path / "t-rank1.jsonl"))
+    assert p._aggregate_args[0] == str(tmp_path / "s-rank1.json")
+    assert p.cfg.tags == {"rank": "1", "world_size": "2"}
+    w = ctt.watch(model, None, str(tmp_path / "w"))
+    assert w._path(7, "slow") == str(tmp_path / "w" / "update-000007-slow-rank1.jsonl")
+    w = ctt.watch(model, None, str(tmp_path / "w-{rank}"))
+    assert w.folder == str(tmp_path / "w-1")
+    assert w._path(7, "slow") == str(tmp_path / "w-1" / "update-000007-slow.jsonl")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    p = ctt.profile(model, None, str(tmp_path / "t.jsonl"))
+    assert p.path == str(tmp_path / "t.jsonl") and p.cfg.tags == {}
