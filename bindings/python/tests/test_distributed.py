@@ -132,6 +132,18 @@ def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
     text = candle_trace("report", *map(str, traces))
     assert text.returncode == 0 and f"verdict:    rank {slow_rank} is" in text.stdout, text.stdout
 
+    # The ranks' whole-run summaries side by side: every rank counted every update, and
+    # the straggler's one slow forward is its max.
+    stats = [str(tmp_path / "job" / f"stats-rank{k}.json") for k in range(world)]
+    r = candle_trace("report", "--json", *reversed(stats))
+    assert r.returncode == 0, r.stderr
+    summ = json.loads(r.stdout)
+    assert summ["ranks"] == list(range(world))
+    rows = {row["name"]: row for row in summ["rows"]}
+    assert rows["train/step"]["rank_counts"] == [CAPTURE_STEP + 1] * world
+    fwd_max = rows["train/forward"]["rank_max_ns"]
+    assert max(range(world), key=fwd_max.__getitem__) == slow_rank and fwd_max[slow_rank] >= SLEEP_S * 1e9
+
     merged = tmp_path / "job.json"
     m = candle_trace("merge", *map(str, traces), "-o", str(merged))
     assert m.returncode == 0, m.stderr

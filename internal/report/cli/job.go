@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/job"
 )
 
@@ -45,4 +46,35 @@ func alignedOffsets(paths []string) (map[int64]uint64, string) {
 		out[c.Rank] = uint64(c.OffsetNS)
 	}
 	return out, fmt.Sprintf("clocks refined by the ends of %d collectives every rank shares", al.Matched)
+}
+
+// rankSummariesCmd is `candle-trace report SUMMARY SUMMARY...`: the whole-run
+// summaries of a job's ranks side by side (job.MergeSummaries).
+func rankSummariesCmd(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("report", stderr)
+	asJSON := fs.Bool("json", false, "print one JSON document for machines")
+	paths, err := parse(fs, args)
+	if err != nil {
+		return ExitUsage
+	}
+	var sums []*aggregate.Summary
+	for _, p := range paths {
+		s, err := readSummary(p)
+		if err != nil {
+			fmt.Fprintf(stderr, "candle-trace report: %s: %v\n", p, err)
+			return ExitProblem
+		}
+		sums = append(sums, s)
+	}
+	r, err := job.MergeSummaries(paths, sums)
+	if err != nil {
+		fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
+		return ExitProblem
+	}
+	if *asJSON {
+		writeJSON(stdout, r)
+	} else {
+		job.WriteSummaries(stdout, r)
+	}
+	return ExitOK
 }
