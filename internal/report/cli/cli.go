@@ -68,6 +68,10 @@ aggregate summaries (candle-trace/aggregate/1, told from traces by content):
         words (forward, backward, optimizer; data, dataloader, collate; to,
         copy, h2d, d2h, transfer) or the step tag; ignore leaves one out.
         PCT: compute share above which compute dominates (default 50)
+  report [--json] RANK_SUMMARY RANK_SUMMARY...
+        a job's ranks side by side: per span name the job's count, total,
+        p50, p95, max (histograms added up), each rank's p50 and max, the
+        slowest rank and the p50 spread
   compare [--json] [--threshold PCT] [--fail-on-regression] A B
         per span name deltas of count, total, p50 and p95; ! flags a p50
         that rose by more than PCT percent (default 10); exit 1 on any with
