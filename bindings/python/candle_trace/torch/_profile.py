@@ -56,7 +56,9 @@ class profile:
     """Captures the ``capture_step``-th update of a training loop into ``path``.
 
     Arguments: ``model`` (an nn.Module, or an object whose attributes are the modules),
-    ``optimizer`` (or None), ``path`` of the trace, ``capture_step`` (1-based).
+    ``optimizer`` (or None), ``path`` of the trace (under torchrun ``{rank}`` or ``%r`` in
+    it is the rank, else a job of several ranks gets ``-rank<N>`` before the extension;
+    see _distributed), ``capture_step`` (1-based, the same on every rank).
     Keywords: ``phase`` ("train", or "infer" for an inference loop: no backward or
     optimizer, no gradients), ``name`` (the model's name in span names and the gradient
     root; default the class name), ``entrypoint`` (default ``<name>::<phase>``),
