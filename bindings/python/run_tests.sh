@@ -12,6 +12,8 @@
 # ninja-build, or the virtualenv's) and torch's headers (Debian: libtorch-dev); without
 # them its tests are skipped and the dispatch-mode fallback is tested.
 # CANDLE_TRACE_REQUIRE_OBSERVER=1 (CI) turns a missing toolchain into failures.
+# test_distributed.py runs gloo DDP jobs of 2 and 4 ranks with torchrun on 127.0.0.1
+# (about 30-40 s per interpreter on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -41,5 +43,6 @@ for tpy in $TORCH_PYS; do
   PATH="$(cd "$(dirname "$tpy")" && pwd):$PATH" "$tpy" -m pytest -q -p no:cacheprovider \
     bindings/python/tests/test_torch.py bindings/python/tests/test_torch_trust.py \
     bindings/python/tests/test_torch_observer.py bindings/python/tests/test_torch_compile.py \
-    bindings/python/tests/test_torch_watch.py bindings/python/tests/test_run.py
+    bindings/python/tests/test_torch_watch.py bindings/python/tests/test_run.py \
+    bindings/python/tests/test_distributed.py
 done

@@ -79,9 +79,21 @@ func PlanMerge(paths []string) ([]MergeInput, []string, error) {
 // rank (pid rank+1, its devices after it), timestamps shifted by each
 // rank's offset. Traces are exported one after the other, each in one pass.
 func Merge(paths []string, w *ChromeWriter) (*MergeResult, error) {
+	return MergeWith(paths, w, nil)
+}
+
+// MergeWith is Merge with the offsets of the ranks in offsets (by rank)
+// given rather than taken from the wall clocks: a job clock refined by the
+// collectives' end times (package job). Ranks it leaves out keep theirs.
+func MergeWith(paths []string, w *ChromeWriter, offsets map[int64]uint64) (*MergeResult, error) {
 	inputs, warnings, err := PlanMerge(paths)
 	if err != nil {
 		return nil, err
+	}
+	for i := range inputs {
+		if off, ok := offsets[inputs[i].Rank]; ok {
+			inputs[i].OffsetNS = off
+		}
 	}
 	res := &MergeResult{Warnings: warnings}
 	for i := range inputs {

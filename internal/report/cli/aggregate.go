@@ -102,6 +102,9 @@ func aggregateDispatch(cmd string, args []string, stdout, stderr io.Writer) (cod
 		if !isSummary(pos[0]) {
 			return 0, false
 		}
+		if len(pos) > 1 { // the summaries of a job's ranks (job.go)
+			return rankSummariesCmd(args, stdout, stderr), true
+		}
 		return aggregateReportCmd(args, stdout, stderr), true
 	case "compare":
 		if len(pos) != 2 {

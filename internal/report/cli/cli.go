@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/candle-trace/candle-trace/internal/job"
 	"github.com/candle-trace/candle-trace/internal/report/analysis"
 	"github.com/candle-trace/candle-trace/internal/report/health"
 	"github.com/candle-trace/candle-trace/internal/report/text"
@@ -40,6 +41,12 @@ commands:
         where the captured step spent its time, device idle time, memory
         peak, gradients, tensor statistics and an overhead analysis; exit 0
         whenever the trace could be read (its health is part of the report)
+  report [--json] [--threshold PCT] RANK_TRACE RANK_TRACE...
+        the job view of a multi-rank job: ranks on one clock (wall clocks
+        refined by the collectives' ends), per-rank update, waiting and
+        busy time per phase, who entered each collective last, and a
+        straggler verdict (PCT: how much of their update the others must
+        wait, default 5)
   compare [--json] [--force] [--threshold PCT] A B
         B against A: per span and op name count, totals, delta and ratio;
         measured region; memory peaks; gradient norm relative error and
@@ -54,7 +61,8 @@ commands:
   merge [-o OUT] RANK_TRACE...
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's
-        meta.clock.wall_unix_ns_at_open
+        meta.clock.wall_unix_ns_at_open, refined by the ends of the
+        collectives every rank shares
   view [--output FILE] [--threshold PCT] TRACE [B]
         one self-contained HTML page (no network needed) to open in a
         browser: health verdict, overhead analysis, top spans and ops, a
@@ -80,6 +88,10 @@ aggregate summaries (candle-trace/aggregate/1, told from traces by content):
         words (forward, backward, optimizer; data, dataloader, collate; to,
         copy, h2d, d2h, transfer) or the step tag; ignore leaves one out.
         PCT: compute share above which compute dominates (default 50)
+  report [--json] RANK_SUMMARY RANK_SUMMARY...
+        a job's ranks side by side: per span name the job's count, total,
+        p50, p95, max (histograms added up), each rank's p50 and max, the
+        slowest rank and the p50 spread
   compare [--json] [--threshold PCT] [--fail-on-regression] A B
         per span name deltas of count, total, p50 and p95; ! flags a p50
         that rose by more than PCT percent (default 10); exit 1 on any with
@@ -217,9 +229,13 @@ func validate(args []string, stdout, stderr io.Writer) int {
 func reportCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("report", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON document for machines")
+	waitPct := fs.Float64("threshold", job.DefaultWaitThreshold, "job view: the share (percent) of their update the other ranks must wait for a straggler")
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
+	}
+	if len(paths) > 1 { // the traces of a job's ranks
+		return jobReportCmd(paths, *asJSON, *waitPct, stdout, stderr)
 	}
 	if len(paths) != 1 {
 		fmt.Fprintln(stderr, "candle-trace report: give exactly one trace")

@@ -117,6 +117,8 @@ func TestReport(t *testing.T) {
 	assert.Equal(t, ExitProblem, code)
 	assert.Contains(t, out, "line 5: error invalid_utf8")
 
-	code, _, _ = run("report", corpus("valid-infer.jsonl"), corpus("valid-train.jsonl"))
-	assert.Equal(t, ExitUsage, code)
+	// Several traces are a job's ranks (job_test.go); two of one rank are refused.
+	code, _, errOut := run("report", corpus("valid-infer.jsonl"), corpus("valid-train.jsonl"))
+	assert.Equal(t, ExitProblem, code)
+	assert.Contains(t, errOut, "both are rank 0")
 }

@@ -63,9 +63,10 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	var res *chrome.MergeResult
+	offsets, refined := alignedOffsets(paths) // job clock (package job), else wall clocks
 	code := writeOutput(*out, stdout, stderr, "merge", func(w *chrome.ChromeWriter) (map[string]string, error) {
 		var err error
-		if res, err = chrome.Merge(paths, w); err != nil {
+		if res, err = chrome.MergeWith(paths, w, offsets); err != nil {
 			return nil, err
 		}
 		other := map[string]string{"exported_by": "candle-trace merge", "ranks": fmt.Sprint(len(res.Inputs))}
@@ -75,6 +76,9 @@ func mergeCmd(args []string, stdout, stderr io.Writer) int {
 		return other, nil
 	}, func(w *chrome.ChromeWriter) {
 		fmt.Fprintf(stderr, "%s: %d trace events (%s) from %d ranks\n", dest(*out), w.Events(), phaseCounts(w.Phases()), len(res.Inputs))
+		if offsets != nil {
+			fmt.Fprintf(stderr, "  %s\n", refined)
+		}
 		for _, in := range res.Inputs {
 			fmt.Fprintf(stderr, "  rank %d (%s): %s, pid %d, +%s\n", in.Rank, in.RankFrom, in.Path, in.HostPID, text.FormatNS(float64(in.OffsetNS)))
 			notePartial(stderr, in.Path, in.Result)

@@ -73,7 +73,9 @@ outside the captured update. The summary is rewritten every ``aggregate_interval
 The parts, each in its own module: ``_profile`` (which update; the run), ``_capture`` (one
 update into one trace), ``_modules`` (module spans), ``_ops`` (aten ops and memory),
 ``_spans`` (span stacks and the tracer's brackets), ``_stats``, ``_gradients``,
-``_device`` (CUDA collectors and allocator samples), ``_aggregate`` (whole-run statistics).
+``_device`` (CUDA collectors and allocator samples), ``_aggregate`` (whole-run statistics),
+``_distributed`` (many ranks under torchrun: the rank in file names, the same capture step
+and start on every rank; collectives are ops the observer records).
 """
 
 from __future__ import annotations

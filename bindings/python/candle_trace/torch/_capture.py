@@ -102,6 +102,9 @@ class Capture:
         self._undo: List[Callable[[], None]] = []
         self._measured = 0
         self._module_spans: Optional[ModuleSpans] = None
+        #: called with (session, measured span) once the update's records are written,
+        #: before the trace completes (the ranks' capture-step check, _distributed)
+        self.on_complete: List[Callable[[Session, int], None]] = []
 
     # -- what the hooks see -----------------------------------------------------------
 
@@ -218,6 +221,8 @@ class Capture:
             self.device.stop(self.session)  # type: ignore[arg-type]
             self._disarm()
             self._emit()
+            for hook in self.on_complete:
+                hook(self.session, self._measured)  # type: ignore[arg-type]
             self.session.finish()  # type: ignore[union-attr]
             self.state = "done"
         except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's

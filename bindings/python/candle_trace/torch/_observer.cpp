@@ -32,6 +32,16 @@
 // propagates to its worker threads. An allocation becomes an `alloc` record when its
 // pointer is the storage of the output of the recorded op it happened in; a later free
 // of that pointer during the capture becomes a `free` record (matched at emission).
+//
+// Collectives (torch.distributed's ProcessGroup work: DDP's bucket all-reduces, a
+// dist.all_reduce): the c10d:: dispatcher op is recorded as an op (its inputs are the
+// tensors sent; its time is the enqueue), with record functions left on inside it, so the
+// backend's work begins its USER_SCOPE record function ("gloo:all_reduce",
+// "nccl:all_reduce", ...) on the calling thread -- the rank enters the collective -- and
+// ends it where the work completes (the backend's thread). Each such pair becomes one op
+// of the measured region named as the backend names it, from enter to completion, with
+// the bytes of its tensors: what a rank spent in the collective, waiting for the others
+// included. See "collectives" below.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -193,6 +203,8 @@ enum Kind : uint8_t {
     kLookThrough = 0,  // not recorded; the ops it calls are (CompositeImplicitAutograd)
     kRecord = 1,       // recorded; the ops it calls are not
     kOpaque = 2,       // not recorded, nor the ops it calls (profiler::)
+    kRecordOpen = 3,   // recorded, the ops it calls are not, record functions stay on
+                       // (c10d:: collectives: their backend work's record function)
 };
 
 struct Thread {
@@ -300,6 +312,8 @@ Kind op_kind(const at::RecordFunction &fn, const char *name) {
             if (!opname) return kLookThrough;  // named by a string: not an op, not cached
             if (std::strncmp(name, "profiler::", 10) == 0) {
                 k = kOpaque;
+            } else if (std::strncmp(name, "c10d::", 6) == 0) {
+                k = kRecordOpen;
             } else {
                 auto op = c10::Dispatcher::singleton().findOp(*opname);
                 k = op && composite(*op) ? kLookThrough : kRecord;
@@ -356,10 +370,8 @@ inline void pin(Buf &b, const Impl *impl) {
 // begins a USER_SCOPE record function and then keeps it in a byte tensor of
 // sizeof(at::RecordFunction) made by aten::empty -- the profiler's handle, not the
 // model's op. The op right after a user scope begins is checked for that shape.
-std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &) {
-    tl.after_user_scope = true;
-    return nullptr;
-}
+std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn);
+void on_user_end(const at::RecordFunction &fn, at::ObserverContext *ctx);
 
 bool is_scope_handle(const Thread &t, const at::Tensor *out) {
     return t.maybe_handle && out && std::strcmp(t.name, "aten::empty") == 0 &&
@@ -403,7 +415,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
-        quiet_nested(t);
+        if (k == kRecordOpen)
+            t.rf_in_op = at::isRecordFunctionEnabled();
+        else
+            quiet_nested(t);
     } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
         return nullptr;
     }
@@ -491,6 +506,95 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     } catch (...) {  // out of memory, or a tensor without the expected metadata
         release_ins(t);  // the references record_op did not take
     }
+}
+
+// ---- collectives ----------------------------------------------------------------------
+// A backend's work record function: begun on the thread that enqueues the collective (a
+// DDP bucket's all-reduce from autograd's thread, dist.all_reduce from the caller), ended
+// where the work completes. Few per update, from several threads: one list under a lock.
+
+struct CollRec {
+    uint64_t t0, t1, bytes, numel;
+    std::string name;
+    c10::ScalarType dtype;
+    c10::Device device{c10::DeviceType::CPU};
+};
+
+struct CollCtx : public at::ObserverContext {
+    uint64_t epoch = 0;
+    CollRec rec;
+};
+
+std::mutex g_coll_mu;
+std::vector<CollRec> g_colls;  // the capture's completed collectives
+
+bool is_collective(const char *name) {
+    static const char *const kBackends[] = {"gloo:", "nccl:", "mpi:", "ucc:", "xccl:"};
+    for (const char *b : kBackends)
+        if (std::strncmp(name, b, std::strlen(b)) == 0) return true;
+    return false;
+}
+
+std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn) {
+    tl.after_user_scope = true;
+    if (!g_active.load(std::memory_order_relaxed)) return nullptr;
+    const char *name = fn.name();
+    if (!name || !is_collective(name)) return nullptr;
+    TracerWork work;
+    try {
+        auto ctx = std::make_unique<CollCtx>();
+        ctx->epoch = g_epoch.load(std::memory_order_acquire);
+        CollRec &r = ctx->rec;
+        r.name = name;
+        r.bytes = r.numel = 0;
+        r.dtype = c10::ScalarType::Undefined;
+        auto add = [&r](const at::Tensor &x) {
+            if (!x.defined()) return;
+            if (r.dtype == c10::ScalarType::Undefined) {
+                r.dtype = x.scalar_type();
+                r.device = x.device();
+            }
+            r.numel += static_cast<uint64_t>(x.numel());
+            r.bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
+        };
+        for (const c10::IValue &v : fn.inputs()) {
+            if (v.isTensor()) {
+                add(v.toTensor());
+            } else if (v.isTensorList()) {
+                for (const at::Tensor &x : v.toTensorVector()) add(x);
+            } else if (v.isList()) {
+                for (const c10::IValue &e : v.toListRef())
+                    if (e.isTensor()) add(e.toTensor());
+            }
+        }
+        r.t0 = now();
+        return ctx;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+void on_user_end(const at::RecordFunction &, at::ObserverContext *c) {
+    if (!c) return;
+    auto *ctx = static_cast<CollCtx *>(c);
+    // A collective still in flight when the capture stopped is not the capture's.
+    if (!g_active.load(std::memory_order_acquire) ||
+        ctx->epoch != g_epoch.load(std::memory_order_acquire))
+        return;
+    TracerWork work(0);
+    try {
+        ctx->rec.t1 = now();
+        std::lock_guard<std::mutex> lock(g_coll_mu);
+        g_colls.push_back(std::move(ctx->rec));
+    } catch (...) {
+    }
+}
+
+std::vector<CollRec> take_collectives() {
+    std::lock_guard<std::mutex> lock(g_coll_mu);
+    std::vector<CollRec> out;
+    out.swap(g_colls);
+    return out;
 }
 
 // The allocator's view: every allocation and free on threads that carry our debug info.
@@ -757,6 +861,30 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
     }
     for (auto &e : edge_list)
         note_error(p_record_data_edge(g_session, ids[e.first].c_str(), ids[e.second].c_str()));
+
+    // Collectives: ops of the measured region (they may end after the span they began in,
+    // never after the capture stopped), in the order the ranks entered them.
+    std::vector<CollRec> colls = take_collectives();
+    std::stable_sort(colls.begin(), colls.end(),
+                     [](const CollRec &x, const CollRec &y) { return x.t0 < y.t0; });
+    for (const CollRec &c : colls) {
+        std::string dev = device_str(c.device);
+        int64_t shape = static_cast<int64_t>(c.numel);
+        ct_op op;
+        std::memset(&op, 0, sizeof op);
+        op.size = sizeof op;
+        op.flags = 1u;  // CT_HAS_OUTPUT_DENSE_BYTES: tensors of mixed dtypes add up too
+        op.op_name = c.name.c_str();
+        op.dtype = dtype_name(c.dtype, dbuf);
+        op.device = dev.c_str();
+        op.shape = &shape;
+        op.rank = 1;
+        op.duration_ns = c.t1 > c.t0 ? c.t1 - c.t0 : 0;
+        op.timestamp_ns = c.t0;
+        op.output_dense_bytes = c.bytes;
+        op.input_dense_bytes = c.bytes;
+        note_error(p_record_op(g_session, g_measured, &op));
+    }
     return g_errors;
 }
 
@@ -825,6 +953,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
         }
         auto stale = take_buffers();
         drop(stale);
+        take_collectives();
         g_session = session;
         g_measured = measured;
         g_earlier_ns = earlier_ns;
@@ -849,7 +978,9 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
                 .needsOutputs(true)
                 .scopes({at::RecordScope::FUNCTION}));
         g_user_handle = at::addGlobalCallback(
-            at::RecordFunctionCallback(on_user_start).scopes({at::RecordScope::USER_SCOPE}));
+            at::RecordFunctionCallback(on_user_start, on_user_end)
+                .needsInputs(true)
+                .scopes({at::RecordScope::USER_SCOPE}));
         return 0;
     } catch (const std::exception &e) {
         g_active.store(false);
@@ -938,6 +1069,7 @@ CT_OBS_EXPORT uint64_t ct_obs_emit() {
 CT_OBS_EXPORT void ct_obs_discard() {
     auto bufs = take_buffers();
     drop(bufs);
+    take_collectives();
     std::lock_guard<std::mutex> lock(g_mu);
     g_named.clear();
 }

@@ -18,6 +18,7 @@ from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
 from ._common import compiled_inner, exception_reason
+from ._distributed import StepAgreement, rank_path, rank_tags, rank_world
 
 __all__ = ["profile"]
 
@@ -55,7 +56,9 @@ class profile:
     """Captures the ``capture_step``-th update of a training loop into ``path``.
 
     Arguments: ``model`` (an nn.Module, or an object whose attributes are the modules),
-    ``optimizer`` (or None), ``path`` of the trace, ``capture_step`` (1-based).
+    ``optimizer`` (or None), ``path`` of the trace (under torchrun ``{rank}`` or ``%r`` in
+    it is the rank, else a job of several ranks gets ``-rank<N>`` before the extension;
+    see _distributed), ``capture_step`` (1-based, the same on every rank).
     Keywords: ``phase`` ("train", or "infer" for an inference loop: no backward or
     optimizer, no gradients), ``name`` (the model's name in span names and the gradient
     root; default the class name), ``entrypoint`` (default ``<name>::<phase>``),
@@ -105,7 +108,10 @@ class profile:
         tops = self._tops = _tops(model)
         self.model = model
         self.optimizer = optimizer
-        self.path = str(path)
+        #: this process's rank and the job's world size (RANK/WORLD_SIZE; see _distributed)
+        self.rank, self.world_size = rank_world()
+        self.path = rank_path(str(path), self.rank, self.world_size)
+        tags = rank_tags(dict(tags or {}), self.rank, self.world_size)
         self.capture_step = capture_step
         self.phase = phase
         self.name, device = _identity(model, tops, name, device)
@@ -126,8 +132,13 @@ class profile:
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.profile: {e}") from None
         self.steps = 0  #: step() calls so far
+        if aggregate_path is not None:
+            aggregate_path = rank_path(str(aggregate_path), self.rank, self.world_size)
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix,
                                 aggregate_loss)
+        #: the same capture step on every rank, checked through the process group
+        self.agreement = StepAgreement(capture_step)
+        self.capture.on_complete.append(self.agreement.record)
         #: the aggregate session's owner (``aggregate_path`` given and enabled), else None
         self.whole_run: Optional[WholeRun] = None
         self._started = False
@@ -188,6 +199,7 @@ class profile:
             self._started = True
             return self
         self.capture.open()
+        self.agreement.publish()
         path, interval, prefix, loss = self._aggregate_args
         if path is not None:
             try:
@@ -201,6 +213,7 @@ class profile:
         self._started = True
         if self.capture_step == 1:
             self.capture.arm()
+            self.agreement.line_up()
         return self
 
     def step(self) -> None:
@@ -215,6 +228,7 @@ class profile:
         self.steps += 1
         if self.capture.state == "open" and self.steps == self.capture_step - 1:
             self.capture.arm()
+            self.agreement.line_up()  # every rank begins the captured update together
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
         """Ends profiling (what leaving ``with`` does). ``exc_type``/``exc``: the exception

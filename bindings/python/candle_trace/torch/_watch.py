@@ -33,6 +33,7 @@ from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
 from ._common import exception_reason, warn_once
+from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._profile import _first_module, _identity, _tops
 from ._triggers import Evaluator, Fired, Triggers
 
@@ -107,9 +108,17 @@ class watch:
             raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self.model, self.optimizer = model, optimizer
         self._tops = _tops(model)
-        self.folder = os.fspath(folder)
+        # Under torchrun every rank watches: {rank}/%r in the folder, else -rank<N> in
+        # each file's name, keeps them apart (see _distributed).
+        self.rank, self.world_size = rank_world()
+        folder = os.fspath(folder)
+        self._rank_names = self.world_size > 1 and not has_rank_placeholder(folder)
+        self.folder = rank_path(folder, self.rank, self.world_size) \
+            if not self._rank_names else folder
         self.name, self.device = _identity(model, self._tops, name, device)
-        self.tags = dict(tags or {})
+        self.tags = rank_tags(dict(tags or {}), self.rank, self.world_size)
+        if aggregate_path is not None:
+            aggregate_path = rank_path(os.fspath(aggregate_path), self.rank, self.world_size)
         self.gradient_families = gradient_families
         self.max_traces = max_traces
         self.flight_recorder = flight_recorder
@@ -256,7 +265,8 @@ class watch:
         return Capture(self._capture_cfg(n, full, path), self._layout, self.optimizer)
 
     def _path(self, n: int, what: str) -> str:
-        return os.path.join(self.folder, f"update-{n:06d}-{what}.jsonl")
+        path = os.path.join(self.folder, f"update-{n:06d}-{what}.jsonl")
+        return rank_path(path, self.rank, self.world_size) if self._rank_names else path
 
     def _close(self, cap: Capture, kind: str, fired: Optional[Fired]) -> None:
         if kind == "after":

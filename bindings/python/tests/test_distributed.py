@@ -1,0 +1,223 @@
+"""Many ranks: real gloo DDP jobs on CPU under torchrun (ddp_job.py), one rank made a
+straggler by a sleep in its forward on the captured update; and the rank rules of paths.
+
+Each job must give one valid trace per rank (candle-graph, each alone in a fresh folder),
+the same capture step on every rank (checked through the store: the ranks' scalars),
+collective ops whose bytes are the DDP buckets' (and add up to the parameters' bytes),
+per-rank aggregate summaries tagged with their rank, and a job view whose straggler
+verdict names the slow rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import REPO, VALIDATOR, judged, read_trace
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from candle_trace.torch._distributed import rank_path, rank_tags  # noqa: E402
+
+JOB = Path(__file__).with_name("ddp_job.py")
+CAPTURE_STEP = 3
+SLEEP_S = 0.15  # the straggler's extra forward time: far above 2 busy cores' noise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_args(log_dir: Path) -> List[str]:
+    """torchrun's flags for this torch. Debian's torch 1.13 under Python 3.11 parses
+    ``--redirects 0`` (the default) to None and fails (enum.Flag no longer iterates a
+    zero member): there, stdout goes to log files and is teed back to the console."""
+    from torch.distributed.elastic.multiprocessing.api import Std
+    if Std.from_str("0") is not None:
+        return []
+    return ["--redirects", "1", "--tee", "1", "--log_dir", str(log_dir)]
+
+
+def run_job(out: Path, world: int, slow_rank: int, capture_skew: int = 0) -> List[Dict]:
+    """Runs ddp_job.py on ``world`` ranks; returns each rank's facts, by rank."""
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           *torchrun_args(out.parent / f"{out.name}-logs"),
+           str(JOB), str(out), str(CAPTURE_STEP), str(slow_rank), str(SLEEP_S), str(capture_skew)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return [json.loads((out / f"facts-{k}.json").read_text()) for k in range(world)]
+
+
+def candle_trace(*args: str) -> subprocess.CompletedProcess:
+    if not VALIDATOR.exists():
+        pytest.fail(f"{VALIDATOR} is not built (make cli)")
+    return subprocess.run([str(VALIDATOR), *args], capture_output=True, text=True, timeout=60)
+
+
+def scalars(records: List[Dict]) -> Dict[str, float]:
+    return {r["label"]: r["mean"] for r in records if r["kind"] == "tensor_stats"
+            and r["label"].startswith("candle_trace/ranks/")}
+
+
+@pytest.mark.parametrize("world,slow_rank", [(2, 1), (4, 2)])
+def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
+    facts = run_job(tmp_path / "job", world, slow_rank)
+    traces = [Path(f["trace"]) for f in facts]
+    assert [t.name for t in traces] == [f"trace-{k}.jsonl" for k in range(world)]
+    collectives = []
+    for k, (f, trace) in enumerate(zip(facts, traces)):
+        assert f["state"] == "done" and f["rank"] == k and f["world_size"] == world
+        recs = judged(trace, tmp_path)  # candle-graph, alone in a fresh folder; our validate
+        meta = recs[0]
+        assert meta["capture_step"] == CAPTURE_STEP
+        assert meta["process"]["rank"] == k and meta["process"]["world_size"] == world
+        # Every rank counted itself and the others in the store, all with one step.
+        assert f["agreement"] == [world, world]
+        assert scalars(recs) == {"candle_trace/ranks/profiling": world,
+                                 "candle_trace/ranks/same_capture_step": world}
+        measured = next(r["id"] for r in recs if r["kind"] == "span_start" and r.get("measured"))
+        ops = [r for r in recs if r["kind"] == "op"]
+        coll = [r for r in ops if r["op_name"] == "gloo:all_reduce"]
+        # One all-reduce per DDP bucket, of the bucket's bytes, entered in bucket order;
+        # together the gradients of every parameter.
+        assert [r["input_dense_bytes"] for r in coll] == f["bucket_bytes"], coll
+        assert sum(f["bucket_bytes"]) == f["param_bytes"]
+        assert all(r["span_id"] == measured and r["duration_ns"] > 0 for r in coll)
+        if f["op_mechanism"] == "observer":  # the c10d op that enqueued each of them
+            enq = [r["input_dense_bytes"] for r in ops if r["op_name"] == "c10d::allreduce_"]
+            assert enq == f["bucket_bytes"]
+        collectives.append([(r["op_name"], r["input_dense_bytes"]) for r in coll])
+        stats = json.loads((tmp_path / "job" / f"stats-rank{k}.json").read_text())
+        assert stats["run"]["tags"] == {"rank": str(k), "world_size": str(world)}
+        assert stats["final"] is True
+    assert all(c == collectives[0] for c in collectives), "every rank, the same collectives"
+
+    r = candle_trace("report", "--json", *map(str, traces))
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    a = job["analysis"]
+    assert a["straggler_rank"] == slow_rank, a
+    assert a["phase"] == "forward" and a["kind"] == "compute-bound", a
+    assert a["verdict"].startswith(f"rank {slow_rank} is "), a["verdict"]
+    assert job["alignment"]["matched_collectives"] == len(collectives[0])
+    assert all(c["last_rank"] == slow_rank for c in job["collectives"]), job["collectives"]
+    ranks = {s["rank"]: s for s in job["ranks"]}
+    waits = []
+    for k, s in ranks.items():
+        if k == slow_rank:
+            assert s["last_in"] == len(collectives[0])
+            continue
+        # The others waited for the sleep. How much of it each saw depends on when it
+        # began its update: ranks that share 2 cores do not start in step.
+        assert 0.01e9 < s["wait_ns"] < s["update_ns"], s
+        waits.append(s["wait_ns"])
+    assert sorted(waits)[len(waits) // 2] > 0.5 * SLEEP_S * 1e9, waits
+    fwd = {k: next(p["busy_ns"] for p in s["phases"] if p["phase"] == "forward")
+           for k, s in ranks.items()}
+    assert fwd[slow_rank] >= SLEEP_S * 1e9
+
+    text = candle_trace("report", *map(str, traces))
+    assert text.returncode == 0 and f"verdict:    rank {slow_rank} is" in text.stdout, text.stdout
+
+    # The ranks' whole-run summaries side by side: every rank counted every update, and
+    # the straggler's one slow forward is its max.
+    stats = [str(tmp_path / "job" / f"stats-rank{k}.json") for k in range(world)]
+    r = candle_trace("report", "--json", *reversed(stats))
+    assert r.returncode == 0, r.stderr
+    summ = json.loads(r.stdout)
+    assert summ["ranks"] == list(range(world))
+    rows = {row["name"]: row for row in summ["rows"]}
+    assert rows["train/step"]["rank_counts"] == [CAPTURE_STEP + 1] * world
+    fwd_max = rows["train/forward"]["rank_max_ns"]
+    assert max(range(world), key=fwd_max.__getitem__) == slow_rank and fwd_max[slow_rank] >= SLEEP_S * 1e9
+
+    merged = tmp_path / "job.json"
+    m = candle_trace("merge", *map(str, traces), "-o", str(merged))
+    assert m.returncode == 0, m.stderr
+    assert f"clocks refined by the ends of {len(collectives[0])} collectives" in m.stderr
+    pids = {e["pid"] for e in json.loads(merged.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert set(range(1, world + 1)) <= pids
+
+
+def test_capture_step_mismatch_is_found(tmp_path: Path) -> None:
+    """Rank 1 captures the update after rank 0's: the store's counts say so, and the job
+    view warns that the times are not of one step."""
+    facts = run_job(tmp_path / "job", 2, slow_rank=-1, capture_skew=1)
+    assert [f["agreement"] for f in facts] == [[2, 1], [2, 1]]
+    traces = [f["trace"] for f in facts]
+    steps = []
+    for t in traces:
+        recs = judged(t, tmp_path)
+        steps.append(recs[0]["capture_step"])
+        assert scalars(recs)["candle_trace/ranks/same_capture_step"] == 1
+    assert steps == [CAPTURE_STEP, CAPTURE_STEP + 1]
+    r = candle_trace("report", "--json", *traces)
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["capture_step"] == 0
+    assert any("captured different updates" in w for w in job["warnings"]), job["warnings"]
+
+
+@pytest.mark.parametrize("path,rank,world,want", [
+    ("t.jsonl", 0, 1, "t.jsonl"),                       # one process: as given
+    ("t.jsonl", 3, 4, "t-rank3.jsonl"),                 # a job: the rank before the suffix
+    ("out/stats.json", 1, 2, "out/stats-rank1.json"),
+    ("out/trace", 1, 2, "out/trace-rank1"),
+    ("t-%r.jsonl", 2, 4, "t-2.jsonl"),                  # placeholders: where they say
+    ("r{rank}/t.jsonl", 5, 8, "r5/t.jsonl"),
+    ("t-{rank}-of-{world_size}.jsonl", 1, 2, "t-1-of-2.jsonl"),
+    ("t-%r.jsonl", 0, 1, "t-0.jsonl"),
+])
+def test_rank_path(path: str, rank: int, world: int, want: str) -> None:
+    assert rank_path(path, rank, world) == want
+
+
+def test_rank_tags() -> None:
+    assert rank_tags({"a": "b"}, 0, 1) == {"a": "b"}
+    assert rank_tags({"a": "b"}, 2, 4) == {"rank": "2", "world_size": "4", "a": "b"}
+    assert rank_tags({"rank": "mine"}, 2, 4)["rank"] == "mine"
+
+
+def test_rank_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from candle_trace.torch._distributed import rank_world
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert rank_world() == (3, 4)
+    monkeypatch.delenv("RANK")
+    if not dist.is_initialized():
+        assert rank_world() == (0, 1)
+
+
+def test_profile_and_watch_name_files_by_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun's environment a profile's trace and summary, and a watch's traces,
+    carry the rank; a single process keeps the names it was given."""
+    import candle_trace.torch as ctt
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    p = ctt.profile(model, None, str(tmp_path / "t.jsonl"), aggregate_path=str(tmp_path / "s.json"))
+    assert (p.rank, p.world_size, p.path) == (1, 2, str(tmp_path / "t-rank1.jsonl"))
+    assert p._aggregate_args[0] == str(tmp_path / "s-rank1.json")
+    assert p.cfg.tags == {"rank": "1", "world_size": "2"}
+    w = ctt.watch(model, None, str(tmp_path / "w"))
+    assert w._path(7, "slow") == str(tmp_path / "w" / "update-000007-slow-rank1.jsonl")
+    w = ctt.watch(model, None, str(tmp_path / "w-{rank}"))
+    assert w.folder == str(tmp_path / "w-1")
+    assert w._path(7, "slow") == str(tmp_path / "w-1" / "update-000007-slow.jsonl")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    p = ctt.profile(model, None, str(tmp_path / "t.jsonl"))
+    assert p.path == str(tmp_path / "t.jsonl") and p.cfg.tags == {}
