@@ -19,13 +19,17 @@ CANDLE_GRAPH_VERSION := 0.10.1
 TOOLS     := $(BUILD)/tools
 CANDLE_GRAPH ?= $(TOOLS)/bin/candle-graph
 export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
+# The OpenTelemetry Collector the OTLP tests export to (tools/otelcol, its own
+# Go module): built once per machine, like candle-graph.
+OTELCOL   ?= $(TOOLS)/otelcol/otelcol
+export CANDLE_TRACE_OTELCOL := $(abspath $(OTELCOL))
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.S') include/candle_trace.h go.mod
 # go-nvml's cgo wrappers call NVML functions nvml.h marks deprecated; the
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli otelcol real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -63,7 +67,14 @@ $(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
 $(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
 	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD)/bench -lcandle_trace -Wl,-rpath,'$$ORIGIN/bench'
 
-tools: $(CANDLE_GRAPH)
+tools: $(CANDLE_GRAPH) $(OTELCOL)
+
+# Only when missing: the collector's ~170 modules take minutes to compile and
+# build/tools is the cache CI keeps. tools/otelcol/go.mod pins its release.
+otelcol: $(OTELCOL)
+$(OTELCOL):
+	@mkdir -p $(dir $@)
+	cd tools/otelcol && $(GO) build -trimpath -o $(abspath $@) .
 
 # A tiny program that writes traces with candle-graph's own TraceSession, so
 # the reader is checked against what candle-graph writes, not only reads.
