@@ -1,0 +1,181 @@
+package report
+
+import (
+	"fmt"
+	"io"
+)
+
+// The records of a trace as the streaming decoder reads them, for readers
+// outside this package that translate a trace into another format as it
+// streams (internal/otlp): the timeline's records only, each handed over
+// once, in file order, under the same end-of-file rules as every other
+// command (a cut last line ends a partial trace, the first unreadable line
+// stops the read). Nothing is kept between records.
+//
+// Byte-slice fields alias the line being decoded: they are valid only
+// during the callback, which must copy what it keeps.
+
+// SpanStartRecord is a span_start record.
+type SpanStartRecord struct {
+	ID, Name  []byte
+	Parent    []byte // valid when HasParent
+	HasParent bool
+	StartNS   uint64
+	Kind      string // function | op | module
+	Step      string // forward | backward | optimizer; "" when absent
+	Measured  bool
+	TID       uint64 // valid when HasTID
+	HasTID    bool
+}
+
+// SpanEndRecord is a span_end record.
+type SpanEndRecord struct {
+	ID         []byte
+	DurationNS uint64
+	// TracerNS is the tracer time left out of the duration (ours, on the
+	// measured span), valid when HasTracer.
+	TracerNS  uint64
+	HasTracer bool
+}
+
+// OpRecord is an op record.
+type OpRecord struct {
+	SpanID, Name, DType, Device []byte
+	Output                      []byte // valid when HasOutput
+	HasOutput                   bool
+	Shape                       []uint64
+	TimestampNS, DurationNS     uint64
+	InputBytes                  uint64
+	// OutputBytes is the op's output footprint, explicit or derived from
+	// shape × dtype; valid when HasOutputBytes.
+	OutputBytes    uint64
+	HasOutputBytes bool
+}
+
+// DeviceIntervalRecord is a device_interval record.
+type DeviceIntervalRecord struct {
+	SpanID, Device, StreamID, ClockID, Backend []byte
+	Name                                       []byte // "" when the trace gives none
+	StartNS, DurationNS                        uint64
+	Correlation                                uint64 // valid when HasCorrelation
+	HasCorrelation                             bool
+}
+
+// OnHostClock reports whether the interval is on the session's clock, and
+// so aligned with the host spans.
+func (r *DeviceIntervalRecord) OnHostClock() bool { return string(r.ClockID) == HostClock }
+
+// TerminalRecord is the terminal record.
+type TerminalRecord struct {
+	Outcome     string // complete | failed
+	TimestampNS uint64
+	Reason      []byte // valid when HasReason
+	HasReason   bool
+	TracerNS    uint64 // the session's tracer time, valid when HasTracer
+	HasTracer   bool
+}
+
+// RecordVisitor receives the records; a nil callback skips its kind. A
+// callback's error ends the stream and is StreamRecords' error.
+type RecordVisitor struct {
+	Meta           func(*Meta) error
+	SpanStart      func(*SpanStartRecord) error
+	SpanEnd        func(*SpanEndRecord) error
+	Op             func(*OpRecord) error
+	DeviceInterval func(*DeviceIntervalRecord) error
+	Terminal       func(*TerminalRecord) error
+}
+
+// StreamResult says how a StreamRecords read ended.
+type StreamResult struct {
+	Lines      int
+	Incomplete bool   // no terminal record
+	CutLine    int    // the cut last line of a partial trace
+	Stop       *Issue // the parse problem that ended the read early
+}
+
+// StreamRecords reads one trace from r in a single pass and hands each
+// record to v. Like ExportChrome it does not judge the trace: the error is
+// for I/O, for a file without a meta record first, and for a callback's
+// error; a parse problem ends the read and is StreamResult.Stop.
+func StreamRecords(r io.Reader, v RecordVisitor, maxLineBytes int) (*StreamResult, error) {
+	st := newEventStream(r, maxLineBytes)
+	sawMeta, terminal := false, false
+	var (
+		start SpanStartRecord
+		end   SpanEndRecord
+		op    OpRecord
+		iv    DeviceIntervalRecord
+		term  TerminalRecord
+	)
+	for {
+		k, ok := st.next()
+		if !ok {
+			break
+		}
+		if !sawMeta && k != kindMeta {
+			return nil, fmt.Errorf("line %d: the first record is %s; a trace starts with a meta record", st.line, k)
+		}
+		var err error
+		d := &st.d
+		switch k {
+		case kindMeta:
+			if !sawMeta && v.Meta != nil {
+				err = v.Meta(d.meta)
+			}
+			sawMeta = true
+		case kindSpanStart:
+			if v.SpanStart != nil {
+				e := &d.spanStart
+				start = SpanStartRecord{ID: e.id, Name: e.name, Parent: e.parent, HasParent: e.hasParent, StartNS: e.start,
+					Kind: spanKindNames[e.spanKind], Measured: e.measured, TID: e.tid, HasTID: e.hasTID}
+				if e.step != stepNone {
+					start.Step = stepNames[e.step]
+				}
+				err = v.SpanStart(&start)
+			}
+		case kindSpanEnd:
+			if v.SpanEnd != nil {
+				e := &d.spanEnd
+				end = SpanEndRecord{ID: e.id, DurationNS: e.duration, TracerNS: e.tracer, HasTracer: e.hasTracer}
+				err = v.SpanEnd(&end)
+			}
+		case kindOp:
+			if v.Op != nil {
+				e := &d.op
+				op = OpRecord{SpanID: e.spanID, Name: e.opName, DType: e.dtype, Device: e.device, Output: e.output, HasOutput: e.hasOutput,
+					Shape: e.shape, TimestampNS: e.timestamp, DurationNS: e.duration, InputBytes: e.inBytes}
+				op.OutputBytes, op.HasOutputBytes = denseBytes(e.outBytes, e.hasOutBytes, e.shape, e.dtype)
+				err = v.Op(&op)
+			}
+		case kindDeviceInterval:
+			if v.DeviceInterval != nil {
+				e := &d.interval
+				iv = DeviceIntervalRecord{SpanID: e.spanID, Device: e.device, StreamID: e.streamID, ClockID: e.clockID, Backend: e.backend,
+					Name: e.name, StartNS: e.start, DurationNS: e.duration, Correlation: e.correlation, HasCorrelation: e.hasCorrelation}
+				err = v.DeviceInterval(&iv)
+			}
+		case kindTerminal:
+			terminal = true
+			if v.Terminal != nil {
+				e := &d.terminal
+				term = TerminalRecord{Outcome: outcomeNames[e.outcome], TimestampNS: e.timestamp, Reason: e.reason, HasReason: e.hasReason,
+					TracerNS: e.tracer, HasTracer: e.hasTracer}
+				err = v.Terminal(&term)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if st.err != nil {
+		return nil, st.err
+	}
+	if !sawMeta {
+		if st.stop != nil {
+			return nil, fmt.Errorf("line %d: %s: %s", st.stop.Line, st.stop.Code, st.stop.Message)
+		}
+		return nil, fmt.Errorf("no meta record: not a candle-graph trace")
+	}
+	return &StreamResult{Lines: st.lr.n, Incomplete: !terminal, CutLine: st.cutLine, Stop: st.stop}, nil
+}
