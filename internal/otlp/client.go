@@ -63,10 +63,7 @@ type Client struct {
 // that signal.
 func NewClient(endpoint string, opts ClientOptions) (*Client, error) {
 	u, err := url.Parse(endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("OTLP endpoint %q: %w", endpoint, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("OTLP endpoint %q: want an http:// or https:// URL (OTLP/HTTP), e.g. %s", endpoint, DefaultEndpoint)
 	}
 	if u.Host == "" {
