@@ -67,14 +67,18 @@ $(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
 $(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
 	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD)/bench -lcandle_trace -Wl,-rpath,'$$ORIGIN/bench'
 
-tools: $(CANDLE_GRAPH) $(OTELCOL)
+tools: $(CANDLE_GRAPH) $(OTELCOL_STAMP)
 
-# Only when missing: the collector's ~170 modules take minutes to compile and
+# Only when missing or when tools/otelcol changed (the stamp names a hash of
+# its sources): the collector's ~170 modules take a minute to compile, and
 # build/tools is the cache CI keeps. tools/otelcol/go.mod pins its release.
-otelcol: $(OTELCOL)
-$(OTELCOL):
+OTELCOL_STAMP := $(TOOLS)/otelcol/.built-$(shell cat tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go | sha256sum | cut -c1-12)
+otelcol: $(OTELCOL_STAMP)
+$(OTELCOL_STAMP):
 	@mkdir -p $(dir $@)
-	cd tools/otelcol && $(GO) build -trimpath -o $(abspath $@) .
+	rm -f $(TOOLS)/otelcol/.built-*
+	cd tools/otelcol && $(GO) build -trimpath -o $(abspath $(OTELCOL)) .
+	@touch $@
 
 # A tiny program that writes traces with candle-graph's own TraceSession, so
 # the reader is checked against what candle-graph writes, not only reads.

@@ -1,7 +1,7 @@
 // Command otelcol is the smallest OpenTelemetry Collector that the OTLP tests
-// need: an OTLP receiver (HTTP and gRPC), the batch processor and the
-// contrib file exporter, which writes what it received as OTLP JSON lines
-// that a test can read back. It lives in its own Go module so that the
+// need: an OTLP receiver (HTTP and gRPC), the batch processor, the contrib
+// file exporter, which writes what it received as OTLP JSON lines that a
+// test can read back, and the nop exporter. It lives in its own Go module so that the
 // collector's dependency tree (grpc, the otel SDK, zap, ...) never enters
 // the library's go.mod; `make otelcol` builds it into
 // build/tools/otelcol/otelcol once per machine.
@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
 	"go.opentelemetry.io/collector/confmap/provider/fileprovider"
 	"go.opentelemetry.io/collector/exporter"
+	"go.opentelemetry.io/collector/exporter/nopexporter"
 	"go.opentelemetry.io/collector/otelcol"
 	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/batchprocessor"
@@ -41,7 +42,9 @@ func components() (otelcol.Factories, error) {
 	if f.Processors, err = otelcol.MakeFactoryMap[processor.Factory](batchprocessor.NewFactory()); err != nil {
 		return f, err
 	}
-	if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](fileexporter.NewFactory()); err != nil {
+	// nop drops what it gets: the benchmark measures the export and the
+	// receiver, not the file exporter's JSON encoding.
+	if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](fileexporter.NewFactory(), nopexporter.NewFactory()); err != nil {
 		return f, err
 	}
 	// The collector refuses to start without a telemetry factory (its own
@@ -54,7 +57,7 @@ func main() {
 	settings := otelcol.CollectorSettings{
 		BuildInfo: component.BuildInfo{
 			Command:     "otelcol",
-			Description: "candle-trace's test collector: otlp receiver, batch processor, file exporter",
+			Description: "candle-trace's test collector: otlp receiver, batch processor, file and nop exporters",
 			Version:     version,
 		},
 		Factories: components,
