@@ -98,12 +98,20 @@ service:
 // it is stopped when the test ends.
 func StartCollector(t testing.TB) *Collector {
 	t.Helper()
+	return StartCollectorWith(t, func(port int, tracesOut, metricsOut string) string {
+		return fmt.Sprintf(CollectorConfig, port, tracesOut, metricsOut)
+	})
+}
+
+// StartCollectorWith starts the collector with the config that config
+// writes for a free port and the two output files.
+func StartCollectorWith(t testing.TB, config func(port int, tracesOut, metricsOut string) string) *Collector {
+	t.Helper()
 	bin := Otelcol(t)
 	dir := t.TempDir()
 	c := &Collector{t: t, bin: bin, Dir: dir, Port: FreePort(t),
 		Config: filepath.Join(dir, "otelcol.yaml"), TracesOut: filepath.Join(dir, "traces.jsonl"), MetricsOut: filepath.Join(dir, "metrics.jsonl")}
-	cfg := fmt.Sprintf(CollectorConfig, c.Port, c.TracesOut, c.MetricsOut)
-	require.NoError(t, os.WriteFile(c.Config, []byte(cfg), 0o644))
+	require.NoError(t, os.WriteFile(c.Config, []byte(config(c.Port, c.TracesOut, c.MetricsOut)), 0o644))
 	c.Start()
 	t.Cleanup(c.Stop)
 	return c
