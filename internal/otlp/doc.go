@@ -3,10 +3,11 @@
 // /v1/metrics), the protocol every collector and most tracing backends
 // receive:
 //
-//   - ExportTrace streams a candle-graph/trace/10 trace as spans (traces.go:
-//     spans with their parent links, ops and host-clock device intervals as
-//     child spans), in batches of DefaultBatchSpans, holding only the open
-//     spans;
+//   - package traces streams a candle-graph/trace/10 trace as spans (spans
+//     with their parent links, ops and host-clock device intervals as child
+//     spans), in batches, holding only the open spans; it is a package of
+//     its own because it reads traces (internal/report), which the library's
+//     push has no use for;
 //   - SummaryMetrics and ExportSummary turn an aggregate summary into
 //     metrics (metrics.go: a histogram per span name with the summary's own
 //     buckets, gauges and sums for the scalars and the summary's counters);
@@ -20,5 +21,5 @@
 // The payloads are built with the collector's own pdata (ptrace, pmetric)
 // and its protobuf marshalers, whose output is the Export*ServiceRequest
 // message itself. Every attribute and metric name is listed in
-// docs/otlp.md. The package reads traces only through report.StreamRecords.
+// docs/otlp.md.
 package otlp

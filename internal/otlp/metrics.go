@@ -28,6 +28,7 @@ const (
 	MetricOTLPDropped    = "candle.otlp.dropped"
 
 	attrSpanName    = "candle.span.name"
+	attrStep        = "candle.step"
 	attrScalarLabel = "candle.scalar.label"
 	attrDropReason  = "candle.reason"
 )
@@ -38,13 +39,6 @@ type MetricsOptions struct {
 	// Rank and WorldSize, when set, name the process's place in a
 	// multi-process job (a summary does not carry them).
 	Rank, WorldSize string
-}
-
-func (o *MetricsOptions) serviceName() string {
-	if o.ServiceName == "" {
-		return DefaultServiceName
-	}
-	return o.ServiceName
 }
 
 // SummaryMetrics turns an aggregate summary into OTLP metrics, all over
@@ -63,7 +57,7 @@ func (o *MetricsOptions) serviceName() string {
 func SummaryMetrics(s *aggregate.Summary, opts MetricsOptions) pmetric.Metrics {
 	md := pmetric.NewMetrics()
 	rm := md.ResourceMetrics().AppendEmpty()
-	summaryResource(s, &opts).MoveTo(rm.Resource())
+	summaryResource(s, &opts).Put(rm.Resource())
 	sm := rm.ScopeMetrics().AppendEmpty()
 	sm.Scope().SetName(ScopeName)
 	sm.Scope().SetVersion(s.Producer.Version)

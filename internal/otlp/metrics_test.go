@@ -79,6 +79,6 @@ func TestSummaryMetricsOfAnEmptySummary(t *testing.T) {
 		MetricKeysRefused: pmetric.MetricTypeSum, MetricScalarsRefused: pmetric.MetricTypeSum, MetricDropped: pmetric.MetricTypeSum,
 	}, names, "no span or scalar metrics without observations, no otlp one without a push")
 	res := md.ResourceMetrics().At(0).Resource().Attributes()
-	assert.Equal(t, int64(5), attr(res, attrRank), "rank from the run's tags")
-	assert.Equal(t, DefaultServiceName, attr(res, attrServiceName))
+	assert.Equal(t, int64(5), attr(res, AttrRank), "rank from the run's tags")
+	assert.Equal(t, DefaultServiceName, attr(res, AttrServiceName))
 }

@@ -7,7 +7,6 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
-	"github.com/candle-trace/candle-trace/internal/report"
 )
 
 // DefaultServiceName is service.name unless an option says otherwise.
@@ -20,21 +19,74 @@ const ScopeName = "candle-trace"
 // OpenTelemetry's semantic conventions; the candle.* keys are ours (there
 // is no convention for a training rank).
 const (
-	attrServiceName   = "service.name"
-	attrHostName      = "host.name"
-	attrProcessPID    = "process.pid"
-	attrRunID         = "candle.run_id"
-	attrCorrelationID = "candle.correlation_id"
-	attrEntrypoint    = "candle.entrypoint"
-	attrPhase         = "candle.phase"
-	attrCaptureStep   = "candle.capture_step"
-	attrDevice        = "candle.device"
-	attrRank          = "candle.rank"
-	attrWorldSize     = "candle.world_size"
-	attrBinding       = "candle.binding"
-	attrSchema        = "candle.schema"
-	attrTagPrefix     = "candle.tag."
+	AttrServiceName   = "service.name"
+	AttrHostName      = "host.name"
+	AttrProcessPID    = "process.pid"
+	AttrRunID         = "candle.run_id"
+	AttrCorrelationID = "candle.correlation_id"
+	AttrEntrypoint    = "candle.entrypoint"
+	AttrPhase         = "candle.phase"
+	AttrCaptureStep   = "candle.capture_step"
+	AttrDevice        = "candle.device"
+	AttrRank          = "candle.rank"
+	AttrWorldSize     = "candle.world_size"
+	AttrBinding       = "candle.binding"
+	AttrSchema        = "candle.schema"
+	AttrTagPrefix     = "candle.tag."
 )
+
+// Resource describes the process that measured: what a trace's meta line
+// or a summary's run and producer say. Empty fields are left out; rank,
+// world size and pid are numbers when they parse as one.
+type Resource struct {
+	ServiceName                                 string // DefaultServiceName when ""
+	RunID, CorrelationID, Entrypoint, Phase     string
+	CaptureStep                                 uint64 // 0: left out
+	Device, Rank, WorldSize, Host, PID, Binding string
+	Schema                                      string
+	Tags                                        map[string]string
+}
+
+// Put writes the attributes into r.
+func (res *Resource) Put(r pcommon.Resource) {
+	a := r.Attributes()
+	service := res.ServiceName
+	if service == "" {
+		service = DefaultServiceName
+	}
+	a.PutStr(AttrServiceName, service)
+	for _, kv := range [...]struct{ k, v string }{
+		{AttrRunID, res.RunID}, {AttrCorrelationID, res.CorrelationID}, {AttrEntrypoint, res.Entrypoint},
+		{AttrPhase, res.Phase}, {AttrDevice, res.Device},
+	} {
+		if kv.v != "" {
+			a.PutStr(kv.k, kv.v)
+		}
+	}
+	if res.CaptureStep > 0 {
+		a.PutInt(AttrCaptureStep, int64(min(res.CaptureStep, 1<<63-1)))
+	}
+	putIntOrStr(a, AttrRank, res.Rank)
+	putIntOrStr(a, AttrWorldSize, res.WorldSize)
+	if res.Host != "" {
+		a.PutStr(AttrHostName, res.Host)
+	}
+	putIntOrStr(a, AttrProcessPID, res.PID)
+	if res.Binding != "" {
+		a.PutStr(AttrBinding, res.Binding)
+	}
+	if res.Schema != "" {
+		a.PutStr(AttrSchema, res.Schema)
+	}
+	keys := make([]string, 0, len(res.Tags))
+	for k := range res.Tags {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		a.PutStr(AttrTagPrefix+k, res.Tags[k])
+	}
+}
 
 // putIntOrStr puts v as an int when it is one (a rank is a number), as a
 // string otherwise, and nothing when it is empty.
@@ -49,46 +101,6 @@ func putIntOrStr(m pcommon.Map, k, v string) {
 	m.PutStr(k, v)
 }
 
-func putStr(m pcommon.Map, k, v string) {
-	if v != "" {
-		m.PutStr(k, v)
-	}
-}
-
-func putTags(m pcommon.Map, tags map[string]string) {
-	keys := make([]string, 0, len(tags))
-	for k := range tags {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		m.PutStr(attrTagPrefix+k, tags[k])
-	}
-}
-
-// traceResource describes the process that wrote a trace, from its meta
-// line: run, rank and world size (meta.process, which the library takes
-// from RANK and WORLD_SIZE), host, pid, device.
-func traceResource(m *report.Meta, service string) pcommon.Resource {
-	res := pcommon.NewResource()
-	a := res.Attributes()
-	a.PutStr(attrServiceName, service)
-	putStr(a, attrRunID, m.RunID)
-	putStr(a, attrCorrelationID, m.CorrelationID)
-	putStr(a, attrEntrypoint, m.Entrypoint)
-	putStr(a, attrPhase, m.Phase)
-	a.PutInt(attrCaptureStep, int64(m.CaptureStep))
-	putStr(a, attrDevice, m.Device)
-	putIntOrStr(a, attrRank, m.Process["rank"])
-	putIntOrStr(a, attrWorldSize, m.Process["world_size"])
-	putStr(a, attrHostName, m.Process["hostname"])
-	putIntOrStr(a, attrProcessPID, m.Process["pid"])
-	putStr(a, attrBinding, m.Producer["binding"])
-	putStr(a, attrSchema, m.Schema)
-	putTags(a, m.Tags)
-	return res
-}
-
 // SummaryRunID names the run of a summary, which carries no run id of its
 // own: "run-<pid>-<window start in unix ns>", the shape of a trace's run id.
 func SummaryRunID(s *aggregate.Summary) string {
@@ -98,30 +110,18 @@ func SummaryRunID(s *aggregate.Summary) string {
 // summaryResource describes the process of an aggregate summary. Rank and
 // world size come from opts (the library's push knows RANK and
 // WORLD_SIZE), else from the run's tags "rank" and "world_size".
-func summaryResource(s *aggregate.Summary, opts *MetricsOptions) pcommon.Resource {
-	res := pcommon.NewResource()
-	a := res.Attributes()
-	a.PutStr(attrServiceName, opts.serviceName())
-	a.PutStr(attrRunID, SummaryRunID(s))
-	putStr(a, attrCorrelationID, s.Run.CorrelationID)
-	putStr(a, attrEntrypoint, s.Run.Entrypoint)
-	putStr(a, attrPhase, s.Run.Phase)
-	putStr(a, attrDevice, s.Run.Device)
-	rank, world := opts.Rank, opts.WorldSize
-	if rank == "" {
-		rank = s.Run.Tags["rank"]
+func summaryResource(s *aggregate.Summary, opts *MetricsOptions) *Resource {
+	res := &Resource{ServiceName: opts.ServiceName, RunID: SummaryRunID(s), CorrelationID: s.Run.CorrelationID,
+		Entrypoint: s.Run.Entrypoint, Phase: s.Run.Phase, Device: s.Run.Device, Rank: opts.Rank, WorldSize: opts.WorldSize,
+		Host: s.Producer.Hostname, Binding: s.Run.Binding, Schema: s.Schema, Tags: s.Run.Tags}
+	if res.Rank == "" {
+		res.Rank = s.Run.Tags["rank"]
 	}
-	if world == "" {
-		world = s.Run.Tags["world_size"]
+	if res.WorldSize == "" {
+		res.WorldSize = s.Run.Tags["world_size"]
 	}
-	putIntOrStr(a, attrRank, rank)
-	putIntOrStr(a, attrWorldSize, world)
-	putStr(a, attrHostName, s.Producer.Hostname)
 	if s.Producer.PID > 0 {
-		a.PutInt(attrProcessPID, int64(s.Producer.PID))
+		res.PID = strconv.Itoa(s.Producer.PID)
 	}
-	putStr(a, attrBinding, s.Run.Binding)
-	a.PutStr(attrSchema, s.Schema)
-	putTags(a, s.Run.Tags)
 	return res
 }

@@ -12,11 +12,12 @@ import (
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/otlp"
+	"github.com/candle-trace/candle-trace/internal/otlp/traces"
 )
 
 // `candle-trace export --format otlp` sends a trace (as spans) or an
 // aggregate summary (as metrics) to an OpenTelemetry Collector; see
-// internal/otlp and docs/otlp.md.
+// internal/otlp, internal/otlp/traces and docs/otlp.md.
 
 // otlpFlags are export's flags for --format otlp.
 type otlpFlags struct {
@@ -65,12 +66,12 @@ func exportOTLP(path string, f *otlpFlags, stderr io.Writer) int {
 		return exportSummaryOTLP(ctx, path, client, f, stderr)
 	}
 	start := time.Now()
-	var res *otlp.TraceResult
-	opts := otlp.TraceOptions{ServiceName: *f.service}
+	var res *traces.Result
+	opts := traces.Options{ServiceName: *f.service}
 	if path == "-" {
-		res, err = otlp.ExportTrace(ctx, stdinReader(), client, opts)
+		res, err = traces.Export(ctx, stdinReader(), client, opts)
 	} else {
-		res, err = otlp.ExportTraceFile(ctx, path, client, opts)
+		res, err = traces.ExportFile(ctx, path, client, opts)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "candle-trace export: %s: %v\n", path, err)
@@ -79,7 +80,7 @@ func exportOTLP(path string, f *otlpFlags, stderr io.Writer) int {
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(stderr, "%s: %d spans (%d spans, %d ops, %d device intervals) in %s from %d lines, %.0f spans/s; trace id %s\n",
 		client.URL(otlp.Traces), res.Spans, res.Spans-res.Ops-res.DeviceIntervals, res.Ops, res.DeviceIntervals, plural(res.Requests, "request"), res.Stream.Lines, float64(res.Spans)/max(secs, 1e-9), res.TraceID)
-	if res.Anchor != otlp.AnchorWallClock {
+	if res.Anchor != traces.AnchorWallClock {
 		fmt.Fprintf(stderr, "  %s: no meta.clock.wall_unix_ns_at_open; times are anchored at %s\n", path, res.Anchor)
 	}
 	if res.UnalignedIntervals > 0 {

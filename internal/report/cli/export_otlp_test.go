@@ -23,7 +23,7 @@ func TestExportOTLPCommand(t *testing.T) {
 		w.Write([]byte("\x08\x03\x12\x0bno tenant X")) // google.rpc.Status{code: 3, message: "no tenant X"}
 	}))
 	defer refusing.Close()
-	demo := filepath.Join("..", "..", "otlp", "testdata", "demo.jsonl")
+	demo := filepath.Join("..", "..", "otlp", "traces", "testdata", "demo.jsonl")
 	tests := []struct {
 		name   string
 		args   []string

@@ -1,4 +1,4 @@
-package otlp
+package traces
 
 import (
 	"bufio"
@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/candle-trace/candle-trace/internal/testutil"
+
+	"github.com/candle-trace/candle-trace/internal/otlp"
 )
 
 // benchConfig receives OTLP/HTTP and drops it (the nop exporter), so that
@@ -78,7 +80,7 @@ func BenchmarkExportTrace1M(b *testing.B) {
 	want := writeBigTrace(b, path, 1_000_003)
 	st, err := os.Stat(path)
 	require.NoError(b, err)
-	c, err := NewClient(col.Endpoint(), ClientOptions{})
+	c, err := otlp.NewClient(col.Endpoint(), otlp.ClientOptions{})
 	require.NoError(b, err)
 
 	var peak atomic.Uint64
@@ -102,7 +104,7 @@ func BenchmarkExportTrace1M(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
-		res, err := ExportTraceFile(context.Background(), path, c, TraceOptions{})
+		res, err := ExportFile(context.Background(), path, c, Options{})
 		require.NoError(b, err)
 		require.Equal(b, want, res.Spans)
 	}

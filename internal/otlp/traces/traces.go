@@ -1,4 +1,7 @@
-package otlp
+// Package traces sends a candle-graph/trace/10 trace to an OpenTelemetry
+// Collector as OTLP spans (see Export), over internal/otlp's Client. It
+// reads the trace only through report.StreamRecords.
+package traces
 
 import (
 	"context"
@@ -15,6 +18,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/candle-trace/candle-trace/internal/otlp"
 	"github.com/candle-trace/candle-trace/internal/report"
 )
 
@@ -52,16 +56,16 @@ const DefaultBatchSpans = 8192
 // queues at the collector.
 const DefaultConcurrency = 2
 
-// TraceOptions tune ExportTrace. The zero value exports with the defaults.
-type TraceOptions struct {
-	ServiceName  string // service.name; DefaultServiceName when ""
+// Options tune Export. The zero value exports with the defaults.
+type Options struct {
+	ServiceName  string // service.name; otlp.DefaultServiceName when ""
 	BatchSpans   int    // spans per request; DefaultBatchSpans when 0
 	Concurrency  int    // requests in flight; DefaultConcurrency when 0
 	MaxLineBytes int    // report.DefaultMaxLineBytes when 0
 }
 
-// TraceResult says what an export read and sent.
-type TraceResult struct {
+// Result says what an export read and sent.
+type Result struct {
 	Meta    *report.Meta
 	Stream  *report.StreamResult
 	TraceID string // hex
@@ -81,24 +85,24 @@ type TraceResult struct {
 	RejectedMessage    string
 }
 
-// Anchors of TraceResult.Anchor.
+// Anchors of Result.Anchor.
 const (
 	AnchorWallClock = "meta.clock.wall_unix_ns_at_open"
 	AnchorTimestamp = "meta.timestamp"
 	AnchorNone      = "none"
 )
 
-// ExportTraceFile exports the trace at path; see ExportTrace.
-func ExportTraceFile(ctx context.Context, path string, c *Client, opts TraceOptions) (*TraceResult, error) {
+// ExportFile exports the trace at path; see Export.
+func ExportFile(ctx context.Context, path string, c *otlp.Client, opts Options) (*Result, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return ExportTrace(ctx, f, c, opts)
+	return Export(ctx, f, c, opts)
 }
 
-// ExportTrace reads one trace as it streams and sends it as OTLP spans,
+// Export reads one trace as it streams and sends it as OTLP spans,
 // BatchSpans to a request:
 //
 //   - each span_start/span_end pair is a span, child of its parent_id;
@@ -121,9 +125,9 @@ func ExportTraceFile(ctx context.Context, path string, c *Client, opts TraceOpti
 //
 // The reader keeps only the open spans; a trace of any size streams. The
 // first request the collector refuses ends the export with its error.
-func ExportTrace(ctx context.Context, r io.Reader, c *Client, opts TraceOptions) (*TraceResult, error) {
+func Export(ctx context.Context, r io.Reader, c *otlp.Client, opts Options) (*Result, error) {
 	if opts.ServiceName == "" {
-		opts.ServiceName = DefaultServiceName
+		opts.ServiceName = otlp.DefaultServiceName
 	}
 	if opts.BatchSpans <= 0 {
 		opts.BatchSpans = DefaultBatchSpans
@@ -184,9 +188,9 @@ type closedRoot struct {
 }
 
 type traceBuilder struct {
-	opts TraceOptions
+	opts Options
 	send func(ptrace.Traces) error
-	res  TraceResult
+	res  Result
 
 	meta     *report.Meta
 	traceID  pcommon.TraceID
@@ -218,7 +222,11 @@ func (b *traceBuilder) onMeta(m *report.Meta) error {
 	} else if t, err := time.Parse(time.RFC3339Nano, m.Timestamp); err == nil && t.UnixNano() > 0 {
 		b.anchor, b.res.Anchor = uint64(t.UnixNano()), AnchorTimestamp
 	}
-	b.resource = traceResource(m, b.opts.ServiceName)
+	b.resource = pcommon.NewResource()
+	res := otlp.Resource{ServiceName: b.opts.ServiceName, RunID: m.RunID, CorrelationID: m.CorrelationID, Entrypoint: m.Entrypoint,
+		Phase: m.Phase, CaptureStep: m.CaptureStep, Device: m.Device, Rank: m.Process["rank"], WorldSize: m.Process["world_size"],
+		Host: m.Process["hostname"], PID: m.Process["pid"], Binding: m.Producer["binding"], Schema: m.Schema, Tags: m.Tags}
+	res.Put(b.resource)
 	b.version = m.Producer["version"]
 	return nil
 }
@@ -266,7 +274,7 @@ func (b *traceBuilder) next() ptrace.Span {
 		rs := b.batch.ResourceSpans().AppendEmpty()
 		b.resource.CopyTo(rs.Resource())
 		ss := rs.ScopeSpans().AppendEmpty()
-		ss.Scope().SetName(ScopeName)
+		ss.Scope().SetName(otlp.ScopeName)
 		ss.Scope().SetVersion(b.version)
 		b.spans = ss.Spans()
 		b.spans.EnsureCapacity(b.opts.BatchSpans)
@@ -474,7 +482,7 @@ func (b *traceBuilder) markOpen(sp ptrace.Span) {
 type sender struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	client *Client
+	client *otlp.Client
 	queue  chan ptrace.Traces
 	wg     sync.WaitGroup
 
@@ -485,7 +493,7 @@ type sender struct {
 	rejectedMsg string
 }
 
-func newSender(ctx context.Context, cancel context.CancelFunc, c *Client, workers int) *sender {
+func newSender(ctx context.Context, cancel context.CancelFunc, c *otlp.Client, workers int) *sender {
 	s := &sender{ctx: ctx, cancel: cancel, client: c, queue: make(chan ptrace.Traces, workers)}
 	for range workers {
 		s.wg.Add(1)
@@ -515,7 +523,7 @@ func (s *sender) work() {
 			s.fail(fmt.Errorf("encoding OTLP traces: %w", err))
 			continue
 		}
-		rep, err := s.client.Send(s.ctx, Traces, body)
+		rep, err := s.client.Send(s.ctx, otlp.Traces, body)
 		if err != nil {
 			s.fail(err)
 			continue

@@ -1,4 +1,4 @@
-package otlp
+package traces
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/candle-trace/candle-trace/internal/otlp"
 )
 
 // spanSink is an OTLP/HTTP endpoint that decodes every traces request.
@@ -30,7 +32,7 @@ func (s *spanSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.refuse {
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		w.WriteHeader(http.StatusBadRequest)
-		w.Write(encodeStatus(3, "refused"))
+		w.Write([]byte("\x08\x03\x12\x07refused")) // google.rpc.Status{code: 3, message: "refused"}
 		return
 	}
 	var u ptrace.ProtoUnmarshaler
@@ -61,19 +63,19 @@ func (s *spanSink) add(td ptrace.Traces) {
 	}
 }
 
-func exportTo(t *testing.T, path string, opts TraceOptions) (*TraceResult, *spanSink) {
+func exportTo(t *testing.T, path string, opts Options) (*Result, *spanSink) {
 	t.Helper()
 	sink := &spanSink{}
 	srv := httptest.NewServer(sink)
 	t.Cleanup(srv.Close)
-	c, err := NewClient(srv.URL, ClientOptions{})
+	c, err := otlp.NewClient(srv.URL, otlp.ClientOptions{})
 	require.NoError(t, err)
-	res, err := ExportTraceFile(context.Background(), path, c, opts)
+	res, err := ExportFile(context.Background(), path, c, opts)
 	require.NoError(t, err)
 	return res, sink
 }
 
-func corpus(name string) string { return filepath.Join("..", "report", "testdata", name) }
+func corpus(name string) string { return filepath.Join("..", "..", "report", "testdata", name) }
 
 func byName(spans []ptrace.Span) map[string]ptrace.Span {
 	m := map[string]ptrace.Span{}
@@ -85,7 +87,7 @@ func byName(spans []ptrace.Span) map[string]ptrace.Span {
 
 func TestExportTraceBatches(t *testing.T) {
 	for _, batch := range []int{1, 2, 4, 9, 100} {
-		res, sink := exportTo(t, filepath.Join("testdata", "demo.jsonl"), TraceOptions{BatchSpans: batch})
+		res, sink := exportTo(t, filepath.Join("testdata", "demo.jsonl"), Options{BatchSpans: batch})
 		assert.Equal(t, 9, res.Spans)
 		assert.Equal(t, (9+batch-1)/batch, res.Requests, "batch %d", batch)
 		assert.Equal(t, res.Requests, sink.requests)
@@ -98,8 +100,8 @@ func TestExportTraceBatches(t *testing.T) {
 }
 
 func TestExportTraceIDsAreDerived(t *testing.T) {
-	a, sa := exportTo(t, filepath.Join("testdata", "demo.jsonl"), TraceOptions{})
-	b, sb := exportTo(t, filepath.Join("testdata", "demo.jsonl"), TraceOptions{BatchSpans: 2})
+	a, sa := exportTo(t, filepath.Join("testdata", "demo.jsonl"), Options{})
+	b, sb := exportTo(t, filepath.Join("testdata", "demo.jsonl"), Options{BatchSpans: 2})
 	assert.Equal(t, a.TraceID, b.TraceID)
 	na, nb := byName(sa.spans), byName(sb.spans)
 	for name, s := range na {
@@ -110,12 +112,12 @@ func TestExportTraceIDsAreDerived(t *testing.T) {
 	require.NoError(t, err)
 	other := filepath.Join(t.TempDir(), "other.jsonl")
 	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(data), "run-9375-", "run-9376-", 1)), 0o644))
-	c, _ := exportTo(t, other, TraceOptions{})
+	c, _ := exportTo(t, other, Options{})
 	assert.NotEqual(t, a.TraceID, c.TraceID)
 }
 
 func TestExportTraceDeviceIntervals(t *testing.T) {
-	res, sink := exportTo(t, corpus("valid-train.jsonl"), TraceOptions{})
+	res, sink := exportTo(t, corpus("valid-train.jsonl"), Options{})
 	// 5 spans, 4 ops, 4 host-clock intervals.
 	assert.Equal(t, []int{13, 4, 4, 0}, []int{res.Spans, res.Ops, res.DeviceIntervals, res.UnalignedIntervals})
 	spans := byName(sink.spans)
@@ -127,7 +129,7 @@ func TestExportTraceDeviceIntervals(t *testing.T) {
 	assert.Equal(t, map[string]any{"candle.record": "device_interval", "candle.device_interval.device": "cuda:0",
 		"candle.device_interval.stream": "7", "candle.device_interval.backend": "cuda"}, a)
 	// A device clock is not the host's: such intervals are left out.
-	res, _ = exportTo(t, corpus("warn-device_interval_outside_session.jsonl"), TraceOptions{})
+	res, _ = exportTo(t, corpus("warn-device_interval_outside_session.jsonl"), Options{})
 	assert.Equal(t, res.Spans, 5+res.Ops+res.DeviceIntervals)
 }
 
@@ -143,7 +145,7 @@ func TestExportTraceFailedAndPartial(t *testing.T) {
 		{"partial-cut-line.jsonl", 3, 12, "incomplete", "not closed", true},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
-			res, sink := exportTo(t, corpus(tc.file), TraceOptions{})
+			res, sink := exportTo(t, corpus(tc.file), Options{})
 			assert.Equal(t, tc.open, res.OpenSpans)
 			assert.Equal(t, tc.spans, res.Spans)
 			assert.Equal(t, tc.incomplete, res.Stream.Incomplete)
@@ -173,7 +175,7 @@ func TestExportTraceAnchors(t *testing.T) {
 	require.NoError(t, err)
 	noClock := filepath.Join(t.TempDir(), "no-clock.jsonl")
 	require.NoError(t, os.WriteFile(noClock, []byte(strings.Replace(string(data), `"clock":{"host":"monotonic","wall_unix_ns_at_open":1796145237194390758},`, "", 1)), 0o644))
-	res, sink := exportTo(t, noClock, TraceOptions{})
+	res, sink := exportTo(t, noClock, Options{})
 	assert.Equal(t, AnchorTimestamp, res.Anchor)
 	// meta.timestamp 2026-12-01T17:13:57.194Z, plus the root's start 0.
 	assert.Equal(t, uint64(1796145237194000000), uint64(byName(sink.spans)["demo::train_step"].StartTimestamp()))
@@ -183,11 +185,11 @@ func TestExportTraceStopsAtTheFirstRefusal(t *testing.T) {
 	sink := &spanSink{refuse: true}
 	srv := httptest.NewServer(sink)
 	defer srv.Close()
-	c, err := NewClient(srv.URL, ClientOptions{})
+	c, err := otlp.NewClient(srv.URL, otlp.ClientOptions{})
 	require.NoError(t, err)
-	_, err = ExportTraceFile(context.Background(), filepath.Join("testdata", "demo.jsonl"), c, TraceOptions{BatchSpans: 1})
+	_, err = ExportFile(context.Background(), filepath.Join("testdata", "demo.jsonl"), c, Options{BatchSpans: 1})
 	assert.EqualError(t, err, "POST "+srv.URL+"/v1/traces: the collector answered 400 Bad Request: refused")
 
-	_, err = ExportTrace(context.Background(), strings.NewReader(`{"kind":"span_end","id":"s1","duration_ns":1}`+"\n"), c, TraceOptions{})
+	_, err = Export(context.Background(), strings.NewReader(`{"kind":"span_end","id":"s1","duration_ns":1}`+"\n"), c, Options{})
 	assert.ErrorContains(t, err, "a trace starts with a meta record")
 }
