@@ -124,7 +124,13 @@ func (e *ExportError) Error() string {
 		tries = fmt.Sprintf(" (after %d attempts)", e.Attempts)
 	}
 	if e.Status == 0 {
-		return fmt.Sprintf("POST %s: no collector reachable%s: %v", e.URL, tries, e.Err)
+		// url.Error repeats the method and URL this message starts with.
+		cause := e.Err
+		var uerr *url.Error
+		if errors.As(cause, &uerr) {
+			cause = uerr.Err
+		}
+		return fmt.Sprintf("POST %s: no collector reachable%s: %v", e.URL, tries, cause)
 	}
 	msg := e.Message
 	if msg == "" {

@@ -47,7 +47,10 @@ const FinalPushWait = 2 * time.Second
 
 func openAggregate(path string, run *events.Run, p Producer) (*aggState, error) {
 	agg := aggregate.New()
-	opts := []aggregate.WriterOption{aggregate.WithProducer(aggregate.Producer{Name: p.Name, Version: p.Version})}
+	// The process too: WithProducer replaces the writer's whole default, and
+	// a pushed summary's host.name and run id come from these.
+	host, _ := os.Hostname()
+	opts := []aggregate.WriterOption{aggregate.WithProducer(aggregate.Producer{Name: p.Name, Version: p.Version, PID: os.Getpid(), Hostname: host})}
 	if run.AggregateIntervalMs > 0 {
 		opts = append(opts, aggregate.WithInterval(time.Duration(run.AggregateIntervalMs)*time.Millisecond))
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -116,6 +117,10 @@ func TestAggregatePushReachesTheCollector(t *testing.T) {
 	rank, _ := res.Get("candle.rank")
 	world, _ := res.Get("candle.world_size")
 	assert.Equal(t, []int64{2, 8}, []int64{rank.Int(), world.Int()}, "rank and world size from RANK and WORLD_SIZE")
+	host, _ := os.Hostname()
+	assert.Equal(t, aggregate.Producer{Name: "candle-trace", Version: Version, PID: os.Getpid(), Hostname: host}, sum.Producer)
+	hostAttr, _ := res.Get("host.name")
+	assert.Equal(t, host, hostAttr.Str())
 }
 
 func TestAggregatePushWithTheCollectorDownCountsDropsAndCostsNoUpdateTime(t *testing.T) {
