@@ -138,18 +138,7 @@ func Export(ctx context.Context, r io.Reader, c *otlp.Client, opts Options) (*Re
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := newSender(ctx, cancel, c, opts.Concurrency)
-	b := &traceBuilder{opts: opts, send: s.enqueue, open: map[string]*openSpan{}}
-	stream, err := report.StreamRecords(r, report.RecordVisitor{
-		Meta:           b.onMeta,
-		SpanStart:      b.onSpanStart,
-		SpanEnd:        b.onSpanEnd,
-		Op:             b.onOp,
-		DeviceInterval: b.onInterval,
-		Terminal:       b.onTerminal,
-	}, opts.MaxLineBytes)
-	if err == nil {
-		err = b.finish()
-	}
+	b, stream, err := build(r, opts, s.enqueue)
 	sendErr := s.wait()
 	if sendErr != nil {
 		// The collector's refusal is the cause; a read stopped by it
@@ -164,6 +153,23 @@ func Export(ctx context.Context, r io.Reader, c *otlp.Client, opts Options) (*Re
 	res.TraceID = hex.EncodeToString(b.traceID[:])
 	res.Requests, res.Rejected, res.RejectedMessage = s.requests, s.rejected, s.rejectedMsg
 	return res, nil
+}
+
+// build reads the trace and hands each full batch to send.
+func build(r io.Reader, opts Options, send func(ptrace.Traces) error) (*traceBuilder, *report.StreamResult, error) {
+	b := &traceBuilder{opts: opts, send: send, open: map[string]*openSpan{}}
+	stream, err := report.StreamRecords(r, report.RecordVisitor{
+		Meta:           b.onMeta,
+		SpanStart:      b.onSpanStart,
+		SpanEnd:        b.onSpanEnd,
+		Op:             b.onOp,
+		DeviceInterval: b.onInterval,
+		Terminal:       b.onTerminal,
+	}, opts.MaxLineBytes)
+	if err == nil {
+		err = b.finish()
+	}
+	return b, stream, err
 }
 
 type openSpan struct {
