@@ -32,7 +32,7 @@ func pushRun(endpoint string, intervalMs int) []byte {
 
 // update is one training update of the tests: a step span around a
 // forward span, and the loss.
-func update(t *testing.T, s *Session, i int) {
+func update(t testing.TB, s *Session, i int) {
 	step, err := s.BeginSpan("train/step", events.SpanFunction, events.StepNone)
 	require.NoError(t, err)
 	fwd, err := s.BeginSpan("forward", events.SpanModule, events.StepForward)
