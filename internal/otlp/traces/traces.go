@@ -46,9 +46,9 @@ const (
 	attrIvCorrelated = "candle.device_interval.correlation_id"
 )
 
-// DefaultBatchSpans is how many spans go into one request: large enough
-// that the per-request cost vanishes, small enough (a few MiB) to stay
-// under collectors' default 20 MiB... and well under any proxy's limits.
+// DefaultBatchSpans is how many spans go into one request: enough that the
+// cost of a request vanishes, few enough (a few MB of protobuf) to stay far
+// below the 20 MiB body the collector's HTTP receiver accepts by default.
 const DefaultBatchSpans = 8192
 
 // DefaultConcurrency is how many requests are in flight at once: one being
