@@ -134,7 +134,7 @@ test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
 	@# setarch -R: gcc 12's TSan refuses the high-entropy mmap layouts of newer kernels
 	CANDLE_TRACE_RING_KB=64 TSAN_OPTIONS=halt_on_error=1 $$(command -v setarch >/dev/null && echo setarch $$(uname -m) -R) ./$(BUILD)/fastpath_tsan
 
-test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
+test-load: $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step $(OTELCOL_STAMP)
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) python3 -m pytest -q tests/python
 
 # The Python binding: non-torch tests under python3, torch tests under Debian's
