@@ -26,13 +26,17 @@ export CANDLE_GRAPH := $(abspath $(CANDLE_GRAPH))
 # torch 1.13 (tools/setup.sh makes it).
 VENV      := $(BUILD)/venv
 PYTHON    := $(abspath $(VENV))/bin/python
+# The OpenTelemetry Collector the OTLP tests export to (tools/otelcol, its own
+# Go module): built once per machine, like candle-graph.
+OTELCOL   ?= $(TOOLS)/otelcol/otelcol
+export CANDLE_TRACE_OTELCOL := $(abspath $(OTELCOL))
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.S') include/candle_trace.h go.mod
 # go-nvml's cgo wrappers call NVML functions nvml.h marks deprecated; the
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -78,7 +82,18 @@ $(BUILD)/test_aggregate: tests/c/test_aggregate.c $(LIB) include/candle_trace.h
 $(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
 	$(CC) -O2 -Wall -std=c99 -Iinclude $< -o $@ -L$(BUILD)/bench -lcandle_trace -Wl,-rpath,'$$ORIGIN/bench'
 
-tools: $(CANDLE_GRAPH)
+tools: $(CANDLE_GRAPH) $(OTELCOL_STAMP)
+
+# Only when missing or when tools/otelcol changed (the stamp names a hash of
+# its sources): the collector's ~170 modules take a minute to compile, and
+# build/tools is the cache CI keeps. tools/otelcol/go.mod pins its release.
+OTELCOL_STAMP := $(TOOLS)/otelcol/.built-$(shell cat tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go | sha256sum | cut -c1-12)
+otelcol: $(OTELCOL_STAMP)
+$(OTELCOL_STAMP):
+	@mkdir -p $(dir $@)
+	rm -f $(TOOLS)/otelcol/.built-*
+	cd tools/otelcol && $(GO) build -trimpath -o $(abspath $(OTELCOL)) .
+	@touch $@
 
 # Idempotent set-up for a fresh Debian 12 (apt packages when root, build/venv,
 # candle-graph, real libraries, torch 2.x venv): tools/setup.sh says what and why.
@@ -143,7 +158,7 @@ test-sanitize: $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan
 	@# setarch -R: gcc 12's TSan refuses the high-entropy mmap layouts of newer kernels
 	CANDLE_TRACE_RING_KB=64 TSAN_OPTIONS=halt_on_error=1 $$(command -v setarch >/dev/null && echo setarch $$(uname -m) -R) ./$(BUILD)/fastpath_tsan
 
-test-load: setup $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step
+test-load: setup $(LIB) $(BENCH_LIB) $(PRELOAD) $(BUILD)/train_step $(OTELCOL_STAMP)
 	CANDLE_TRACE_LIB=$(abspath $(LIB)) CANDLE_TRACE_BENCH_LIB=$(abspath $(BENCH_LIB)) $(PYTHON) -m pytest -q tests/python
 
 # The Python binding: non-torch tests and torch 1.13 tests under $(PYTHON) (Debian's

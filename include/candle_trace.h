@@ -522,7 +522,13 @@ ct_status ct_device_stop(ct_session session);
  * records are checked and then not kept; one that names an aggregate span
  * is checked only against the span ids handed out.
  * ct_finish needs no measured region and, as in a trace session, refuses
- * spans still open on any thread. Statistics start enabled. */
+ * spans still open on any thread. Statistics start enabled.
+ * With "otlp_endpoint" in the run JSON (or CANDLE_TRACE_OTLP_ENDPOINT set),
+ * each summary is also pushed to that OpenTelemetry Collector as OTLP
+ * metrics (docs/otlp.md), from a thread of the library's own: no span call
+ * ever waits for the network. A push that fails is dropped and counted in
+ * the summary's "otlp" block, never retried (the next summary supersedes
+ * it); ct_finish waits at most 2 s for the final summary's push. */
 
 /* Switches an aggregate session's statistics on (1) or off (0), e.g. to
  * cover a window of steps. A span counts when statistics were on both when

@@ -29,7 +29,8 @@ const MaxSummaryBytes = 64 << 20
 // refused, then checked for internal consistency.
 
 // required lists the keys each object must carry, by path ("[]" stands for
-// any array element). Objects not listed (run.tags) are free-form.
+// any array element), when it is present: of the top-level keys only
+// "otlp" may be absent. Objects not listed (run.tags) are free-form.
 var required = map[string][]string{
 	"":                 {"schema", "run", "producer", "sequence", "final", "window", "enabled", "histogram", "spans", "scalars", "overflow", "dropped"},
 	"run":              {"entrypoint", "phase", "device", "tags"},
@@ -42,6 +43,7 @@ var required = map[string][]string{
 	"scalars[]":        {"label", "count", "mean", "min", "max", "last", "non_finite"},
 	"overflow":         {"max_keys", "keys_refused", "max_scalars", "scalars_refused"},
 	"dropped":          {"invalid_key", "producer"},
+	"otlp":             {"endpoint", "pushed", "dropped", "last_error"},
 }
 
 // maxDepth: the deepest valid path is spans[].buckets[] (4 levels).

@@ -132,3 +132,46 @@ func TestRunFrom(t *testing.T) {
 	got.Tags["a"] = "changed"
 	assert.Equal(t, "b", r.Tags["a"], "tags are copied")
 }
+
+func TestOTLPBlock(t *testing.T) {
+	s := sample(t)
+	s.OTLP = &OTLPPush{Endpoint: "http://127.0.0.1:4318/v1/metrics", Pushed: 5, Dropped: 2, LastError: "POST …: no collector reachable"}
+	data := encode(t, s)
+	assert.True(t, bytes.HasSuffix(data, []byte(",\n \"otlp\": {\"endpoint\":\"http://127.0.0.1:4318/v1/metrics\",\"pushed\":5,\"dropped\":2,\"last_error\":\"POST …: no collector reachable\"}\n}\n")), "%s", data)
+	got, err := Parse(data)
+	require.NoError(t, err)
+	assert.Equal(t, s, got)
+	for _, tc := range []struct{ from, to, err string }{
+		{`"otlp": {"endpoint"`, `"otlp": null, "x": {"endpoint"`, "otlp: null is not allowed"},
+		{`,"last_error":"POST …: no collector reachable"`, ``, `otlp: missing "last_error"`},
+		{`"pushed":5`, `"pushed":-5`, "cannot unmarshal"},
+	} {
+		_, err := Parse([]byte(strings.Replace(string(data), tc.from, tc.to, 1)))
+		assert.ErrorContains(t, err, tc.err, tc.to)
+	}
+}
+
+// fakePusher records what a Writer offers.
+type fakePusher struct{ offered []*Summary }
+
+func (p *fakePusher) Offer(s *Summary) { p.offered = append(p.offered, s) }
+func (p *fakePusher) Stats() OTLPPush {
+	return OTLPPush{Endpoint: "e", Pushed: uint64(len(p.offered))}
+}
+
+func TestWriterOffersEverySummary(t *testing.T) {
+	p := &fakePusher{}
+	path := filepath.Join(t.TempDir(), "s.json")
+	w, err := NewWriter(path, New(), Run{Entrypoint: "e", Phase: "train", Device: "cpu"}, WithInterval(0), WithPush(p))
+	require.NoError(t, err)
+	require.NoError(t, w.Start())
+	require.NoError(t, w.WriteNow())
+	require.NoError(t, w.Finish())
+	require.Len(t, p.offered, 3)
+	assert.Equal(t, []uint64{1, 2, 3}, []uint64{p.offered[0].Sequence, p.offered[1].Sequence, p.offered[2].Sequence})
+	assert.True(t, p.offered[2].Final)
+	got, err := ReadFile(path)
+	require.NoError(t, err)
+	require.NotNil(t, got.OTLP)
+	assert.Equal(t, OTLPPush{Endpoint: "e", Pushed: 2}, *got.OTLP, "the final summary states the pushes before it")
+}

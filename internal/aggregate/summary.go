@@ -34,6 +34,20 @@ type Summary struct {
 	Scalars   []ScalarStats   `json:"scalars"`
 	Overflow  Overflow        `json:"overflow"`
 	Dropped   Dropped         `json:"dropped"`
+	// OTLP is present when the summary is also pushed to an OpenTelemetry
+	// collector: how those pushes went, up to this summary.
+	OTLP *OTLPPush `json:"otlp,omitempty"`
+}
+
+// OTLPPush counts the pushes of a run's summaries to a collector. A push
+// that fails is not retried (the next summary supersedes it): it is
+// dropped and counted.
+type OTLPPush struct {
+	Endpoint string `json:"endpoint"`
+	Pushed   uint64 `json:"pushed"`  // summaries the collector accepted
+	Dropped  uint64 `json:"dropped"` // summaries not delivered
+	// LastError is why the latest drop happened; "" when none.
+	LastError string `json:"last_error"`
 }
 
 // Run is the provenance of the run: the part of the run JSON of ct_open
@@ -319,7 +333,10 @@ func (s *Summary) Encode(w io.Writer) error {
 		func() error { return list("spans", len(s.Spans), func(i int) any { return &s.Spans[i] }, false) },
 		func() error { return list("scalars", len(s.Scalars), func(i int) any { return &s.Scalars[i] }, false) },
 		func() error { return field("overflow", s.Overflow, false) },
-		func() error { return field("dropped", s.Dropped, true) },
+		func() error { return field("dropped", s.Dropped, s.OTLP == nil) },
+	}
+	if s.OTLP != nil {
+		steps = append(steps, func() error { return field("otlp", s.OTLP, true) })
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {

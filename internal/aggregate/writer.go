@@ -88,6 +88,19 @@ func WithTicker(f TickerFunc) WriterOption { return func(w *Writer) { w.newTicke
 // process's pid and hostname).
 func WithProducer(p Producer) WriterOption { return func(w *Writer) { w.producer = p } }
 
+// Pusher sends each summary somewhere besides the file (internal/otlp's
+// push to a collector). Offer is called from the Writer's goroutine (or
+// WriteNow's and Finish's caller) after each write and must return at once;
+// Stats says how the pushes went so far, written into the summary as its
+// "otlp" block.
+type Pusher interface {
+	Offer(*Summary)
+	Stats() OTLPPush
+}
+
+// WithPush pushes every summary written to p as well.
+func WithPush(p Pusher) WriterOption { return func(w *Writer) { w.push = p } }
+
 // ErrFinished is returned by writes after Finish.
 var ErrFinished = errors.New("aggregate: writer already finished")
 
@@ -110,6 +123,7 @@ type Writer struct {
 	interval           time.Duration
 	fs                 FS
 	newTicker          TickerFunc
+	push               Pusher
 
 	mu       sync.Mutex // serializes writes
 	seq      uint64
@@ -225,6 +239,13 @@ func (w *Writer) write(final bool) error {
 	}
 	s := w.agg.Snapshot()
 	s.Run, s.Producer, s.Sequence, s.Final = w.run, w.producer, w.seq+1, final
+	if w.push != nil {
+		st := w.push.Stats()
+		s.OTLP = &st
+		// Pushed whether or not the file could be written: a full disk
+		// must not also blind the collector.
+		defer w.push.Offer(s)
+	}
 	var buf bytes.Buffer
 	renamed := false
 	err := s.Encode(&buf)

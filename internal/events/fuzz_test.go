@@ -13,6 +13,7 @@ func FuzzParseRun(f *testing.F) {
 	for _, s := range []string{
 		`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu"}`,
 		`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","aggregate_interval_ms":500,"binding":"python"}`,
+		`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","otlp_endpoint":"http://127.0.0.1:4318"}`,
 		`{"entrypoint":"e","phase":"infer","capture_step":9,"device":"cpu","tags":{"a":"\u0000\"x"},"candle_version":null}`,
 		fullRunJSON,
 		e2eRunJSON,
@@ -38,7 +39,7 @@ func FuzzParseRun(f *testing.F) {
 		back, err := ParseRun(runJSONFromMeta(t, line, r.MeasuredRoot))
 		require.NoError(t, err, "meta does not re-parse: %s", line)
 		// Session settings that are not meta fields do not round-trip.
-		back.Binding, back.Mode, back.AggregateIntervalMs = r.Binding, r.Mode, r.AggregateIntervalMs
+		back.Binding, back.Mode, back.AggregateIntervalMs, back.OTLPEndpoint = r.Binding, r.Mode, r.AggregateIntervalMs, r.OTLPEndpoint
 		require.Equal(t, r, back)
 	})
 }

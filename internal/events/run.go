@@ -28,6 +28,10 @@ type Run struct {
 	// AggregateIntervalMs is how often an aggregate summary is rewritten
 	// (0 = the aggregate package's default).
 	AggregateIntervalMs uint64
+	// OTLPEndpoint, for an aggregate session, is the OpenTelemetry
+	// Collector (OTLP/HTTP base URL) each summary is also pushed to; ""
+	// means none (or $CANDLE_TRACE_OTLP_ENDPOINT, which the session reads).
+	OTLPEndpoint string
 	// Binding names the binding that wrote the trace (meta.producer.binding),
 	// e.g. "python" or "rust"; "" leaves the session's default. Not a meta
 	// field of candle-graph's.
@@ -59,7 +63,7 @@ var runKeys = []string{
 	"entrypoint", "phase", "capture_step", "device", "warmup_steps", "correlation_id",
 	"timing_mode", "measured_region_device_synchronized", "capture_contract",
 	"comparison_identity", "tags", "candle_version", "measured_root", "binding",
-	"mode", "aggregate_interval_ms", "buffer",
+	"mode", "aggregate_interval_ms", "buffer", "otlp_endpoint",
 }
 
 // ParseRun parses and validates the run JSON given to ct_open.
@@ -128,6 +132,16 @@ func parseRun(data []byte) (*Run, error) {
 	}
 	if hasInterval && r.AggregateIntervalMs == 0 {
 		return nil, fmt.Errorf("%q must be >= 1, got 0", "aggregate_interval_ms")
+	}
+	var hasEndpoint bool
+	if r.OTLPEndpoint, hasEndpoint, err = f.str("otlp_endpoint", false, false); err != nil {
+		return nil, err
+	}
+	if hasEndpoint && r.Mode != "aggregate" {
+		return nil, fmt.Errorf("%q is only for \"mode\": \"aggregate\" (export a trace with candle-trace export --format otlp)", "otlp_endpoint")
+	}
+	if hasEndpoint && strings.TrimSpace(r.OTLPEndpoint) == "" {
+		return nil, fmt.Errorf("%q must not be empty when present (omit it instead)", "otlp_endpoint")
 	}
 	if r.CaptureStep == 0 {
 		return nil, fmt.Errorf("%q must be >= 1, got 0", "capture_step")

@@ -249,6 +249,11 @@ func TestParseRunModes(t *testing.T) {
 	require.Equal(t, "aggregate", r.Mode)
 	require.Equal(t, uint64(1), r.CaptureStep, "an aggregate run needs no capture step")
 	require.Equal(t, uint64(250), r.AggregateIntervalMs)
+	require.Equal(t, "", r.OTLPEndpoint)
+
+	r, err = ParseRun([]byte(`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","otlp_endpoint":"http://127.0.0.1:4318"}`))
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:4318", r.OTLPEndpoint)
 
 	r, err = ParseRun([]byte(`{"entrypoint":"e","phase":"train","capture_step":2,"device":"cpu"}`))
 	require.NoError(t, err)
@@ -259,6 +264,9 @@ func TestParseRunModes(t *testing.T) {
 		{`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu","mode":"sampled"}`, `"mode" must be one of trace|aggregate`},
 		{`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu","aggregate_interval_ms":5}`, `only for "mode": "aggregate"`},
 		{`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","aggregate_interval_ms":0}`, `"aggregate_interval_ms" must be >= 1`},
+		{`{"entrypoint":"e","phase":"train","capture_step":1,"device":"cpu","otlp_endpoint":"http://c:4318"}`, `"otlp_endpoint" is only for "mode": "aggregate"`},
+		{`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","otlp_endpoint":" "}`, `"otlp_endpoint" must not be empty`},
+		{`{"entrypoint":"e","phase":"train","device":"cpu","mode":"aggregate","otlp_endpoint":4318}`, `"otlp_endpoint"`},
 	} {
 		_, err := ParseRun([]byte(tc.run))
 		require.ErrorContains(t, err, tc.msg, tc.run)

@@ -9,10 +9,12 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
+	"github.com/candle-trace/candle-trace/internal/otlp"
 )
 
 // An aggregate session ("mode": "aggregate" in the run JSON) keeps span and
@@ -24,31 +26,92 @@ import (
 // folds those in batches into internal/aggregate, so memory stays constant
 // however many steps run. Every other record is still checked, then not
 // kept. The summary file is rewritten atomically every aggregate_interval_ms
-// and at finish.
+// and at finish, and, with an OTLP endpoint, pushed to a collector from the
+// pusher's own goroutine (internal/otlp.Pusher): the writer only hands it
+// over.
 
 type aggState struct {
 	agg    *aggregate.Aggregator
 	writer *aggregate.Writer
+	push   *otlp.Pusher // nil without an OTLP endpoint
 }
+
+// OTLPEndpointEnv names the collector an aggregate session pushes its
+// summaries to when the run JSON gives no "otlp_endpoint".
+const OTLPEndpointEnv = "CANDLE_TRACE_OTLP_ENDPOINT"
+
+// FinalPushWait is how long ct_finish waits for the final summary's push:
+// long enough for a collector that answers, short enough that one that
+// hangs cannot hold a finishing job.
+const FinalPushWait = 2 * time.Second
 
 func openAggregate(path string, run *events.Run, p Producer) (*aggState, error) {
 	agg := aggregate.New()
-	opts := []aggregate.WriterOption{aggregate.WithProducer(aggregate.Producer{Name: p.Name, Version: p.Version})}
+	// The process too: WithProducer replaces the writer's whole default, and
+	// a pushed summary's host.name and run id come from these.
+	host, _ := os.Hostname()
+	opts := []aggregate.WriterOption{aggregate.WithProducer(aggregate.Producer{Name: p.Name, Version: p.Version, PID: os.Getpid(), Hostname: host})}
 	if run.AggregateIntervalMs > 0 {
 		opts = append(opts, aggregate.WithInterval(time.Duration(run.AggregateIntervalMs)*time.Millisecond))
+	}
+	push, err := openPush(run)
+	if err != nil {
+		return nil, err
+	}
+	if push != nil {
+		opts = append(opts, aggregate.WithPush(push))
 	}
 	ar := aggregate.RunFrom(run)
 	if ar.Binding == "" {
 		ar.Binding = p.Binding
 	}
 	w, err := aggregate.NewWriter(path, agg, ar, opts...)
+	if err == nil {
+		err = w.Start()
+	}
 	if err != nil {
+		if push != nil {
+			push.Close(0)
+		}
 		return nil, err
 	}
-	if err := w.Start(); err != nil {
-		return nil, err
+	return &aggState{agg: agg, writer: w, push: push}, nil
+}
+
+// openPush starts the OTLP push of the summaries when the run JSON or the
+// environment names a collector. Rank and world size come from torchrun's
+// RANK and WORLD_SIZE, the service name from OpenTelemetry's own
+// OTEL_SERVICE_NAME.
+func openPush(run *events.Run) (*otlp.Pusher, error) {
+	endpoint, from := run.OTLPEndpoint, `"otlp_endpoint"`
+	if endpoint == "" {
+		endpoint, from = os.Getenv(OTLPEndpointEnv), OTLPEndpointEnv
 	}
-	return &aggState{agg: agg, writer: w}, nil
+	if endpoint == "" {
+		return nil, nil
+	}
+	p, err := otlp.NewPusher(endpoint, otlp.PushOptions{Metrics: otlp.MetricsOptions{
+		ServiceName: os.Getenv("OTEL_SERVICE_NAME"), Rank: os.Getenv("RANK"), WorldSize: os.Getenv("WORLD_SIZE"),
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", from, err)
+	}
+	return p, nil
+}
+
+// finishAggregateLocked writes the final summary, releases the session
+// and then, outside the lock so that other sessions go on, waits at most
+// FinalPushWait for the final summary's push.
+func (s *Session) finishAggregateLocked() error {
+	err := s.aggr.writer.Finish()
+	push := s.aggr.push
+	s.releaseLocked()
+	if push != nil {
+		mu.Unlock()
+		push.Close(FinalPushWait)
+		mu.Lock()
+	}
+	return err
 }
 
 // spanKey interns a span's name and step; spans beyond the name cap fold

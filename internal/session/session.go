@@ -454,9 +454,7 @@ func (s *Session) Finish() error {
 		return err
 	}
 	if s.aggr != nil {
-		err := s.aggr.writer.Finish()
-		s.releaseLocked()
-		if err != nil {
+		if err := s.finishAggregateLocked(); err != nil {
 			return errorf(IO, "ct_finish: write %s: %v", s.path, err)
 		}
 		return nil
@@ -562,9 +560,7 @@ func (s *Session) FinishFailed(reason string) error {
 	if s.aggr != nil {
 		// The summary has no outcome: what was folded so far is written.
 		drainLocked()
-		err = s.aggr.writer.Finish()
-		s.releaseLocked()
-		if err != nil {
+		if err = s.finishAggregateLocked(); err != nil {
 			return errorf(IO, "ct_finish_failed: write %s: %v", s.path, err)
 		}
 		return nil

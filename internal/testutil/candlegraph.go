@@ -33,7 +33,16 @@ func ModuleRoot(t testing.TB) string {
 // (CI set), where it fails: CI installs it.
 func CandleGraph(t testing.TB) string {
 	t.Helper()
-	candidates := []string{os.Getenv("CANDLE_GRAPH"), filepath.Join(ModuleRoot(t), "build", "tools", "bin", "candle-graph")}
+	return Tool(t, "candle-graph", os.Getenv("CANDLE_GRAPH"), filepath.Join("build", "tools", "bin", "candle-graph"), "make tools")
+}
+
+// Tool returns the first of path (an environment variable's value, may be
+// "") and rel (below the module root) that is a file. Without one the test
+// is skipped, except in CI (CI set), where it fails: CI builds every tool
+// with make target.
+func Tool(t testing.TB, name, path, rel, target string) string {
+	t.Helper()
+	candidates := []string{path, filepath.Join(ModuleRoot(t), rel)}
 	for _, c := range candidates {
 		if c == "" {
 			continue
@@ -43,9 +52,9 @@ func CandleGraph(t testing.TB) string {
 		}
 	}
 	if os.Getenv("CI") != "" {
-		t.Fatalf("candle-graph not found (tried %v); .ci/run installs it with make tools", candidates)
+		t.Fatalf("%s not found (tried %v); .ci/run builds it with %s", name, candidates, target)
 	}
-	t.Skip("candle-graph not installed; run `make tools`")
+	t.Skipf("%s is not built; run `%s`", name, target)
 	return ""
 }
 

@@ -58,6 +58,13 @@ commands:
         Chrome Trace Event JSON for ui.perfetto.dev or chrome://tracing:
         spans and ops per thread, device intervals per stream, memory
         counters, edges as flows; a partial trace exports too
+  export --format otlp [--endpoint URL] [--service-name NAME]
+         [--header KEY=VALUE]... [--timeout DUR] TRACE|SUMMARY
+        send to an OpenTelemetry Collector over OTLP/HTTP: a trace as spans
+        (ops and device intervals as child spans), an aggregate summary as
+        metrics (a histogram per span name, gauges for scalars); URL
+        defaults to $OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318;
+        exit 1 when the collector cannot be reached or refuses
   merge [-o OUT] RANK_TRACE...
         one Chrome trace for a multi-process job: a process per rank
         (meta.process.rank, else file order), aligned by each trace's

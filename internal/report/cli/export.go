@@ -14,14 +14,15 @@ import (
 
 func exportCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("export", stderr)
-	format := fs.String("format", "chrome", "output `FORMAT`; chrome (Chrome Trace Event JSON, opened by ui.perfetto.dev and chrome://tracing) is the only one")
+	format := fs.String("format", "chrome", "output `FORMAT`: chrome (Chrome Trace Event JSON, opened by ui.perfetto.dev and chrome://tracing) or otlp (sent to an OpenTelemetry Collector)")
 	out := fs.String("o", "", "write to `FILE` (\"-\" or absent: standard output)")
+	otlpf := addOTLPFlags(fs)
 	paths, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
 	}
-	if *format != "chrome" {
-		fmt.Fprintf(stderr, "candle-trace export: unknown --format %q; the only format is chrome\n", *format)
+	if *format != "chrome" && *format != "otlp" {
+		fmt.Fprintf(stderr, "candle-trace export: unknown --format %q; the formats are chrome and otlp\n", *format)
 		return ExitUsage
 	}
 	if len(paths) != 1 {
@@ -29,6 +30,13 @@ func exportCmd(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	p := paths[0]
+	if *format == "otlp" {
+		if *out != "" {
+			fmt.Fprintln(stderr, "candle-trace export: -o is for --format chrome; --format otlp sends to --endpoint")
+			return ExitUsage
+		}
+		return exportOTLP(p, otlpf, stderr)
+	}
 	var res *chrome.ExportResult
 	code := writeOutput(*out, stdout, stderr, "export", func(w *chrome.ChromeWriter) (map[string]string, error) {
 		var err error
