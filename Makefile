@@ -30,6 +30,12 @@ PYTHON    := $(abspath $(VENV))/bin/python
 # Go module): built once per machine, like candle-graph.
 OTELCOL   ?= $(TOOLS)/otelcol/otelcol
 export CANDLE_TRACE_OTELCOL := $(abspath $(OTELCOL))
+# Rebuilt only when missing or when tools/otelcol changed (the stamp names a hash
+# of its sources): the collector's ~170 modules take a minute to compile, and
+# build/tools is the cache CI keeps. tools/otelcol/go.mod pins its release.
+# Defined here, above every rule that names it: make expands prerequisites as
+# it reads them, so a later definition left `tools` without the collector.
+OTELCOL_STAMP := $(TOOLS)/otelcol/.built-$(shell cat tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go | sha256sum | cut -c1-12)
 
 GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.S') include/candle_trace.h go.mod
 # go-nvml's cgo wrappers call NVML functions nvml.h marks deprecated; the
@@ -84,10 +90,6 @@ $(BUILD)/bench_spans: tests/bench/bench_spans.c $(BENCH_LIB)
 
 tools: $(CANDLE_GRAPH) $(OTELCOL_STAMP)
 
-# Only when missing or when tools/otelcol changed (the stamp names a hash of
-# its sources): the collector's ~170 modules take a minute to compile, and
-# build/tools is the cache CI keeps. tools/otelcol/go.mod pins its release.
-OTELCOL_STAMP := $(TOOLS)/otelcol/.built-$(shell cat tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go | sha256sum | cut -c1-12)
 otelcol: $(OTELCOL_STAMP)
 $(OTELCOL_STAMP):
 	@mkdir -p $(dir $@)
