@@ -180,6 +180,9 @@ def test_capture_step_mismatch_is_found(tmp_path: Path) -> None:
     ("r{rank}/t.jsonl", 5, 8, "r5/t.jsonl"),
     ("t-{rank}-of-{world_size}.jsonl", 1, 2, "t-1-of-2.jsonl"),
     ("t-%r.jsonl", 0, 1, "t-0.jsonl"),
+    ("t-7.rank1.jsonl", 1, 2, "t-7.rank1.jsonl"),       # already says whose (candle-trace run)
+    ("t-rank1.jsonl", 1, 2, "t-rank1.jsonl"),
+    ("t.rank1.jsonl", 0, 2, "t.rank1-rank0.jsonl"),     # another rank's name is no claim
 ])
 def test_rank_path(path: str, rank: int, world: int, want: str) -> None:
     assert rank_path(path, rank, world) == want

@@ -7,7 +7,8 @@ Three things differ from one process, and this module holds them:
   ``meta.process``), else from an initialised default process group. A path may say where
   the rank goes -- ``{rank}`` or ``%r`` (``{world_size}`` too) -- and when the job has
   more than one rank and the path says nothing, ``-rank<N>`` goes before its extension
-  (``trace.jsonl`` -> ``trace-rank1.jsonl``), so ranks never write over each other.
+  (``trace.jsonl`` -> ``trace-rank1.jsonl``; a name that already ends in ``.rank<N>`` or
+  ``-rank<N>`` for this rank is kept), so ranks never write over each other.
 - **The same update on every rank.** The rule is that every rank passes the same
   ``capture_step`` and calls ``step()`` once per update: DDP already holds the ranks in
   lock step (each update's all-reduces pair the ranks' backward passes), so the
@@ -69,6 +70,10 @@ def rank_path(path: str, rank: int, world: int) -> str:
         return path
     head, tail = os.path.split(path)
     stem, ext = os.path.splitext(tail)
+    # A name that already says whose it is (`candle-trace run` expands its own pattern
+    # to ``t-PID.rank<N>.jsonl``) is kept: no second rank in the name.
+    if stem.endswith((f".rank{rank}", f"-rank{rank}")):
+        return path
     return os.path.join(head, f"{stem}-rank{rank}{ext}")
 
 
