@@ -29,34 +29,191 @@ var DefaultLimits = Limits{Spans: 200_000, Ops: 300_000, Intervals: 200_000, Mem
 // span's place on its thread, the ops inside them, host-clock device
 // intervals and the memory records (to draw the curve and list the live
 // storages at the peak). It sees the records the checker accepted.
+//
+// Rows are kept as small structs (a page of 300,000 ops is 10 MB, not the
+// 22 MB a slice per row costs, and the CLI's soft heap limit leaves the
+// collector little room beside the checker's state) and turned into the
+// page's number arrays once, at the end. Past a limit, rows outside the
+// measured region give way first (see rowStore), so its detail stays whole.
 type collector struct {
 	lim   Limits
 	names map[string]int
 	tl    Timeline
 
-	spanIdx  map[string]int // span id -> index into tl.Spans
-	threads  map[uint64]int // tid -> index into tl.Threads
-	streams  map[string]int // device \0 stream -> index into tl.Streams
-	depth    []int32        // per kept span
-	latest   uint64         // latest timestamp seen: where open spans end
-	curve    *memCurve      // the memory curve, applied as the records stream by
-	buffer   bool           // keep the records too: the input cannot be re-read
-	mem      []memRec       // the kept records, for a sorted replay when out of order
-	keyBuf   []byte
-	graph    Graph
-	tensors  map[string]int // tensor id -> index into graph.Tensors
-	devices  map[string]int // device -> index into devSamples
-	devNames []string
-	devUsed  [][][2]uint64 // per device: [timestamp, used bytes]
-	devKept  int
+	spans     rowStore[spanRow]
+	ops       rowStore[opRow]
+	intervals rowStore[intervalRow]
+	spanInfo  map[string]spanInfo // span id -> what its ops and children need
+	spansSeen uint32
+	windows   []window       // the measured spans' time, to place ops and intervals
+	threads   map[uint64]int // tid -> index into tl.Threads
+	streams   map[string]int // device \0 stream -> index into tl.Streams
+	latest    uint64         // latest timestamp seen: where open spans end
+	curve     *memCurve      // the memory curve, applied as the records stream by
+	buffer    bool           // keep the records too: the input cannot be re-read
+	mem       []memRec       // the kept records, for a sorted replay when out of order
+	keyBuf    []byte
+	graph     Graph
+	opSpan    []int32        // per graph op: its span's ordinal, -1 none
+	tensors   map[string]int // tensor id -> index into graph.Tensors
+	devices   map[string]int // device -> index into devSamples
+	devNames  []string
+	devUsed   [][][2]uint64 // per device: [timestamp, used bytes]
+	devKept   int
 }
+
+// spanInfo is what is known of every span seen (up to spanInfoCap): its
+// ordinal among the trace's spans, lane, depth, name, and whether it lies in
+// the measured region. Its row may have been left out; this stays.
+type spanInfo struct {
+	start                    uint64
+	ord, thread, depth, name uint32
+	inside                   bool
+}
+
+// window is one measured span's stretch of time; open until its end comes.
+type window struct {
+	id         string
+	start, end uint64
+	open       bool
+}
+
+type spanRow struct {
+	start, dur          uint64
+	ord                 uint32
+	parent              int32 // the parent's ordinal, -1 none
+	thread, depth, name uint32
+	flags               uint8
+	inside              bool
+}
+
+type opRow struct {
+	start, dur          uint64
+	thread, depth, name uint32
+	inside              bool
+}
+
+type intervalRow struct {
+	start, dur   uint64
+	stream, name uint32
+	span         int32 // the launching span's ordinal, -1 none
+	inside       bool
+}
+
+func (r *spanRow) key() (bool, uint64) {
+	if r.flags&flagOpen != 0 {
+		return r.inside, ^uint64(0) // open: it encloses what follows
+	}
+	return r.inside, r.dur
+}
+func (r *opRow) key() (bool, uint64)       { return r.inside, r.dur }
+func (r *intervalRow) key() (bool, uint64) { return r.inside, r.dur }
+
+// rowStore keeps at most limit rows. Rows inside the measured region are
+// kept in file order until the limit; those outside are thinned as needed:
+// when the store is full, each pair of neighbouring outside rows keeps the
+// longer one (what a zoomed-out timeline shows anyway), and from then on
+// only every stride-th outside row is taken, stride doubling at each
+// thinning, so the outside rows stay evenly spread over the trace.
+type rowStore[R any] struct {
+	rows    []R
+	stride  int // take every stride-th outside row (1: all)
+	skipped int // outside rows passed since the last one taken
+	// dropped: rows left out in all; outside: of them, outside the region.
+	dropped, outside int
+	outsideKept      int // outside rows in rows: none, nothing to thin
+}
+
+// admit says whether a new row (inside the region or not) goes in; when it
+// returns false the row is counted as left out.
+func admit[R any, P interface {
+	*R
+	key() (bool, uint64)
+}](s *rowStore[R], inside bool, limit int) bool {
+	if s.stride == 0 {
+		s.stride = 1
+	}
+	if !inside {
+		s.skipped++
+		if s.skipped < s.stride {
+			s.dropped++
+			s.outside++
+			return false
+		}
+		s.skipped = 0
+	}
+	if len(s.rows) < limit {
+		if !inside {
+			s.outsideKept++
+		}
+		return true
+	}
+	// Full. Thinning needs two outside rows to pair; without them (the
+	// region alone fills the store) the row is left out at once.
+	if s.outsideKept < 2 || thin[R, P](s) == 0 {
+		s.dropped++
+		if !inside {
+			s.outside++
+		}
+		return false
+	}
+	if !inside {
+		s.outsideKept++
+	}
+	return true
+}
+
+// thin halves the outside rows (the longer of each neighbouring pair stays)
+// and returns how many it removed.
+func thin[R any, P interface {
+	*R
+	key() (bool, uint64)
+}](s *rowStore[R]) int {
+	kept, pending := 0, -1 // pending: index in s.rows of an unpaired outside row
+	removed := 0
+	for i := range s.rows {
+		in, dur := P(&s.rows[i]).key()
+		if in {
+			s.rows[kept] = s.rows[i]
+			kept++
+			continue
+		}
+		if pending < 0 {
+			pending = kept
+			s.rows[kept] = s.rows[i]
+			kept++
+			continue
+		}
+		if _, pd := P(&s.rows[pending]).key(); dur > pd {
+			s.rows[pending] = s.rows[i]
+		}
+		pending = -1
+		removed++
+	}
+	clear(s.rows[kept:])
+	s.rows = s.rows[:kept]
+	s.dropped += removed
+	s.outside += removed
+	s.outsideKept -= removed
+	if removed > 0 {
+		s.stride *= 2
+	}
+	return removed
+}
+
+// spanInfoCap bounds the spans remembered: past it a span is neither kept
+// nor known, and its ops go to the thread-less lane. A span whose row is not
+// kept is forgotten when it ends, so what is remembered is the kept rows,
+// the open spans and the rows thinned out after their end (a few times the
+// limit, the stride doubling at each thinning); the cap is a backstop.
+func (c *collector) spanInfoCap() int { return 8 * c.lim.Spans }
 
 func newCollector(lim Limits) *collector {
 	return &collector{
-		lim: lim, names: map[string]int{}, curve: newMemCurve(lim.MemoryPoints), spanIdx: map[string]int{}, threads: map[uint64]int{},
+		lim: lim, names: map[string]int{}, curve: newMemCurve(lim.MemoryPoints), spanInfo: map[string]spanInfo{}, threads: map[uint64]int{},
 		streams: map[string]int{}, devices: map[string]int{}, tensors: map[string]int{},
 		graph: Graph{Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}},
-		tl:    Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][]uint64{}, Ops: [][]uint64{}, Intervals: [][]uint64{}},
+		tl:    Timeline{Names: []string{}, Threads: []uint64{}, Streams: []string{}, Spans: [][6]uint64{}, Ops: [][5]uint64{}, Intervals: [][5]uint64{}},
 	}
 }
 
@@ -120,64 +277,106 @@ const (
 	flagOpen
 )
 
+// inWindow: ts falls in a measured span's time (an open one has no end yet).
+func (c *collector) inWindow(ts uint64) bool {
+	for _, w := range c.windows {
+		if ts >= w.start && (w.open || ts <= w.end) {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *collector) spanStart(e *trace.SpanStartEvent) {
 	c.note(e.Start)
-	if len(c.tl.Spans) >= c.lim.Spans {
-		c.tl.Dropped.Spans++
+	ord := c.spansSeen
+	c.spansSeen++
+	if len(c.spanInfo) >= c.spanInfoCap() {
+		c.spans.dropped++
 		return
 	}
 	// Spans without a tid (completed spans, other writers) share thread 0.
-	th := c.thread(e.TID)
-	depth := int32(0)
+	th := uint32(c.thread(e.TID))
+	depth := uint32(0)
+	parent := int32(-1)
+	inside := e.Measured || c.inWindow(e.Start)
 	if e.HasParent {
-		if p, ok := c.spanIdx[string(e.Parent)]; ok && c.tl.Spans[p][2] == uint64(th) {
-			depth = c.depth[p] + 1
+		if p, ok := c.spanInfo[string(e.Parent)]; ok {
+			parent = int32(p.ord)
+			inside = inside || p.inside
+			if p.thread == th {
+				depth = p.depth + 1
+			}
 		}
 	}
-	parent := -1
-	if e.HasParent {
-		if p, ok := c.spanIdx[string(e.Parent)]; ok {
-			parent = p
-		}
+	if e.Measured {
+		c.windows = append(c.windows, window{id: string(e.ID), start: e.Start, open: true})
 	}
-	c.graph.SpanParent = append(c.graph.SpanParent, parent)
-	flags := uint64(flagOpen)
+	name := uint32(c.name(e.Name))
+	c.spanInfo[string(e.ID)] = spanInfo{start: e.Start, ord: ord, thread: th, depth: depth, name: name, inside: inside}
+	flags := uint8(flagOpen)
 	if e.Measured {
 		flags |= flagMeasured
 	}
-	c.spanIdx[string(e.ID)] = len(c.tl.Spans)
-	c.depth = append(c.depth, depth)
-	c.tl.Spans = append(c.tl.Spans, []uint64{e.Start, 0, uint64(th), uint64(depth), uint64(c.name(e.Name)), flags})
+	if admit(&c.spans, inside, c.lim.Spans) {
+		c.spans.rows = append(c.spans.rows, spanRow{start: e.Start, ord: ord, parent: parent, thread: th, depth: depth, name: name, flags: flags, inside: inside})
+	}
+}
+
+// keptSpan finds the kept row of a span by its ordinal (rows stay in
+// ordinal order), nil when it was left out.
+func (c *collector) keptSpan(ord uint32) *spanRow {
+	rows := c.spans.rows
+	i := sort.Search(len(rows), func(i int) bool { return rows[i].ord >= ord })
+	if i < len(rows) && rows[i].ord == ord {
+		return &rows[i]
+	}
+	return nil
 }
 
 func (c *collector) spanEnd(e *trace.SpanEndEvent) {
-	i, ok := c.spanIdx[string(e.ID)]
+	info, ok := c.spanInfo[string(e.ID)]
 	if !ok {
 		return
 	}
-	s := c.tl.Spans[i]
-	s[1], s[5] = e.Duration, s[5]&^flagOpen
-	c.note(trace.SatAdd(s[0], e.Duration))
+	for i := range c.windows {
+		if w := &c.windows[i]; w.open && w.id == string(e.ID) {
+			w.open, w.end = false, trace.SatAdd(w.start, e.Duration)
+		}
+	}
+	c.note(trace.SatAdd(info.start, e.Duration))
+	s := c.keptSpan(info.ord)
+	if s == nil {
+		delete(c.spanInfo, string(e.ID))
+		return
+	}
+	s.dur, s.flags = e.Duration, s.flags&^flagOpen
 }
 
 func (c *collector) op(e *trace.OpEvent) {
 	c.note(trace.SatAdd(e.Timestamp, e.Duration))
-	if len(c.tl.Ops) >= c.lim.Ops {
-		c.tl.Dropped.Ops++
+	var th, depth uint32
+	span := int32(-1)
+	inside := c.inWindow(e.Timestamp)
+	if info, ok := c.spanInfo[string(e.SpanID)]; ok {
+		th, depth, span = info.thread, info.depth+1, int32(info.ord)
+		inside = inside || info.inside
+	} else {
+		th = uint32(c.thread(0)) // a span not (yet) seen: the thread-less lane
+	}
+	before := c.ops.dropped
+	if !admit(&c.ops, inside, c.lim.Ops) {
 		return
 	}
-	var th, depth uint64
-	span := -1
-	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
-		th, depth, span = c.tl.Spans[i][2], c.tl.Spans[i][3]+1, i
-	} else {
-		th = uint64(c.thread(0)) // a span not (yet) seen: the thread-less lane
+	if c.ops.dropped != before && c.graph.Omitted == "" {
+		// Thinning moved ops: the graph's rows would no longer match.
+		c.dropGraph(fmt.Sprintf("more than %d ops: too many to draw as a graph; the timeline has them", c.lim.Ops))
 	}
-	c.tl.Ops = append(c.tl.Ops, []uint64{e.Timestamp, e.Duration, th, depth, uint64(c.name(e.OpName))})
+	c.ops.rows = append(c.ops.rows, opRow{start: e.Timestamp, dur: e.Duration, thread: th, depth: depth, name: uint32(c.name(e.OpName)), inside: inside})
 	if c.graph.Omitted != "" {
 		return
 	}
-	if len(c.tl.Ops) > c.lim.GraphOps {
+	if len(c.ops.rows) > c.lim.GraphOps {
 		c.dropGraph(fmt.Sprintf("more than %d ops: too many to draw as a graph; the timeline has them", c.lim.GraphOps))
 		return
 	}
@@ -189,7 +388,7 @@ func (c *collector) op(e *trace.OpEvent) {
 	if e.HasOutput {
 		out = c.tensor(e.Output)
 	}
-	c.graph.OpSpan = append(c.graph.OpSpan, span)
+	c.opSpan = append(c.opSpan, span)
 	c.graph.OpIn = append(c.graph.OpIn, in)
 	c.graph.OpOut = append(c.graph.OpOut, out)
 }
@@ -217,8 +416,8 @@ func (c *collector) edge(e *trace.EdgeEvent) {
 
 // dropGraph gives the graph up (the page says why) and frees what it held.
 func (c *collector) dropGraph(why string) {
-	c.graph = Graph{Omitted: why, Tensors: []string{}, SpanParent: c.graph.SpanParent, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}}
-	c.tensors = map[string]int{}
+	c.graph = Graph{Omitted: why, Tensors: []string{}, SpanParent: []int{}, OpSpan: []int{}, OpIn: [][]int{}, OpOut: []int{}, Data: [][2]int{}}
+	c.tensors, c.opSpan = map[string]int{}, nil
 }
 
 func (c *collector) interval(e *trace.DeviceIntervalEvent) {
@@ -227,26 +426,29 @@ func (c *collector) interval(e *trace.DeviceIntervalEvent) {
 		c.tl.Dropped.OtherClockIntervals++
 		return
 	}
-	if len(c.tl.Intervals) >= c.lim.Intervals {
-		c.tl.Dropped.Intervals++
+	span := int32(-1)
+	inside := c.inWindow(e.Start)
+	if info, ok := c.spanInfo[string(e.SpanID)]; ok {
+		span = int32(info.ord)
+		inside = inside || info.inside
+	}
+	if !admit(&c.intervals, inside, c.lim.Intervals) {
 		return
 	}
-	key := string(e.Device) + "\x00" + string(e.StreamID)
-	st, ok := c.streams[key]
+	// Looked up through the reused buffer: a string is made only for a new
+	// stream, not for each of the trace's intervals.
+	c.keyBuf = append(append(append(c.keyBuf[:0], e.Device...), 0), e.StreamID...)
+	st, ok := c.streams[string(c.keyBuf)]
 	if !ok {
 		st = len(c.tl.Streams)
-		c.streams[key] = st
+		c.streams[string(c.keyBuf)] = st
 		c.tl.Streams = append(c.tl.Streams, string(e.Device)+" stream "+string(e.StreamID))
-	}
-	span := uint64(1<<53 - 1) // JavaScript's largest exact integer: no span
-	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
-		span = uint64(i)
 	}
 	name := e.Name
 	if len(name) == 0 {
 		name = []byte("(unnamed)")
 	}
-	c.tl.Intervals = append(c.tl.Intervals, []uint64{e.Start, e.Duration, uint64(st), uint64(c.name(name)), span})
+	c.intervals.rows = append(c.intervals.rows, intervalRow{start: e.Start, dur: e.Duration, stream: uint32(st), name: uint32(c.name(name)), span: span, inside: inside})
 }
 
 func (c *collector) memory(e *trace.MemoryEvent) {
@@ -273,8 +475,8 @@ func (c *collector) madeBy(e *trace.MemoryEvent) int32 {
 	if e.HasOpName && len(e.OpName) > 0 {
 		return int32(c.name(e.OpName))
 	}
-	if i, ok := c.spanIdx[string(e.SpanID)]; ok {
-		return int32(c.tl.Spans[i][4])
+	if info, ok := c.spanInfo[string(e.SpanID)]; ok {
+		return int32(info.name)
 	}
 	return -1
 }
@@ -331,11 +533,7 @@ func (c *collector) deviceMemory(e *trace.DeviceMemoryEvent) {
 // order the curve applied as they streamed is void: they are replayed
 // sorted, from the kept records or re-read from seeker.
 func (c *collector) finish(seeker io.ReadSeeker, origin int64, maxLine int) (*Timeline, *MemoryView, *Graph, error) {
-	for _, s := range c.tl.Spans {
-		if s[5]&flagOpen != 0 && c.latest > s[0] {
-			s[1] = c.latest - s[0]
-		}
-	}
+	c.rows()
 	c.tl.End = c.latest
 	curve := c.curve
 	if curve.disordered {
@@ -364,6 +562,56 @@ func (c *collector) finish(seeker io.ReadSeeker, origin int64, maxLine int) (*Ti
 		mv.Devices = append(mv.Devices, DeviceUsed{Device: name, Samples: len(pts), Points: drawn})
 	}
 	return &c.tl, mv, &c.graph, nil
+}
+
+// rows turns the kept rows into the page's number arrays, span ordinals
+// into indices of the kept spans, closes open spans at the latest timestamp
+// seen, and says what the limits left out.
+func (c *collector) rows() {
+	index := func(ord int32) int {
+		if ord < 0 {
+			return -1
+		}
+		rows := c.spans.rows
+		i := sort.Search(len(rows), func(i int) bool { return rows[i].ord >= uint32(ord) })
+		if i < len(rows) && rows[i].ord == uint32(ord) {
+			return i
+		}
+		return -1
+	}
+	c.tl.Spans = make([][6]uint64, 0, len(c.spans.rows))
+	c.graph.SpanParent = make([]int, 0, len(c.spans.rows))
+	for _, s := range c.spans.rows {
+		if s.flags&flagOpen != 0 && c.latest > s.start {
+			s.dur = c.latest - s.start
+		}
+		c.tl.Spans = append(c.tl.Spans, [6]uint64{s.start, s.dur, uint64(s.thread), uint64(s.depth), uint64(s.name), uint64(s.flags)})
+		c.graph.SpanParent = append(c.graph.SpanParent, index(s.parent))
+	}
+	c.tl.Ops = make([][5]uint64, 0, len(c.ops.rows))
+	for _, o := range c.ops.rows {
+		c.tl.Ops = append(c.tl.Ops, [5]uint64{o.start, o.dur, uint64(o.thread), uint64(o.depth), uint64(o.name)})
+	}
+	c.tl.Intervals = make([][5]uint64, 0, len(c.intervals.rows))
+	for _, r := range c.intervals.rows {
+		span := uint64(1<<53 - 1) // JavaScript's largest exact integer: no span
+		if i := index(r.span); i >= 0 {
+			span = uint64(i)
+		}
+		c.tl.Intervals = append(c.tl.Intervals, [5]uint64{r.start, r.dur, uint64(r.stream), uint64(r.name), span})
+	}
+	if c.graph.Omitted == "" {
+		c.graph.OpSpan = make([]int, 0, len(c.opSpan))
+		for _, o := range c.opSpan {
+			c.graph.OpSpan = append(c.graph.OpSpan, index(o))
+		}
+	}
+	d := &c.tl.Dropped
+	d.Spans, d.SpansOutside = c.spans.dropped, c.spans.outside
+	d.Ops, d.OpsOutside = c.ops.dropped, c.ops.outside
+	d.Intervals, d.IntervalsOutside = c.intervals.dropped, c.intervals.outside
+	d.MeasuredRegion = len(c.windows) > 0
+	c.spans, c.ops, c.intervals, c.opSpan = rowStore[spanRow]{}, rowStore[opRow]{}, rowStore[intervalRow]{}, nil
 }
 
 // decimate picks at most n of count points: the largest (by value) of each

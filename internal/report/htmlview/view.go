@@ -1,7 +1,6 @@
 package htmlview
 
 import (
-	"bytes"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -47,25 +46,32 @@ type Page struct {
 //	Ops:       [start, duration, thread, depth, name]
 //	Intervals: [start, duration, stream, name, span index (2^53-1: none)]
 type Timeline struct {
-	Names     []string   `json:"names"`
-	Threads   []uint64   `json:"threads"`
-	Streams   []string   `json:"streams"`
-	Spans     [][]uint64 `json:"spans"`
-	Ops       [][]uint64 `json:"ops"`
-	Intervals [][]uint64 `json:"intervals"`
-	End       uint64     `json:"end_ns"`
-	Dropped   Dropped    `json:"dropped"`
+	Names     []string    `json:"names"`
+	Threads   []uint64    `json:"threads"`
+	Streams   []string    `json:"streams"`
+	Spans     [][6]uint64 `json:"spans"`
+	Ops       [][5]uint64 `json:"ops"`
+	Intervals [][5]uint64 `json:"intervals"`
+	End       uint64      `json:"end_ns"`
+	Dropped   Dropped     `json:"dropped"`
 }
 
 // Dropped counts what a limit left out of the page (or, for intervals on a
-// device clock, what cannot be placed on the host timeline).
+// device clock, what cannot be placed on the host timeline). A limit takes
+// rows outside the measured region first (evenly, the longer of neighbours
+// staying); the ...Outside counts say how many of those left out were
+// outside it, so the rest were the region's own, cut in file order.
 type Dropped struct {
-	Spans               int `json:"spans,omitempty"`
-	Ops                 int `json:"ops,omitempty"`
-	Intervals           int `json:"intervals,omitempty"`
-	OtherClockIntervals int `json:"other_clock_intervals,omitempty"`
-	MemoryEvents        int `json:"memory_events,omitempty"`
-	DeviceSamples       int `json:"device_samples,omitempty"`
+	Spans               int  `json:"spans,omitempty"`
+	SpansOutside        int  `json:"spans_outside,omitempty"`
+	Ops                 int  `json:"ops,omitempty"`
+	OpsOutside          int  `json:"ops_outside,omitempty"`
+	Intervals           int  `json:"intervals,omitempty"`
+	IntervalsOutside    int  `json:"intervals_outside,omitempty"`
+	MeasuredRegion      bool `json:"measured_region,omitempty"` // the trace has one, so outside means something
+	OtherClockIntervals int  `json:"other_clock_intervals,omitempty"`
+	MemoryEvents        int  `json:"memory_events,omitempty"`
+	DeviceSamples       int  `json:"device_samples,omitempty"`
 }
 
 // Graph is the execution graph: the spans' call tree (SpanParent, by index
@@ -189,21 +195,49 @@ func (c *ComparisonPage) WriteHTML(w io.Writer) error {
 	return writePage(w, "candle-trace view: "+c.B.Name+" against "+c.A.Name, c)
 }
 
+// writePage streams the page: the template's text, and the data encoded
+// straight into w. Building the whole page as one string first held three
+// copies of a page of tens of megabytes (the encoded data, its string, the
+// replaced page) just when the trace's state was still live.
 func writePage(w io.Writer, title string, data any) error {
-	var doc bytes.Buffer
-	// json's default escaping turns <, > and & into \u003c...: the data can
-	// never close its <script> element.
-	if err := json.NewEncoder(&doc).Encode(data); err != nil {
-		return fmt.Errorf("encode the page data: %w", err)
+	rest := pageHTML
+	for rest != "" {
+		i := strings.Index(rest, "{{")
+		if i < 0 {
+			_, err := io.WriteString(w, rest)
+			return err
+		}
+		j := strings.Index(rest[i:], "}}")
+		if j < 0 {
+			return fmt.Errorf("view.html: an unclosed {{ placeholder")
+		}
+		if _, err := io.WriteString(w, rest[:i]); err != nil {
+			return err
+		}
+		var err error
+		switch key := rest[i+2 : i+j]; key {
+		case "TITLE":
+			_, err = io.WriteString(w, htmlEscape(title))
+		case "CSS":
+			_, err = io.WriteString(w, pageCSS)
+		case "JS":
+			_, err = io.WriteString(w, pageJS)
+		case "DATA":
+			// json's default escaping turns <, > and & into \u003c...: the
+			// data can never close its <script> element. The encoder's
+			// trailing newline is whitespace inside the element.
+			if err = json.NewEncoder(w).Encode(data); err != nil {
+				err = fmt.Errorf("encode the page data: %w", err)
+			}
+		default:
+			err = fmt.Errorf("view.html: unknown placeholder {{%s}}", key)
+		}
+		if err != nil {
+			return err
+		}
+		rest = rest[i+j+2:]
 	}
-	out := strings.NewReplacer(
-		"{{TITLE}}", htmlEscape(title),
-		"{{CSS}}", pageCSS,
-		"{{JS}}", pageJS,
-		"{{DATA}}", strings.TrimSpace(doc.String()),
-	).Replace(pageHTML)
-	_, err := io.WriteString(w, out)
-	return err
+	return nil
 }
 
 func htmlEscape(s string) string {

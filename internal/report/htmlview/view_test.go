@@ -412,3 +412,113 @@ func runQuiet(name string, args ...string) (string, error) {
 	}
 	return out.String(), nil
 }
+
+// TestLimitsKeepTheMeasuredRegion: past a limit, the rows outside the
+// measured region give way (thinned evenly over before and after it), the
+// region keeps every span, op and interval, and Dropped says which were
+// which.
+func TestLimitsKeepTheMeasuredRegion(t *testing.T) {
+	const before, inside, after, perLayer = 100, 20, 100, 10 // layers; ops per layer
+	var buf bytes.Buffer
+	regionTrace(&buf, before, inside, after, perLayer)
+	full := build(t, buf.Bytes(), Limits{})
+	require.True(t, full.Health.StructurallyValid && full.Health.CaptureComplete, "the generated trace is valid: %v", full.Health.Codes())
+	allSpans, allOps := 2+before+inside+after, (before+inside+after)*perLayer
+	require.Len(t, full.Timeline.Spans, allSpans)
+	require.Len(t, full.Timeline.Ops, allOps)
+	require.Equal(t, Dropped{MeasuredRegion: true}, full.Timeline.Dropped)
+
+	count := func(p *Page, rows func() [][]uint64) map[string]int {
+		n := map[string]int{}
+		for _, r := range rows() {
+			n[p.Timeline.Names[r[0]]]++
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name                string
+		lim                 Limits
+		insideOps, insideIv int // of the region's, kept when there is room
+	}{
+		{"room for the region", Limits{Spans: 60, Ops: 600, Intervals: 500, GraphOps: 100}, inside * perLayer, inside * perLayer},
+		{"the region over the limit", Limits{Spans: 60, Ops: 150, Intervals: 120, GraphOps: 100}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := DefaultLimits
+			lim.Spans, lim.Ops, lim.Intervals, lim.GraphOps = tc.lim.Spans, tc.lim.Ops, tc.lim.Intervals, tc.lim.GraphOps
+			p := build(t, buf.Bytes(), lim)
+			tl := p.Timeline
+			ops := count(p, func() [][]uint64 {
+				var r [][]uint64
+				for _, o := range tl.Ops {
+					r = append(r, []uint64{o[4]})
+				}
+				return r
+			})
+			ivs := count(p, func() [][]uint64 {
+				var r [][]uint64
+				for _, o := range tl.Intervals {
+					r = append(r, []uint64{o[3]})
+				}
+				return r
+			})
+			spans := count(p, func() [][]uint64 {
+				var r [][]uint64
+				for _, s := range tl.Spans {
+					r = append(r, []uint64{s[4]})
+				}
+				return r
+			})
+			assert.LessOrEqual(t, len(tl.Ops), lim.Ops)
+			assert.LessOrEqual(t, len(tl.Intervals), lim.Intervals)
+			assert.LessOrEqual(t, len(tl.Spans), lim.Spans)
+			if tc.insideOps == inside*perLayer {
+				assert.Equal(t, tc.insideOps, ops["measured_op"], "the region's ops")
+				assert.Equal(t, tc.insideIv, ivs["measured_kernel"], "the region's intervals")
+			} else {
+				// The region alone is over the limit: it takes all the room
+				// but one outside row (the thinning pairs them).
+				assert.Len(t, tl.Ops, lim.Ops)
+				assert.LessOrEqual(t, ops["warmup_op"]+ops["after_op"], 1)
+				assert.Len(t, tl.Intervals, lim.Intervals)
+				assert.LessOrEqual(t, ivs["warmup_kernel"]+ivs["after_kernel"], 1)
+			}
+			assert.Equal(t, inside, spans["measured_layer"], "the region's spans")
+			assert.Equal(t, 1, spans["region/step"], "the measured span")
+			// What was left out adds up, and says how much was outside.
+			assert.True(t, tl.Dropped.MeasuredRegion)
+			assert.Equal(t, allOps-len(tl.Ops), tl.Dropped.Ops)
+			assert.Equal(t, inside*perLayer-ops["measured_op"], tl.Dropped.Ops-tl.Dropped.OpsOutside, "of the region's ops, only those past the limit")
+			assert.Equal(t, allOps-inside*perLayer-ops["warmup_op"]-ops["after_op"], tl.Dropped.OpsOutside)
+			assert.Equal(t, allSpans-len(tl.Spans), tl.Dropped.Spans)
+			assert.Equal(t, tl.Dropped.Spans, tl.Dropped.SpansOutside, "no span of the region left out")
+			assert.Equal(t, (before+inside+after)*perLayer-len(tl.Intervals), tl.Dropped.Intervals)
+			if tc.insideOps == inside*perLayer {
+				// Thinned evenly: both sides of the region keep some.
+				assert.Positive(t, ops["warmup_op"])
+				assert.Positive(t, ops["after_op"])
+				assert.Positive(t, spans["warmup_layer"])
+				assert.Positive(t, spans["after_layer"])
+			}
+			// Indices still point at the right rows after the thinning.
+			for i, s := range tl.Spans {
+				par := p.Graph.SpanParent[i]
+				if tl.Names[s[4]] == "measured_layer" {
+					require.GreaterOrEqual(t, par, 0)
+					assert.Equal(t, "region/step", tl.Names[tl.Spans[par][4]])
+				}
+			}
+			for _, iv := range tl.Intervals {
+				if iv[4] != 1<<53-1 {
+					want := strings.TrimSuffix(tl.Names[iv[3]], "_kernel") + "_layer"
+					assert.Equal(t, want, tl.Names[tl.Spans[iv[4]][4]], "an interval's launching span")
+				}
+			}
+			assert.NotEmpty(t, p.Graph.Omitted, "thinned ops leave no graph to draw")
+			dom := openInChromium(t, "region-"+strings.ReplaceAll(tc.name, " ", "-"), []byte(writeHTML(t, p)))
+			assert.Equal(t, tl.Dropped.OpsOutside, atoi(t, attr(t, dom, "timeline-dropped", "data-ops-outside")))
+			assert.Equal(t, tl.Dropped.Ops, atoi(t, attr(t, dom, "timeline-dropped", "data-ops")))
+			assert.Contains(t, dom, "outside the measured region, thinned evenly")
+		})
+	}
+}

@@ -190,11 +190,27 @@
     } else {
       ttext.textContent = "The trace does not state the tracer's own time.";
     }
+    // A limit takes rows outside the measured region first (thinned evenly,
+    // the longer of neighbours kept), then the region's own in file order.
     var dr = T.dropped, left = [];
-    if (dr.spans) left.push(dr.spans + " spans");
-    if (dr.ops) left.push(dr.ops + " ops");
-    if (dr.intervals) left.push(dr.intervals + " device intervals");
-    $(pre + "timeline-dropped").textContent = (left.length ? "Left out of this page to keep it small: " + left.join(", ") + ". " : "") +
+    function leftOut(n, outside, what) {
+      if (!n) return;
+      var parts = [];
+      if (outside) parts.push(outside + (dr.measured_region ? " outside the measured region" : "") + ", thinned evenly");
+      if (n - outside) parts.push((n - outside) + (dr.measured_region ? " inside it" : "") + ", the last in the file");
+      left.push(n + " " + what + " (" + parts.join("; ") + ")");
+    }
+    leftOut(dr.spans, dr.spans_outside || 0, "spans");
+    leftOut(dr.ops, dr.ops_outside || 0, "ops");
+    leftOut(dr.intervals, dr.intervals_outside || 0, "device intervals");
+    var dropEl = $(pre + "timeline-dropped");
+    dropEl.setAttribute("data-spans", dr.spans || 0);
+    dropEl.setAttribute("data-spans-outside", dr.spans_outside || 0);
+    dropEl.setAttribute("data-ops", dr.ops || 0);
+    dropEl.setAttribute("data-ops-outside", dr.ops_outside || 0);
+    dropEl.setAttribute("data-intervals", dr.intervals || 0);
+    dropEl.setAttribute("data-intervals-outside", dr.intervals_outside || 0);
+    dropEl.textContent = (left.length ? "Left out of this page to keep it small: " + left.join(", ") + ". " : "") +
       (dr.other_clock_intervals ? dr.other_clock_intervals + " device intervals on a device clock are not drawn (they cannot be placed on the host clock)." : "");
 
     function width() { return Math.max(box.clientWidth || 0, 600); }
