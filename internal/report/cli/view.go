@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	"github.com/candle-trace/candle-trace/internal/report/compare"
@@ -27,7 +28,17 @@ func viewOutput(paths []string) string {
 // page is what view writes: one trace's page or a comparison's.
 type page interface{ WriteHTML(io.Writer) error }
 
+// ViewMemoryLimit is view's soft heap limit (unless GOMEMLIMIT says
+// otherwise): the page's rows live beside the checker's state, which on a
+// 1 GB trace is already about 130 MB, so under DefaultMemoryLimit the
+// collector ran almost without a break and doubled view's CPU time. At
+// this limit a 1 GB trace stays near 220 MiB resident (BENCHMARKS.md).
+const ViewMemoryLimit = 208 << 20
+
 func viewCmd(args []string, stdout, stderr io.Writer) int {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(ViewMemoryLimit)
+	}
 	fs := newFlags("view", stderr)
 	out := fs.String("output", "", "the HTML file to write (default: TRACE with .html)")
 	fs.StringVar(out, "o", "", "short for --output")
