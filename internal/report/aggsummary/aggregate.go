@@ -169,9 +169,49 @@ type AggregateReport struct {
 	TotalNS  uint64                  `json:"total_ns"` // sum of the totals of spans not ignored
 	Spans    []AggregateRow          `json:"spans"`
 	Scalars  []aggregate.ScalarStats `json:"scalars"`
+	Triggers []Trigger               `json:"triggers"`
 	Overflow aggregate.Overflow      `json:"overflow"`
 	Dropped  aggregate.Dropped       `json:"dropped"`
 	Analysis AggregateAnalysis       `json:"overhead"`
+}
+
+// TriggerPrefix starts the label of the scalar under which
+// candle_trace.torch.watch records each trigger that fired, with the
+// value the trigger measured (an update's seconds for slow, the loss for
+// non_finite); the scalar's counts are the trigger's firings.
+const TriggerPrefix = "trigger/"
+
+// Trigger is one trigger that fired during the run: how often, and the
+// values it measured as the summary folded them (Mean, Min, Max and Last
+// over the finite ones; a non-finite value, such as the NaN loss that fired
+// non_finite, is only counted). Values is false when none was finite.
+type Trigger struct {
+	Name      string  `json:"name"`
+	Fired     uint64  `json:"fired"`
+	NonFinite uint64  `json:"non_finite"`
+	Values    bool    `json:"values"`
+	Mean      float64 `json:"mean"`
+	Min       float64 `json:"min"`
+	Max       float64 `json:"max"`
+	Last      float64 `json:"last"`
+}
+
+// triggers lists the trigger scalars that fired, by name (the summary's
+// scalars are sorted by label).
+func triggers(scalars []aggregate.ScalarStats) []Trigger {
+	out := []Trigger{}
+	for _, sc := range scalars {
+		name, ok := strings.CutPrefix(sc.Label, TriggerPrefix)
+		if !ok || name == "" || sc.Count+sc.NonFinite == 0 {
+			continue
+		}
+		tr := Trigger{Name: name, Fired: sc.Count + sc.NonFinite, NonFinite: sc.NonFinite, Values: sc.Count > 0}
+		if tr.Values {
+			tr.Mean, tr.Min, tr.Max, tr.Last = sc.Mean, sc.Min, sc.Max, sc.Last
+		}
+		out = append(out, tr)
+	}
+	return out
 }
 
 // AggregateRow is one (name, step) of the table. Share is of TotalNS; 0
@@ -230,6 +270,7 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 	if r.Scalars == nil {
 		r.Scalars = []aggregate.ScalarStats{}
 	}
+	r.Triggers = triggers(r.Scalars)
 	byCat := map[string]*CategoryShare{}
 	var ignored uint64
 	for _, sp := range s.SortedSpans() {

@@ -209,3 +209,38 @@ func TestCompareAggregate(t *testing.T) {
 	assert.Equal(t, "b", flags["checkpoint"])
 	assert.Contains(t, out, "  mlp/forward [forward]       1000     1000    3.000 s    3.500 s  +500.00 ms    3.00 ms    3.50 ms  +16.7%")
 }
+
+// TestTriggersThatFired: the summary of a real candle_trace.torch.watch run
+// (testdata/aggregate-triggers.py: update 12 stalls 1 s, the program asks
+// at updates 20 and 24, update 27's loss is NaN) lists its triggers.
+func TestTriggersThatFired(t *testing.T) {
+	s := readFixture(t, "aggregate-triggers.json")
+	r := AnalyzeAggregate("t.json", s, nil, 0)
+	require.Len(t, r.Triggers, 3)
+	byName := map[string]Trigger{}
+	for _, tr := range r.Triggers {
+		byName[tr.Name] = tr
+	}
+	assert.Equal(t, []string{"non_finite", "slow", "user"}, []string{r.Triggers[0].Name, r.Triggers[1].Name, r.Triggers[2].Name})
+	assert.Equal(t, Trigger{Name: "non_finite", Fired: 1, NonFinite: 1}, byName["non_finite"], "a NaN loss: fired once, no finite value")
+	slow := byName["slow"]
+	assert.Equal(t, uint64(1), slow.Fired)
+	assert.True(t, slow.Values)
+	assert.InDelta(t, 1.02, slow.Max, 0.05, "the stalled update's seconds: 1 s of sleep and a 20 ms update")
+	user := byName["user"]
+	assert.Equal(t, uint64(2), user.Fired)
+	assert.Less(t, user.Max, 0.1, "the asked updates were ordinary ones")
+	var buf bytes.Buffer
+	WriteAggregateReport(&buf, r)
+	out := buf.String()
+	assert.Contains(t, out, "Triggers that fired")
+	assert.Regexp(t, `\n  non_finite\s+1\s+-\s+-\s+-\s+-\s+! 1\s*\n`, out)
+	assert.Regexp(t, `\n  slow\s+1\s+1\.02\d*\s`, out)
+	assert.Regexp(t, `\n  user\s+2\s`, out)
+	assert.Contains(t, out, "trigger/slow", "the scalars table still has the label")
+
+	// A summary without a watch has no section.
+	buf.Reset()
+	WriteAggregateReport(&buf, AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), nil, 0))
+	assert.NotContains(t, buf.String(), "Triggers")
+}

@@ -59,6 +59,7 @@ func WriteAggregateReport(w io.Writer, r *AggregateReport) {
 
 	text.Section(w, "Spans by total time (share of the categorized time; percentiles within 3.1%)")
 	writeAggregateRows(w, r.Spans)
+	writeTriggers(w, r.Triggers)
 	writeScalars(w, r.Scalars)
 	writeAggregateAnalysis(w, &r.Analysis)
 }
@@ -82,6 +83,33 @@ func writeAggregateRows(w io.Writer, rows []AggregateRow) {
 		fmt.Fprintf(t, "%-*s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", width, aggregateName(r.Name, r.Step), r.Category, r.Count,
 			text.FormatNS(float64(r.TotalNS)), text.FormatNS(r.MeanNS), text.FormatNS(float64(r.P50NS)), text.FormatNS(float64(r.P95NS)),
 			text.FormatNS(float64(r.P99NS)), text.FormatNS(float64(r.MaxNS)), share)
+	}
+	t.Flush()
+}
+
+// writeTriggers lists the triggers that fired; a run without any (or
+// without a watch) has no section.
+func writeTriggers(w io.Writer, rows []Trigger) {
+	if len(rows) == 0 {
+		return
+	}
+	text.Section(w, "Triggers that fired (the watch's "+TriggerPrefix+"<name> scalars: the value each trigger measured)")
+	width := len("TRIGGER")
+	for _, tr := range rows {
+		width = max(width, len(tr.Name))
+	}
+	t := text.Table(w)
+	fmt.Fprintf(t, "%-*s\tFIRED\tMEAN\tMIN\tMAX\tLAST\tNON-FINITE\t\n", width, "TRIGGER")
+	for _, tr := range rows {
+		mean, lo, hi, last := "-", "-", "-", "-"
+		if tr.Values {
+			mean, lo, hi, last = fmt.Sprintf("%.6g", tr.Mean), fmt.Sprintf("%.6g", tr.Min), fmt.Sprintf("%.6g", tr.Max), fmt.Sprintf("%.6g", tr.Last)
+		}
+		nf := "0"
+		if tr.NonFinite > 0 {
+			nf = fmt.Sprintf("! %d", tr.NonFinite)
+		}
+		fmt.Fprintf(t, "%-*s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", width, tr.Name, tr.Fired, mean, lo, hi, last, nf)
 	}
 	t.Flush()
 }
