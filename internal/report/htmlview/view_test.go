@@ -261,6 +261,28 @@ func TestAggregatePageInChromium(t *testing.T) {
 	scalars := regexp.MustCompile(`(?s)<table id="aggregate-scalars".*?</table>`).FindString(dom)
 	assert.Equal(t, nonFinite, strings.Count(scalars, `<tr class="flag">`))
 	assert.Equal(t, len(r.Analysis.Categories), strings.Count(dom, `class="category"`))
+	assert.NotContains(t, dom, `<table id="aggregate-triggers" class="stats" data-rows=`, "no watch, no triggers section")
+}
+
+// TestAggregateTriggersInChromium: the summary of a real watch run
+// (testdata/aggregate-triggers.py) lists the triggers that fired, the NaN
+// loss of non_finite highlighted.
+func TestAggregateTriggersInChromium(t *testing.T) {
+	s, err := aggregate.ReadFile(filepath.Join(testutil.CorpusDir(t), "aggregate-triggers.json"))
+	require.NoError(t, err)
+	p := Aggregate("aggregate-triggers.json", s)
+	require.Len(t, p.Aggregate.Triggers, 3)
+	var buf bytes.Buffer
+	require.NoError(t, p.WriteHTML(&buf))
+	dom := openInChromium(t, "aggregate-triggers", buf.Bytes())
+	require.Contains(t, dom, `<table id="aggregate-triggers" class="stats" data-rows="3"`)
+	assert.Equal(t, "4", attr(t, dom, "aggregate-triggers", "data-fired"), "slow once, user twice, non_finite once")
+	tab := regexp.MustCompile(`(?s)<table id="aggregate-triggers".*?</table>`).FindString(dom)
+	for _, name := range []string{"non_finite", "slow", "user"} {
+		assert.Contains(t, tab, `<td class="text">`+name+`</td>`)
+	}
+	assert.Equal(t, 1, strings.Count(tab, `<tr class="flag">`), "the non-finite value is highlighted")
+	assert.Contains(t, dom, `href="#aggregate-triggers-title"`, "the navigation leads to it")
 }
 
 // TestComparisonPageInChromium opens B against A: the comparison's tables

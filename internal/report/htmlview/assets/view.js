@@ -814,6 +814,7 @@
       '<h3>Categorized span time</h3><svg id="aggregate-categories" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
       '<h3>Distributions per span name (log scale: min–max line, p50–p95 box, p99 tick)</h3><svg id="aggregate-dist" class="chart" xmlns="http://www.w3.org/2000/svg"></svg>' +
       '<h3>Spans by total time</h3><table id="aggregate-spans" class="stats"></table>' +
+      '<div id="aggregate-triggers-box"></div>' +
       '<h3>Scalars</h3><table id="aggregate-scalars" class="stats"></table><p id="aggregate-limits" class="note"></p>';
     $("main").appendChild(s);
     var run = A.run || {}, win = A.window || {};
@@ -875,6 +876,18 @@
     table($("aggregate-spans"), ["name", "step", "category", "count", "total", "share", "mean", "p50", "p95", "p99", "max"], spans.map(function (r) {
       return [r.name, r.step || "-", r.category + (r.category_source !== "default" ? " (" + r.category_source + ")" : ""), r.count, fmtNS(r.total_ns), r.category === "ignore" ? "-" : fmtShare(r.share), fmtNS(r.mean_ns), fmtNS(r.p50_ns), fmtNS(r.p95_ns), fmtNS(r.p99_ns), fmtNS(r.max_ns)];
     }));
+    // The triggers that fired (candle_trace.torch.watch's trigger/<name>
+    // scalars), their own section only when there are any.
+    var tg = A.triggers || [];
+    if (tg.length) {
+      var tb = $("aggregate-triggers-box");
+      tb.innerHTML = '<h3 id="aggregate-triggers-title">Triggers that fired</h3><table id="aggregate-triggers" class="stats"></table>' +
+        '<p class="note">From the watch\'s trigger/&lt;name&gt; scalars: each value is what the trigger measured (an update\'s seconds for slow, the loss for non_finite); a non-finite value is counted, not folded.</p>';
+      table($("aggregate-triggers"), ["trigger", "fired", "mean", "min", "max", "last", "non-finite"], tg.map(function (x) {
+        return x.values ? [x.name, x.fired, fmtNum(x.mean), fmtNum(x.min), fmtNum(x.max), fmtNum(x.last), x.non_finite] : [x.name, x.fired, "-", "-", "-", "-", x.non_finite];
+      }), function (i) { return tg[i].non_finite > 0; });
+      $("aggregate-triggers").setAttribute("data-fired", tg.reduce(function (n, x) { return n + x.fired; }, 0));
+    }
     var sc = A.scalars || [];
     table($("aggregate-scalars"), ["label", "count", "mean", "min", "max", "last", "non-finite"], sc.map(function (x) {
       return [x.label, x.count, fmtNum(x.mean), fmtNum(x.min), fmtNum(x.max), fmtNum(x.last), x.non_finite];
@@ -891,7 +904,7 @@
   if (D.aggregate) {
     document.title = "candle-trace view: " + D.name;
     $("title").textContent = D.name + (D.aggregate.run && D.aggregate.run.entrypoint ? " — " + D.aggregate.run.entrypoint + " (whole run)" : "");
-    nav([["aggregate", "Whole run"], ["aggregate-spans", "Spans"], ["aggregate-scalars", "Scalars"]]);
+    nav([["aggregate", "Whole run"], ["aggregate-spans", "Spans"]].concat((D.aggregate.triggers || []).length ? [["aggregate-triggers-title", "Triggers"]] : []).concat([["aggregate-scalars", "Scalars"]]));
     aggregatePage(D.aggregate);
   } else if (D.comparison) {
     document.title = "candle-trace view: " + D.a.name + " vs " + D.b.name;
