@@ -5,6 +5,7 @@
 #   make setup    what make test needs on a fresh Debian 12 (tools/setup.sh; make demo
 #                 runs its smaller part, setup-demo); both are quick once done
 #   make bench    the benchmarks (figures go into BENCHMARKS.md)
+#   make bench-view  the view page's JavaScript time budget: a >1 M-event trace's page in headless Chromium
 
 GO        ?= go
 CC        ?= cc
@@ -42,7 +43,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-python bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-view bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -223,6 +224,12 @@ bench-rust: $(LIB)
 # Every benchmark: Go packages, the C span path (burst + 50 M events
 # sustained) and both bindings. Figures go into BENCHMARKS.md.
 bench: bench-core bench-python bench-rust
+
+# The page of a generated trace of over a million events, loaded once in
+# headless Chromium: the page's own data-render-ms and each view's data-ms-*
+# (bench-core runs it too, among every Go benchmark). Not part of make test.
+bench-view:
+	$(GO) test -run '^$$' -bench PageInChromium -benchtime 1x ./internal/report/htmlview/
 
 bench-core: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
