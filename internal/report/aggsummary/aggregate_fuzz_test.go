@@ -39,9 +39,10 @@ func FuzzCategoryRules(f *testing.F) {
 
 // FuzzAggregateReport: whatever summary the strict reader accepts, the
 // report and comparison hold together: shares of the categorized time sum
-// to 1 and the verdict agrees with the threshold.
+// to 1, the verdict agrees with the threshold, and each trigger listed is a
+// trigger/ scalar's firings.
 func FuzzAggregateReport(f *testing.F) {
-	for _, name := range []string{"aggregate-a.json", "aggregate-b.json"} {
+	for _, name := range []string{"aggregate-a.json", "aggregate-b.json", "aggregate-triggers.json"} {
 		if data, err := os.ReadFile(filepath.Join(testutil.CorpusDir(f), name)); err == nil {
 			f.Add(data)
 		}
@@ -66,6 +67,16 @@ func FuzzAggregateReport(f *testing.F) {
 			t.Fatalf("category shares sum to %v", sum)
 		case (a.ComputeShare > a.Threshold) != (a.Verdict == "corroborated"):
 			t.Fatalf("verdict %s at compute share %v", a.Verdict, a.ComputeShare)
+		}
+		byLabel := map[string]aggregate.ScalarStats{}
+		for _, sc := range s.Scalars {
+			byLabel[sc.Label] = sc
+		}
+		for _, tr := range r.Triggers {
+			sc, ok := byLabel[TriggerPrefix+tr.Name]
+			if !ok || tr.Fired != sc.Count+sc.NonFinite || tr.Fired == 0 || tr.Values != (sc.Count > 0) {
+				t.Fatalf("trigger %+v from scalar %+v", tr, sc)
+			}
 		}
 		WriteAggregateReport(io.Discard, r)
 		var buf bytes.Buffer
