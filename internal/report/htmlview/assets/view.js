@@ -196,8 +196,8 @@
     function leftOut(n, outside, what) {
       if (!n) return;
       var parts = [];
-      if (outside) parts.push(outside + (dr.measured_region ? " outside the measured region" : "") + ", thinned evenly");
-      if (n - outside) parts.push((n - outside) + (dr.measured_region ? " inside it" : "") + ", the last in the file");
+      if (outside) parts.push(outside + (dr.measured_region ? " outside the measured region, thinned evenly" : " thinned evenly over the trace"));
+      if (n - outside) parts.push((n - outside) + (dr.measured_region ? " inside it, the last in the file" : " the last in the file"));
       left.push(n + " " + what + " (" + parts.join("; ") + ")");
     }
     leftOut(dr.spans, dr.spans_outside || 0, "spans");
