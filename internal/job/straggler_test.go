@@ -2,6 +2,8 @@ package job
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/candle-trace/candle-trace/internal/job/jobtest"
@@ -149,4 +151,38 @@ func TestAnalyzeRefuses(t *testing.T) {
 	assert.ErrorContains(t, err, "at least two ranks")
 	_, err = ReadAll([]string{paths[0], paths[0]})
 	assert.ErrorContains(t, err, "both are rank 0")
+}
+
+// TestReadAllOrder: the traces are read concurrently, yet come back by rank
+// whatever the order of the files, and a bad file's error is the first bad
+// file's in the order given, as when they were read one by one.
+func TestReadAllOrder(t *testing.T) {
+	paths := writeJob(t, jobtest.Even(6))
+	dir := filepath.Dir(paths[0])
+	missing, empty := filepath.Join(dir, "missing.jsonl"), filepath.Join(dir, "empty.jsonl")
+	require.NoError(t, os.WriteFile(empty, nil, 0o644))
+	for _, tc := range []struct {
+		name  string
+		paths []string
+		err   string
+	}{
+		{"reversed", []string{paths[5], paths[4], paths[3], paths[2], paths[1], paths[0]}, ""},
+		{"shuffled", []string{paths[3], paths[0], paths[5], paths[1], paths[4], paths[2]}, ""},
+		{"missing before empty", []string{paths[0], missing, paths[1], empty}, "missing.jsonl: no such file"},
+		{"empty before missing", []string{paths[0], empty, paths[1], missing}, "empty.jsonl: empty file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			traces, err := ReadAll(tc.paths)
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.err)
+				return
+			}
+			require.NoError(t, err)
+			for r, tr := range traces {
+				assert.Equal(t, int64(r), tr.Rank)
+				assert.Equal(t, paths[r], tr.Path)
+			}
+		})
+	}
 }
