@@ -144,6 +144,7 @@ func Analyze(traces []*Trace, waitPct float64) (*Job, error) {
 		return nil, fmt.Errorf("a job view needs the traces of at least two ranks, got %d", len(traces))
 	}
 	j := &Job{Traces: traces, Alignment: Align(traces), CaptureStep: traces[0].CaptureStep}
+	var ided *Trace // the first rank with a job id
 	for _, t := range traces {
 		if t.Measured == nil {
 			return nil, fmt.Errorf("%s has no measured region: nothing to compare", t.Path)
@@ -154,6 +155,13 @@ func Analyze(traces []*Trace, waitPct float64) (*Job, error) {
 		}
 		if !t.Complete {
 			j.Warnings = append(j.Warnings, fmt.Sprintf("%s is not a complete capture", t.Path))
+		}
+		// Traces without a job id (another binding, an older trace) say nothing either way.
+		if t.JobID != "" && ided != nil && t.JobID != ided.JobID {
+			j.Warnings = append(j.Warnings, fmt.Sprintf("the traces are of different jobs (job_id %s on rank %d, %s on rank %d): their clocks and collectives are not one job's", ided.JobID, ided.Rank, t.JobID, t.Rank))
+		}
+		if ided == nil && t.JobID != "" {
+			ided = t
 		}
 	}
 	j.Warnings = append(j.Warnings, j.Alignment.Warnings...)

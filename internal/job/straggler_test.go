@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/candle-trace/candle-trace/internal/job/jobtest"
@@ -182,6 +183,54 @@ func TestReadAllOrder(t *testing.T) {
 			for r, tr := range traces {
 				assert.Equal(t, int64(r), tr.Rank)
 				assert.Equal(t, paths[r], tr.Path)
+			}
+		})
+	}
+}
+
+// TestAnalyzeWarnsOfAnotherJob: ranks whose job_id tags differ are not one
+// job; ranks without one are taken as they come.
+func TestAnalyzeWarnsOfAnotherJob(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		jobs []string // per rank: its job_id
+		warn bool
+	}{
+		{"one job", []string{"j1", "j1", "j1"}, false},
+		{"no job ids", []string{"", "", ""}, false},
+		{"one rank without", []string{"j1", "", "j1"}, false},
+		{"another job", []string{"j1", "j1", "j2"}, true},
+		{"another job after one without", []string{"", "j1", "j2"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var paths []string
+			for r, id := range tc.jobs {
+				m := jobtest.Even(3)
+				m.JobID = id
+				all := writeJob(t, m)
+				paths = append(paths, all[r])
+			}
+			traces, err := ReadAll(paths)
+			require.NoError(t, err)
+			for r, tr := range traces {
+				assert.Equal(t, tc.jobs[r], tr.JobID)
+			}
+			j, err := Analyze(traces, DefaultWaitThreshold)
+			require.NoError(t, err)
+			var warned []string
+			for _, w := range j.Warnings {
+				if strings.Contains(w, "different jobs") {
+					warned = append(warned, w)
+				}
+			}
+			if tc.warn {
+				first := 0
+				if tc.jobs[0] == "" {
+					first = 1
+				}
+				assert.Equal(t, []string{fmt.Sprintf("the traces are of different jobs (job_id j1 on rank %d, j2 on rank 2): their clocks and collectives are not one job's", first)}, warned)
+			} else {
+				assert.Empty(t, warned)
 			}
 		})
 	}
