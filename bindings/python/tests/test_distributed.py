@@ -271,9 +271,14 @@ def test_ddp_job_exported_to_the_collector(jobs: Callable[[int, int], Job],
                           int(span_attrs(sp)["candle.op.input_bytes"]))
                          for sp in mine if span_attrs(sp)["candle.record"] == "op")
         assert got_ops == want_ops, f"rank {k}: the ops as spans"
+        # The all-reduces: one span per DDP bucket, with its bytes, in the order the trace
+        # says the rank entered them (which bucket first is test_ddp_job's question).
         coll = sorted((int(sp["startTimeUnixNano"]), int(span_attrs(sp)["candle.op.input_bytes"]))
                       for sp in mine if sp["name"] == "gloo:all_reduce")
-        assert [b for _, b in coll] == f["bucket_bytes"], f"rank {k}: one span per DDP bucket, its bytes"
+        entered = sorted((r["timestamp_ns"], r["input_dense_bytes"]) for r in rr
+                         if r["kind"] == "op" and r["op_name"] == "gloo:all_reduce")
+        assert [b for _, b in coll] == [b for _, b in entered], f"rank {k}: the all-reduces as spans"
+        assert sorted(b for _, b in coll) == sorted(f["bucket_bytes"]), f"rank {k}: one span per DDP bucket"
         assert len(mine) == len(starts) + len(want_ops)
 
 
