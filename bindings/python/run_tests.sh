@@ -13,7 +13,9 @@
 # them its tests are skipped and the dispatch-mode fallback is tested.
 # CANDLE_TRACE_REQUIRE_OBSERVER=1 (CI) turns a missing toolchain into failures.
 # test_distributed.py runs gloo DDP jobs of 2 and 4 ranks with torchrun on 127.0.0.1
-# (about 30-40 s per interpreter on 2 cores).
+# (about 30-40 s per interpreter on 2 cores) and exports the 2-rank one to the OpenTelemetry
+# Collector of the tests ($CANDLE_TRACE_OTELCOL, default build/tools/otelcol/otelcol: make
+# otelcol; missing, its test is skipped, under CI=true it fails).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}"

@@ -48,11 +48,14 @@ type Collective struct {
 
 // Trace is what the analysis reads of one rank's trace.
 type Trace struct {
-	Path        string `json:"path"`
-	Rank        int64  `json:"rank"`
-	RankFrom    string `json:"rank_from"` // "meta.process.rank" or "file order"
-	WorldSize   int64  `json:"world_size,omitempty"`
-	RunID       string `json:"run_id"`
+	Path      string `json:"path"`
+	Rank      int64  `json:"rank"`
+	RankFrom  string `json:"rank_from"` // "meta.process.rank" or "file order"
+	WorldSize int64  `json:"world_size,omitempty"`
+	RunID     string `json:"run_id"`
+	// JobID is the meta's tag job_id ("" when it has none): the same on
+	// every rank of one job (the Python binding writes it).
+	JobID       string `json:"job_id,omitempty"`
 	Entrypoint  string `json:"entrypoint"`
 	CaptureStep uint64 `json:"capture_step"`
 	WallNS      uint64 `json:"wall_unix_ns_at_open,omitempty"`
@@ -86,6 +89,9 @@ type line struct {
 		Rank      json.RawMessage `json:"rank"`
 		WorldSize json.RawMessage `json:"world_size"`
 	} `json:"process"`
+	Tags struct {
+		JobID string `json:"job_id"`
+	} `json:"tags"`
 	ID          string `json:"id"`
 	Name        string `json:"name"`
 	Step        string `json:"step"`
@@ -185,7 +191,7 @@ func Read(r io.Reader, index int) (*Trace, error) {
 func (t *Trace) take(l *line, spans map[string]int, all *[]Span) {
 	switch l.Kind {
 	case "meta":
-		t.RunID, t.Entrypoint, t.CaptureStep = l.RunID, l.Entrypoint, l.CaptureStep
+		t.RunID, t.JobID, t.Entrypoint, t.CaptureStep = l.RunID, l.Tags.JobID, l.Entrypoint, l.CaptureStep
 		if w, ok := uintOf(l.Clock.Wall); ok {
 			t.WallNS, t.HasWall = w, true
 		}

@@ -2,7 +2,9 @@ package job
 
 import (
 	"fmt"
+	"runtime"
 	"sort"
+	"sync"
 
 	"github.com/candle-trace/candle-trace/internal/report/text"
 )
@@ -99,13 +101,31 @@ type Job struct {
 
 // ReadAll reads the traces of a job and orders them by rank (meta.process.rank,
 // else their position); two traces of one rank are refused.
+//
+// The traces are read GOMAXPROCS at a time: each read is one core's work
+// (the line scan), and merge reads the whole job this way before it
+// exports, so on N cores the job clock costs 1/N of a pass. Each read holds
+// its buffer and its rank's collectives, never the trace.
 func ReadAll(paths []string) ([]*Trace, error) {
+	read := make([]*Trace, len(paths))
+	errs := make([]error, len(paths))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			read[i], errs[i] = ReadFile(p, i)
+		}()
+	}
+	wg.Wait()
 	var out []*Trace
 	seen := map[int64]string{}
 	for i, p := range paths {
-		t, err := ReadFile(p, i)
+		t, err := read[i], errs[i]
 		if err != nil {
-			return nil, err
+			return nil, err // the first file's error, whichever read ended first
 		}
 		if prev, dup := seen[t.Rank]; dup {
 			return nil, fmt.Errorf("%s and %s both are rank %d (meta.process.rank, else file order); give one trace per rank", prev, p, t.Rank)
@@ -124,6 +144,7 @@ func Analyze(traces []*Trace, waitPct float64) (*Job, error) {
 		return nil, fmt.Errorf("a job view needs the traces of at least two ranks, got %d", len(traces))
 	}
 	j := &Job{Traces: traces, Alignment: Align(traces), CaptureStep: traces[0].CaptureStep}
+	var ided *Trace // the first rank with a job id
 	for _, t := range traces {
 		if t.Measured == nil {
 			return nil, fmt.Errorf("%s has no measured region: nothing to compare", t.Path)
@@ -134,6 +155,13 @@ func Analyze(traces []*Trace, waitPct float64) (*Job, error) {
 		}
 		if !t.Complete {
 			j.Warnings = append(j.Warnings, fmt.Sprintf("%s is not a complete capture", t.Path))
+		}
+		// Traces without a job id (another binding, an older trace) say nothing either way.
+		if t.JobID != "" && ided != nil && t.JobID != ided.JobID {
+			j.Warnings = append(j.Warnings, fmt.Sprintf("the traces are of different jobs (job_id %s on rank %d, %s on rank %d): their clocks and collectives are not one job's", ided.JobID, ided.Rank, t.JobID, t.Rank))
+		}
+		if ided == nil && t.JobID != "" {
+			ided = t
 		}
 	}
 	j.Warnings = append(j.Warnings, j.Alignment.Warnings...)

@@ -2,6 +2,9 @@ package job
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/candle-trace/candle-trace/internal/job/jobtest"
@@ -149,4 +152,86 @@ func TestAnalyzeRefuses(t *testing.T) {
 	assert.ErrorContains(t, err, "at least two ranks")
 	_, err = ReadAll([]string{paths[0], paths[0]})
 	assert.ErrorContains(t, err, "both are rank 0")
+}
+
+// TestReadAllOrder: the traces are read concurrently, yet come back by rank
+// whatever the order of the files, and a bad file's error is the first bad
+// file's in the order given, as when they were read one by one.
+func TestReadAllOrder(t *testing.T) {
+	paths := writeJob(t, jobtest.Even(6))
+	dir := filepath.Dir(paths[0])
+	missing, empty := filepath.Join(dir, "missing.jsonl"), filepath.Join(dir, "empty.jsonl")
+	require.NoError(t, os.WriteFile(empty, nil, 0o644))
+	for _, tc := range []struct {
+		name  string
+		paths []string
+		err   string
+	}{
+		{"reversed", []string{paths[5], paths[4], paths[3], paths[2], paths[1], paths[0]}, ""},
+		{"shuffled", []string{paths[3], paths[0], paths[5], paths[1], paths[4], paths[2]}, ""},
+		{"missing before empty", []string{paths[0], missing, paths[1], empty}, "missing.jsonl: no such file"},
+		{"empty before missing", []string{paths[0], empty, paths[1], missing}, "empty.jsonl: empty file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			traces, err := ReadAll(tc.paths)
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.err)
+				return
+			}
+			require.NoError(t, err)
+			for r, tr := range traces {
+				assert.Equal(t, int64(r), tr.Rank)
+				assert.Equal(t, paths[r], tr.Path)
+			}
+		})
+	}
+}
+
+// TestAnalyzeWarnsOfAnotherJob: ranks whose job_id tags differ are not one
+// job; ranks without one are taken as they come.
+func TestAnalyzeWarnsOfAnotherJob(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		jobs []string // per rank: its job_id
+		warn bool
+	}{
+		{"one job", []string{"j1", "j1", "j1"}, false},
+		{"no job ids", []string{"", "", ""}, false},
+		{"one rank without", []string{"j1", "", "j1"}, false},
+		{"another job", []string{"j1", "j1", "j2"}, true},
+		{"another job after one without", []string{"", "j1", "j2"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var paths []string
+			for r, id := range tc.jobs {
+				m := jobtest.Even(3)
+				m.JobID = id
+				all := writeJob(t, m)
+				paths = append(paths, all[r])
+			}
+			traces, err := ReadAll(paths)
+			require.NoError(t, err)
+			for r, tr := range traces {
+				assert.Equal(t, tc.jobs[r], tr.JobID)
+			}
+			j, err := Analyze(traces, DefaultWaitThreshold)
+			require.NoError(t, err)
+			var warned []string
+			for _, w := range j.Warnings {
+				if strings.Contains(w, "different jobs") {
+					warned = append(warned, w)
+				}
+			}
+			if tc.warn {
+				first := 0
+				if tc.jobs[0] == "" {
+					first = 1
+				}
+				assert.Equal(t, []string{fmt.Sprintf("the traces are of different jobs (job_id j1 on rank %d, j2 on rank 2): their clocks and collectives are not one job's", first)}, warned)
+			} else {
+				assert.Empty(t, warned)
+			}
+		})
+	}
 }

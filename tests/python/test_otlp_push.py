@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,70 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from otelcol import complete_lines, free_port, running
+
 REPO = Path(__file__).resolve().parents[2]
 LIB_PATH = str(os.environ.get("CANDLE_TRACE_LIB", REPO / "build" / "libcandle_trace.so"))
-OTELCOL = Path(os.environ.get("CANDLE_TRACE_OTELCOL", REPO / "build" / "tools" / "otelcol" / "otelcol"))
-
-CONFIG = """receivers:
-  otlp:
-    protocols:
-      http:
-        endpoint: 127.0.0.1:{port}
-exporters:
-  file:
-    path: {out}
-    flush_interval: 10ms
-service:
-  telemetry:
-    logs:
-      level: warn
-    metrics:
-      level: none
-  pipelines:
-    metrics:
-      receivers: [otlp]
-      exporters: [file]
-"""
-
-
-def complete_lines(path: Path) -> list:
-    """The JSON lines the file exporter has finished: it writes a long line in pieces,
-    so text after the last newline is a line still being written."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def collector(tmp_path: Path):
-    if not OTELCOL.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"{OTELCOL} missing: .ci/run builds it with make otelcol")
-        pytest.skip("the OpenTelemetry Collector is not built; run `make otelcol`")
-    port, out = free_port(), tmp_path / "metrics.jsonl"
-    cfg = tmp_path / "otelcol.yaml"
-    cfg.write_text(CONFIG.format(port=port, out=out))
-    proc = subprocess.Popen([str(OTELCOL), "--config", f"file:{cfg}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"the collector did not start: {proc.stdout.read().decode()}")
-            time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", out
-    proc.terminate()
-    proc.wait(10)
+    with running(tmp_path, "metrics") as c:
+        yield c
 
 
 # A run of the C ABI in a child process: its environment is its own (the Go

@@ -4,28 +4,37 @@ straggler by a sleep in its forward on the captured update; and the rank rules o
 Each job must give one valid trace per rank (candle-graph, each alone in a fresh folder),
 the same capture step on every rank (checked through the store: the ranks' scalars),
 collective ops whose bytes are the DDP buckets' (and add up to the parameters' bytes),
-per-rank aggregate summaries tagged with their rank, and a job view whose straggler
-verdict names the slow rank.
+per-rank aggregate summaries tagged with their rank and the job's id, and a job view
+whose straggler verdict names the slow rank. The 2-rank job's traces, exported with
+``candle-trace export --format otlp`` to the real collector of the tests (make otelcol),
+must arrive as one OTLP trace: every rank's spans and ops with their names, parent links
+and durations, told apart by their resource's rank.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
 from conftest import REPO, VALIDATOR, judged, read_trace
 
+sys.path.insert(0, str(REPO / "tests" / "python"))
+import otelcol  # noqa: E402 - the collector of the tests, shared with tests/python
+
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from candle_trace.torch._distributed import rank_path, rank_tags  # noqa: E402
+from candle_trace.torch._distributed import job_id, rank_path, rank_tags  # noqa: E402
 
 JOB = Path(__file__).with_name("ddp_job.py")
 CAPTURE_STEP = 3
@@ -72,10 +81,28 @@ def scalars(records: List[Dict]) -> Dict[str, float]:
             and r["label"].startswith("candle_trace/ranks/")}
 
 
+Job = Tuple[Path, List[Dict]]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Job]:
+    """The DDP jobs of this module, each run once (a job costs 10-20 s of 2 cores):
+    ``jobs(world, slow_rank)`` is its folder and its ranks' facts."""
+    done: Dict[Tuple[int, int], Job] = {}
+
+    def get(world: int, slow_rank: int) -> Job:
+        if (world, slow_rank) not in done:
+            out = tmp_path_factory.mktemp(f"ddp{world}") / "job"
+            done[world, slow_rank] = (out, run_job(out, world, slow_rank))
+        return done[world, slow_rank]
+    return get
+
+
 @pytest.mark.parametrize("world,slow_rank", [(2, 1), (4, 2)])
-def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
-    facts = run_job(tmp_path / "job", world, slow_rank)
+def test_ddp_job(tmp_path: Path, jobs: Callable[[int, int], Job], world: int, slow_rank: int) -> None:
+    out, facts = jobs(world, slow_rank)
     traces = [Path(f["trace"]) for f in facts]
+    job_ids = set()
     assert [t.name for t in traces] == [f"trace-{k}.jsonl" for k in range(world)]
     collectives = []
     for k, (f, trace) in enumerate(zip(facts, traces)):
@@ -100,10 +127,16 @@ def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
             enq = [r["input_dense_bytes"] for r in ops if r["op_name"] == "c10d::allreduce_"]
             assert enq == f["bucket_bytes"]
         collectives.append([(r["op_name"], r["input_dense_bytes"]) for r in coll])
-        stats = json.loads((tmp_path / "job" / f"stats-rank{k}.json").read_text())
-        assert stats["run"]["tags"] == {"rank": str(k), "world_size": str(world)}
+        # torchrun's static rendezvous says TORCHELASTIC_RUN_ID=none: the ranks agreed
+        # on an id through the store (a uuid), the same in the trace and the summary.
+        job = meta["tags"]["job_id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", job), meta["tags"]
+        job_ids.add(job)
+        stats = json.loads((out / f"stats-rank{k}.json").read_text())
+        assert stats["run"]["tags"] == {"rank": str(k), "world_size": str(world), "job_id": job}
         assert stats["final"] is True
     assert all(c == collectives[0] for c in collectives), "every rank, the same collectives"
+    assert len(job_ids) == 1, f"one job, one id: {job_ids}"
 
     r = candle_trace("report", "--json", *map(str, traces))
     assert r.returncode == 0, r.stderr
@@ -134,7 +167,7 @@ def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
 
     # The ranks' whole-run summaries side by side: every rank counted every update, and
     # the straggler's one slow forward is its max.
-    stats = [str(tmp_path / "job" / f"stats-rank{k}.json") for k in range(world)]
+    stats = [str(out / f"stats-rank{k}.json") for k in range(world)]
     r = candle_trace("report", "--json", *reversed(stats))
     assert r.returncode == 0, r.stderr
     summ = json.loads(r.stdout)
@@ -150,6 +183,103 @@ def test_ddp_job(tmp_path: Path, world: int, slow_rank: int) -> None:
     assert f"clocks refined by the ends of {len(collectives[0])} collectives" in m.stderr
     pids = {e["pid"] for e in json.loads(merged.read_text())["traceEvents"] if e["ph"] == "X"}
     assert set(range(1, world + 1)) <= pids
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Tuple[str, Path]]:
+    with otelcol.running(tmp_path, "traces") as c:
+        yield c
+
+
+def collected(out: Path, want: int) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(resource attributes, span) of every span the collector wrote, once it has
+    written ``want`` (the file exporter flushes every 10 ms; a loaded machine may take
+    longer: up to 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        got = []
+        for line in otelcol.complete_lines(out):
+            for rs in json.loads(line)["resourceSpans"]:
+                res = {a["key"]: next(iter(a["value"].values())) for a in rs["resource"]["attributes"]}
+                got += [(res, sp) for ss in rs["scopeSpans"] for sp in ss["spans"]]
+        if len(got) >= want or time.monotonic() > deadline:
+            assert len(got) == want, f"the collector wrote {len(got)} spans, the exports sent {want}"
+            return got
+        time.sleep(0.02)
+
+
+def span_attrs(sp: Dict[str, Any]) -> Dict[str, Any]:
+    return {a["key"]: next(iter(a["value"].values())) for a in sp.get("attributes", [])}
+
+
+def test_ddp_job_exported_to_the_collector(jobs: Callable[[int, int], Job],
+                                           collector: Tuple[str, Path]) -> None:
+    """The 2-rank job's traces, exported one by one, arrive as one OTLP trace: the job
+    id's, every rank's spans and ops as they are in its trace (names, parents, times),
+    the collectives with the buckets' bytes, each rank under its own resource."""
+    endpoint, out = collector
+    _, facts = jobs(2, 1)
+    sent, trace_ids = 0, set()
+    for f in facts:
+        r = candle_trace("export", "--format", "otlp", "--endpoint", endpoint, f["trace"])
+        assert r.returncode == 0, r.stderr
+        m = re.search(r": (\d+) spans \(.*; trace id ([0-9a-f]{32})\n", r.stderr)
+        assert m, r.stderr
+        sent += int(m.group(1))
+        trace_ids.add(m.group(2))
+        assert " job " in r.stderr, r.stderr
+    got = collected(out, sent)
+
+    recs = [read_trace(f["trace"]) for f in facts]
+    job = recs[0][0]["tags"]["job_id"]
+    corr = recs[0][0]["correlation_id"]
+    want_id = hashlib.sha256(f"job\x00{job}\x00{corr}".encode()).hexdigest()[:32]
+    assert trace_ids == {want_id}, "every rank's export gives the job's trace id"
+    assert {sp["traceId"] for _, sp in got} == {want_id}
+    ids = [sp["spanId"] for _, sp in got]
+    assert len(set(ids)) == len(ids), "no two spans of the job's trace share an id"
+
+    for k, (f, rr) in enumerate(zip(facts, recs)):
+        meta = rr[0]
+        mine = [sp for res, sp in got if res.get("candle.rank") == str(k)]
+        res = next(res for res, _ in got if res.get("candle.rank") == str(k))
+        assert res["candle.world_size"] == "2" and res["candle.tag.job_id"] == job, res
+        assert res["candle.run_id"] == meta["run_id"] and res["candle.tag.rank"] == str(k)
+        anchor = int(meta["clock"]["wall_unix_ns_at_open"])
+        # Spans: each the trace's span of its candle.span.id, child of its parent's.
+        by_trace_id = {span_attrs(sp).get("candle.span.id"): sp for sp in mine
+                       if span_attrs(sp)["candle.record"] == "span"}
+        starts = {r["id"]: r for r in rr if r["kind"] == "span_start"}
+        ends = {r["id"]: r for r in rr if r["kind"] == "span_end"}
+        assert set(by_trace_id) == set(starts), f"rank {k}: every span, once"
+        for sid, r in starts.items():
+            sp = by_trace_id[sid]
+            assert sp["name"] == r["name"]
+            assert int(sp["startTimeUnixNano"]) == anchor + r["start_ns"]
+            assert int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"]) == ends[sid]["duration_ns"]
+            parent = r.get("parent_id")
+            if parent is None:
+                assert not sp.get("parentSpanId"), f"rank {k}: its root is a child of nothing"
+            else:
+                assert sp["parentSpanId"] == by_trace_id[parent]["spanId"], (k, r)
+        # Ops: each a child span of its span, with its times and bytes.
+        span_of = {sp["spanId"]: sid for sid, sp in by_trace_id.items()}
+        want_ops = sorted((r["op_name"], r["span_id"], anchor + r["timestamp_ns"], r["duration_ns"],
+                           r.get("input_dense_bytes", 0)) for r in rr if r["kind"] == "op")
+        got_ops = sorted((sp["name"], span_of[sp["parentSpanId"]], int(sp["startTimeUnixNano"]),
+                          int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"]),
+                          int(span_attrs(sp)["candle.op.input_bytes"]))
+                         for sp in mine if span_attrs(sp)["candle.record"] == "op")
+        assert got_ops == want_ops, f"rank {k}: the ops as spans"
+        # The all-reduces: one span per DDP bucket, with its bytes, in the order the trace
+        # says the rank entered them (which bucket first is test_ddp_job's question).
+        coll = sorted((int(sp["startTimeUnixNano"]), int(span_attrs(sp)["candle.op.input_bytes"]))
+                      for sp in mine if sp["name"] == "gloo:all_reduce")
+        entered = sorted((r["timestamp_ns"], r["input_dense_bytes"]) for r in rr
+                         if r["kind"] == "op" and r["op_name"] == "gloo:all_reduce")
+        assert [b for _, b in coll] == [b for _, b in entered], f"rank {k}: the all-reduces as spans"
+        assert sorted(b for _, b in coll) == sorted(f["bucket_bytes"]), f"rank {k}: one span per DDP bucket"
+        assert len(mine) == len(starts) + len(want_ops)
 
 
 def test_capture_step_mismatch_is_found(tmp_path: Path) -> None:
@@ -190,8 +320,32 @@ def test_rank_path(path: str, rank: int, world: int, want: str) -> None:
 
 def test_rank_tags() -> None:
     assert rank_tags({"a": "b"}, 0, 1) == {"a": "b"}
-    assert rank_tags({"a": "b"}, 2, 4) == {"rank": "2", "world_size": "4", "a": "b"}
-    assert rank_tags({"rank": "mine"}, 2, 4)["rank"] == "mine"
+    assert rank_tags({"a": "b"}, 2, 4, "") == {"rank": "2", "world_size": "4", "a": "b"}
+    assert rank_tags({"a": "b"}, 2, 4, "j1") == {"rank": "2", "world_size": "4", "job_id": "j1", "a": "b"}
+    assert rank_tags({"rank": "mine", "job_id": "theirs"}, 2, 4, "j1") == {
+        "rank": "mine", "world_size": "4", "job_id": "theirs"}
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"TORCHELASTIC_RUN_ID": "e7f3", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "e7f3"),
+    ({"TORCHELASTIC_RUN_ID": "e7f3", "TORCHELASTIC_RESTART_COUNT": "0"}, "e7f3"),
+    ({"TORCHELASTIC_RUN_ID": "e7f3", "TORCHELASTIC_RESTART_COUNT": "2"}, "e7f3/restart-2"),
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node7", "MASTER_PORT": "29500"}, "node7:29500"),
+    ({"MASTER_ADDR": "node7", "MASTER_PORT": "29500"}, "node7:29500"),
+    ({"MASTER_ADDR": "node7"}, ""),
+    ({}, ""),
+])
+def test_job_id_from_environment(monkeypatch: pytest.MonkeyPatch, env: Dict[str, str], want: str) -> None:
+    """Without a process group (the store's id is the DDP jobs' above): torchrun's run id,
+    else the master's address."""
+    if dist.is_initialized():
+        pytest.fail("a process group in the test process: the store would answer")
+    for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert job_id() == want
+    assert rank_tags({}, 1, 2).get("job_id", "") == want
 
 
 def test_rank_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,6 +363,8 @@ def test_profile_and_watch_name_files_by_rank(tmp_path: Path, monkeypatch: pytes
     carry the rank; a single process keeps the names it was given."""
     import candle_trace.torch as ctt
     model = torch.nn.Linear(2, 2)
+    for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)  # no job id: the tags are the rank's alone
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     p = ctt.profile(model, None, str(tmp_path / "t.jsonl"), aggregate_path=str(tmp_path / "s.json"))

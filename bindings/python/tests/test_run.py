@@ -442,12 +442,14 @@ def test_torchrun_ranks_write_one_trace_each(tmp_path):
     assert "rank 0 of 2 done" in r.stdout and "rank 1 of 2 done" in r.stdout
     found = traces(tmp_path)  # the launcher (it steps no optimizer) writes none
     assert [t.name.split(".")[-2] for t in found] == ["rank0", "rank1"], found
-    grads = []
+    grads, jobs = [], set()
     for rank, t in enumerate(found):
         lines = judged(t, tmp_path)
         assert lines[0]["process"]["rank"] == rank and lines[0]["process"]["world_size"] == 2
+        jobs.add(lines[0]["tags"].get("job_id"))
         assert t.name == f"t-{lines[0]['process']['pid']}.rank{rank}.jsonl"
         grads.append({g["key"]: g["norm"] for g in lines if g["kind"] == "gradient"})
+    assert len(jobs) == 1 and None not in jobs and "" not in jobs, f"both ranks, one job id: {jobs}"
     assert set(grads[0]) == {"module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"}
     for key, norm in grads[0].items():  # all-reduced: the same mean gradient on each rank
         assert math.isclose(norm, grads[1][key], rel_tol=1e-6), key

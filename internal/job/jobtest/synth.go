@@ -32,6 +32,9 @@ type Job struct {
 	// Early has backward compute on after the last bucket is entered (by
 	// default the last bucket is entered at the end of the compute).
 	Early bool
+	// JobID, when set, is every rank's job_id tag (what the Python binding
+	// writes under torch.distributed).
+	JobID string
 }
 
 // Enter is when rank r enters collective k (true clock): spread over its
@@ -67,7 +70,11 @@ func (m Job) Write(dir string) ([]string, error) {
 		if r.NoWall {
 			clock = `{"host":"monotonic"}`
 		}
-		fmt.Fprintf(&b, `{"kind":"meta","schema":"candle-graph/trace/10","run_id":"run-%d","correlation_id":"m::train/update-3","entrypoint":"m::train","phase":"train","timestamp":"2027-01-15T08:00:00.000Z","capture_step":3,"warmup_steps":2,"device":"cpu","timing_mode":"host","capture_contract":{"measurement_scope":"profiled_work","operations":"partial","logical_memory":"none","physical_memory":"none","device_timing":"none"},"tags":{},"clock":%s,"process":%s}`+"\n", r.Rank, clock, process)
+		tags := `{}`
+		if m.JobID != "" {
+			tags = fmt.Sprintf(`{"job_id":%q}`, m.JobID)
+		}
+		fmt.Fprintf(&b, `{"kind":"meta","schema":"candle-graph/trace/10","run_id":"run-%d","correlation_id":"m::train/update-3","entrypoint":"m::train","phase":"train","timestamp":"2027-01-15T08:00:00.000Z","capture_step":3,"warmup_steps":2,"device":"cpu","timing_mode":"host","capture_contract":{"measurement_scope":"profiled_work","operations":"partial","logical_memory":"none","physical_memory":"none","device_timing":"none"},"tags":%s,"clock":%s,"process":%s}`+"\n", r.Rank, tags, clock, process)
 		bwdEnd := r.Start + r.Fwd + r.Bwd
 		if len(m.Collectives) > 0 {
 			bwdEnd = max(bwdEnd, m.End(len(m.Collectives)-1))

@@ -46,6 +46,13 @@ const (
 	attrIvCorrelated = "candle.device_interval.correlation_id"
 )
 
+// TagJobID is the run tag (meta.tags) that names the job a rank's trace
+// belongs to: the Python binding writes it under torch.distributed
+// (TORCHELASTIC_RUN_ID, else an id agreed through the process group's
+// store). Ranks of one job that captured one update share a correlation id,
+// so with it they share a trace id: one job, one trace.
+const TagJobID = "job_id"
+
 // DefaultBatchSpans is how many spans go into one request: enough that the
 // cost of a request vanishes, few enough (a few MB of protobuf) to stay far
 // below the 20 MiB body the collector's HTTP receiver accepts by default.
@@ -69,6 +76,9 @@ type Result struct {
 	Meta    *trace.Meta
 	Stream  *trace.StreamResult
 	TraceID string // hex
+	// JobID is the trace's job_id tag when it has one: then TraceID is the
+	// job's, not the run's.
+	JobID string
 	// Anchor says where the absolute times come from: the trace's wall
 	// clock at open (meta.clock.wall_unix_ns_at_open), meta.timestamp
 	// (millisecond precision), or nothing (times start at the epoch).
@@ -118,9 +128,11 @@ func ExportFile(ctx context.Context, path string, c *otlp.Client, opts Options) 
 //     candle.open and an error status.
 //
 // Ids are derived, not random: the trace id from run_id and
-// correlation_id, a span id from the trace id and the span's id (an op's
-// from its place in the file), so a parent link needs no lookup and
-// exporting a trace twice gives the same ids. Times are the trace's
+// correlation_id (from the job_id tag and correlation_id when the trace
+// has one: every rank of the job in one trace), a span id from the trace
+// id and the span's id (an op's from its place in the file; with a job id,
+// the run id and rank too, since the ranks' span ids repeat), so a parent
+// link needs no lookup and exporting a trace twice gives the same ids. Times are the trace's
 // session clock plus its wall clock at open.
 //
 // The reader keeps only the open spans; a trace of any size streams. The
@@ -200,6 +212,7 @@ type traceBuilder struct {
 
 	meta     *trace.Meta
 	traceID  pcommon.TraceID
+	salt     []byte // what else tells this trace's span ids apart: the rank's run, in a job's shared trace
 	anchor   uint64
 	resource pcommon.Resource
 	version  string
@@ -221,6 +234,13 @@ type traceBuilder struct {
 func (b *traceBuilder) onMeta(m *trace.Meta) error {
 	b.meta = m
 	sum := sha256.Sum256([]byte(m.RunID + "\x00" + m.CorrelationID))
+	if job := m.Tags[TagJobID]; job != "" {
+		// A domain prefix, so that a job id never gives the trace id of a
+		// run whose run_id happens to be the same string.
+		sum = sha256.Sum256([]byte("job\x00" + job + "\x00" + m.CorrelationID))
+		b.salt = []byte(m.RunID + "\x00" + m.Process["rank"])
+		b.res.JobID = job
+	}
 	copy(b.traceID[:], sum[:16])
 	b.res.Anchor = AnchorNone
 	if v, err := strconv.ParseUint(m.Clock["wall_unix_ns_at_open"], 10, 64); err == nil && v > 0 {
@@ -237,12 +257,16 @@ func (b *traceBuilder) onMeta(m *trace.Meta) error {
 	return nil
 }
 
-// spanID derives a span id: FNV-1a over the trace id, a record tag and
-// the record's identity. Never zero (zero means "no span" in OTLP).
+// spanID derives a span id: FNV-1a over the trace id, the salt, a record
+// tag and the record's identity. Never zero (zero means "no span" in OTLP).
+// Without a salt the ids are those of the exports before job ids.
 func (b *traceBuilder) spanID(tag byte, id []byte, seq uint64) pcommon.SpanID {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
 	for _, c := range b.traceID {
+		h = (h ^ uint64(c)) * prime
+	}
+	for _, c := range b.salt {
 		h = (h ^ uint64(c)) * prime
 	}
 	h = (h ^ uint64(tag)) * prime

@@ -2,6 +2,8 @@ package traces
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,8 +15,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/candle-trace/candle-trace/internal/job/jobtest"
 	"github.com/candle-trace/candle-trace/internal/otlp"
 )
 
@@ -192,4 +196,70 @@ func TestExportTraceStopsAtTheFirstRefusal(t *testing.T) {
 
 	_, err = Export(context.Background(), strings.NewReader(`{"kind":"span_end","id":"s1","duration_ns":1}`+"\n"), c, Options{})
 	assert.ErrorContains(t, err, "a trace starts with a meta record")
+}
+
+// jobTraces writes a 2-rank synthetic job whose ranks carry jobID (none
+// when "") and returns the traces.
+func jobTraces(t *testing.T, jobID string) []string {
+	t.Helper()
+	m := jobtest.Even(2)
+	m.JobID = jobID
+	paths, err := m.Write(t.TempDir())
+	require.NoError(t, err)
+	return paths
+}
+
+func TestExportTraceJobIDIsTheTraceID(t *testing.T) {
+	for _, tc := range []struct {
+		name, job string
+		shared    bool
+	}{
+		{"no job id: a trace per rank", "", false},
+		{"a job id: one trace", "a1b2-job", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			paths := jobTraces(t, tc.job)
+			var results []*Result
+			var sinks []*spanSink
+			for _, p := range paths {
+				res, sink := exportTo(t, p, Options{})
+				results, sinks = append(results, res), append(sinks, sink)
+			}
+			assert.Equal(t, tc.job, results[0].JobID)
+			if tc.shared {
+				sum := sha256.Sum256([]byte("job\x00" + tc.job + "\x00m::train/update-3"))
+				assert.Equal(t, hex.EncodeToString(sum[:16]), results[0].TraceID)
+				assert.Equal(t, results[0].TraceID, results[1].TraceID)
+			} else {
+				assert.NotEqual(t, results[0].TraceID, results[1].TraceID)
+			}
+			// The ranks' span ids repeat (s1, s2, ...); their OTLP ids never do,
+			// and each rank's parent links stay within the rank.
+			ids := map[pcommon.SpanID]int{}
+			for rank, sink := range sinks {
+				for _, s := range sink.spans {
+					_, dup := ids[s.SpanID()]
+					assert.False(t, dup, "rank %d: span %s has another rank's id", rank, s.Name())
+					ids[s.SpanID()] = rank
+				}
+			}
+			for rank, sink := range sinks {
+				roots := 0
+				for _, s := range sink.spans {
+					if s.ParentSpanID().IsEmpty() {
+						roots++
+						assert.Equal(t, "m::train", s.Name())
+						continue
+					}
+					owner, ok := ids[s.ParentSpanID()]
+					assert.True(t, ok && owner == rank, "rank %d: %s's parent is rank %d's", rank, s.Name(), owner)
+				}
+				assert.Equal(t, 1, roots, "rank %d: one root, a child of nothing", rank)
+			}
+		})
+	}
+	// Another job, or another update of the same job: another trace.
+	a, _ := exportTo(t, jobTraces(t, "a1b2-job")[0], Options{})
+	b, _ := exportTo(t, jobTraces(t, "c3d4-job")[0], Options{})
+	assert.NotEqual(t, a.TraceID, b.TraceID)
 }

@@ -80,6 +80,10 @@ func exportOTLP(path string, f *otlpFlags, stderr io.Writer) int {
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(stderr, "%s: %d spans (%d spans, %d ops, %d device intervals) in %s from %d lines, %.0f spans/s; trace id %s\n",
 		client.URL(otlp.Traces), res.Spans, res.Spans-res.Ops-res.DeviceIntervals, res.Ops, res.DeviceIntervals, plural(res.Requests, "request"), res.Stream.Lines, float64(res.Spans)/max(secs, 1e-9), res.TraceID)
+	if res.JobID != "" {
+		// The trace id is the job's: say so, so that the other ranks' exports are looked for there.
+		fmt.Fprintf(stderr, "  %s: job %s: the trace id of every rank of the job that captured %s\n", path, res.JobID, res.Meta.CorrelationID)
+	}
 	if res.Anchor != traces.AnchorWallClock {
 		fmt.Fprintf(stderr, "  %s: no meta.clock.wall_unix_ns_at_open; times are anchored at %s\n", path, res.Anchor)
 	}

@@ -23,6 +23,10 @@ Three things differ from one process, and this module holds them:
   others wait for it: the profiler would make the straggler. So once armed, each rank
   waits at a line-up in the store (another counter, polled) until every rank profiling
   the same step has armed, at most ``LINE_UP_TIMEOUT_S``; then all begin it together.
+- **One job, one id.** Each rank's trace and summary carry the tag ``job_id``, the same
+  on every rank of the job (see :func:`job_id`), so that tools put the ranks together:
+  ``candle-trace export --format otlp`` makes it the trace id, one OTLP trace for the
+  job's captured update.
 - **Collectives.** The op observer records them (``_observer.cpp``): each backend work
   (``gloo:all_reduce``, ``nccl:all_reduce``, ...) is an op of the measured region from
   the moment the rank entered it to its completion, with the bytes it carried.
@@ -33,15 +37,18 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import uuid
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["rank_world", "rank_path", "rank_tags", "has_rank_placeholder", "StepAgreement"]
+__all__ = ["rank_world", "rank_path", "rank_tags", "job_id", "has_rank_placeholder", "StepAgreement"]
 
 _PLACEHOLDERS = ("{rank}", "%r")
 #: how long a rank waits at the line-up for the others before it goes on alone
 LINE_UP_TIMEOUT_S = 10.0
 _profiles = itertools.count(1)  # the process's profiles, in order: one store key each
+#: the store key under which the ranks agree on a job id: the first rank's proposal wins
+JOB_ID_KEY = "candle_trace/job_id"
 
 
 def rank_world() -> Tuple[int, int]:
@@ -77,12 +84,48 @@ def rank_path(path: str, rank: int, world: int) -> str:
     return os.path.join(head, f"{stem}-rank{rank}{ext}")
 
 
-def rank_tags(tags: Dict[str, str], rank: int, world: int) -> Dict[str, str]:
-    """The run's tags with ``rank`` and ``world_size`` (a job of several ranks only; a
-    tag the caller gave wins), so an aggregate summary says whose it is."""
+def job_id() -> str:
+    """The id every rank of this job shares ("" when there is none to be had):
+
+    - ``TORCHELASTIC_RUN_ID``, torchrun's rendezvous id (``--rdzv-id``, a fresh uuid
+      under ``--standalone``), with ``/restart-<n>`` after an elastic restart
+      (``TORCHELASTIC_RESTART_COUNT``): a restart is other processes, another capture.
+      torchrun's placeholder ``none`` (a static rendezvous: ``--master-port`` given and
+      no ``--rdzv-id``) is no id: every such job has it;
+    - else, with the default process group up, an id agreed through its store: each
+      rank proposes a fresh uuid with ``compare_set``, which keeps the first and never
+      blocks, and all read back that one. The store lives as long as the job, so the id
+      is the job's alone;
+    - else ``MASTER_ADDR:MASTER_PORT`` (env:// initialisation before the group exists):
+      shared by the ranks, but a later job on the same address and port repeats it.
+    """
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return run if restart in ("", "0") else f"{run}/restart-{restart}"
+    dist = _dist()
+    if dist is not None:
+        try:
+            got = dist.distributed_c10d._get_default_store().compare_set(JOB_ID_KEY, "", uuid.uuid4().hex)
+            return got.decode() if isinstance(got, bytes) else str(got)
+        except Exception:  # noqa: BLE001 - no store that compares: the address is next best
+            pass
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else ""
+
+
+def rank_tags(tags: Dict[str, str], rank: int, world: int, job: Optional[str] = None) -> Dict[str, str]:
+    """The run's tags with ``rank``, ``world_size`` and ``job_id`` (``job``, else
+    :func:`job_id`; none when "") in a job of several ranks (a tag the caller gave wins),
+    so a trace or an aggregate summary says whose it is and which job's."""
     if world <= 1:
         return tags
-    return {"rank": str(rank), "world_size": str(world), **tags}
+    if job is None:
+        job = job_id()
+    out = {"rank": str(rank), "world_size": str(world)}
+    if job:
+        out["job_id"] = job
+    return {**out, **tags}
 
 
 def _dist() -> Any:

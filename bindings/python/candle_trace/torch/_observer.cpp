@@ -57,11 +57,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -527,6 +529,11 @@ struct CollCtx : public at::ObserverContext {
 
 std::mutex g_coll_mu;
 std::vector<CollRec> g_colls;  // the capture's completed collectives
+// The capture's collectives begun and not yet ended (reset when a capture begins; only a
+// record of the current epoch counts itself down), so that stopping can wait for them.
+std::atomic<int64_t> g_coll_open{0};
+// how long ct_obs_stop waits for them
+constexpr auto kCollectiveEndWait = std::chrono::milliseconds(100);
 
 bool is_collective(const char *name) {
     static const char *const kBackends[] = {"gloo:", "nccl:", "mpi:", "ucc:", "xccl:"};
@@ -568,6 +575,7 @@ std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn)
             }
         }
         r.t0 = now();
+        g_coll_open.fetch_add(1, std::memory_order_acq_rel);
         return ctx;
     } catch (...) {
         return nullptr;
@@ -578,9 +586,11 @@ void on_user_end(const at::RecordFunction &, at::ObserverContext *c) {
     if (!c) return;
     auto *ctx = static_cast<CollCtx *>(c);
     // A collective still in flight when the capture stopped is not the capture's.
-    if (!g_active.load(std::memory_order_acquire) ||
-        ctx->epoch != g_epoch.load(std::memory_order_acquire))
+    if (ctx->epoch != g_epoch.load(std::memory_order_acquire)) return;
+    if (!g_active.load(std::memory_order_acquire)) {
+        g_coll_open.fetch_sub(1, std::memory_order_acq_rel);
         return;
+    }
     TracerWork work(0);
     try {
         ctx->rec.t1 = now();
@@ -588,6 +598,21 @@ void on_user_end(const at::RecordFunction &, at::ObserverContext *c) {
         g_colls.push_back(std::move(ctx->rec));
     } catch (...) {
     }
+    // Counted down once the record is in: ct_obs_stop, seeing 0, finds it there.
+    g_coll_open.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// A backend completes a collective's future before it ends the work's record function
+// (gloo's worker marks the future done, then finishes the work, which ends the record),
+// so a rank can see its all-reduce done, finish the update and stop the capture while the
+// worker has yet to end the record -- on a loaded machine, long enough to lose it. So
+// stopping waits for the capture's open collectives, at most kCollectiveEndWait: one the
+// program really leaves in flight (an async op waited for after the update) costs that.
+void wait_for_collectives() {
+    auto deadline = std::chrono::steady_clock::now() + kCollectiveEndWait;
+    while (g_coll_open.load(std::memory_order_acquire) > 0 &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 std::vector<CollRec> take_collectives() {
@@ -958,6 +983,8 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
         g_measured = measured;
         g_earlier_ns = earlier_ns;
         g_epoch.fetch_add(1, std::memory_order_acq_rel);
+        // After the new epoch: a record of the last capture ending now no longer counts down.
+        g_coll_open.store(0, std::memory_order_release);
         thread_state();
         g_memory = false;
         if (memory) {
@@ -1011,6 +1038,7 @@ CT_OBS_EXPORT void ct_obs_suspend(int on) {
 // Stops recording (idempotent); call it on the thread that called ct_obs_begin.
 CT_OBS_EXPORT int ct_obs_stop() {
     try {
+        if (g_active.load(std::memory_order_acquire)) wait_for_collectives();
         g_active.store(false, std::memory_order_release);
         if (g_handle != 0) {
             at::removeCallback(g_handle);
