@@ -85,11 +85,13 @@ func Align(traces []*Trace) *Alignment {
 }
 
 // matched is the length of the run of collectives that every trace has in
-// the same order with the same name and bytes as the first trace's.
+// the same order with the same name and bytes as the first trace's, once
+// each trace's collectives are paired with the reference's (pairByKey).
 func matched(traces []*Trace, warnings *[]string) int {
 	ref := traces[0].Collectives
 	n := len(ref)
 	for _, t := range traces[1:] {
+		pairByKey(t.Collectives, ref)
 		if len(t.Collectives) != len(ref) {
 			*warnings = append(*warnings, fmt.Sprintf("rank %d took part in %d collectives, rank %d in %d: only the first common ones are matched", t.Rank, len(t.Collectives), traces[0].Rank, len(ref)))
 		}
@@ -104,6 +106,44 @@ func matched(traces []*Trace, warnings *[]string) int {
 		n = min(n, k)
 	}
 	return n
+}
+
+// pairByKey reorders c so that its k-th collective is the one of the same
+// name and bytes as ref's k-th: the n-th occurrence of a (name, bytes) pair
+// on one rank is the n-th on the other. The order a rank enters collectives
+// in is the order a backend's worker threads pick them up, and with two
+// workers gloo can start DDP's two buckets in either order on each rank: in
+// entry order, bucket 1 on one rank would be paired with bucket 2 on the
+// other. Collectives with no partner keep their entry order after the
+// paired ones, where the first of them ends the matched run.
+func pairByKey(c, ref []Collective) {
+	type key struct {
+		name  string
+		bytes uint64
+	}
+	queued := map[key][]int{} // indexes into c, in entry order, by key
+	for i, x := range c {
+		k := key{x.Name, x.Bytes}
+		queued[k] = append(queued[k], i)
+	}
+	out := make([]Collective, 0, len(c))
+	used := make([]bool, len(c))
+	for _, r := range ref {
+		k := key{r.Name, r.Bytes}
+		q := queued[k]
+		if len(q) == 0 {
+			break
+		}
+		out = append(out, c[q[0]])
+		used[q[0]] = true
+		queued[k] = q[1:]
+	}
+	for i, x := range c {
+		if !used[i] {
+			out = append(out, x)
+		}
+	}
+	copy(c, out)
 }
 
 func abs(x int64) int64 {

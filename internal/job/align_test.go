@@ -70,6 +70,22 @@ func TestAlignPartialEvidence(t *testing.T) {
 		assert.Contains(t, al.Warnings[0], "collective 2 differs")
 		assert.Equal(t, m.Ranks[1].Open, al.Clocks[1].OffsetNS, "one shared end still corrects the anchor")
 	})
+	t.Run("buckets a rank entered in the other order are paired by name and bytes", func(t *testing.T) {
+		m := jobtest.Even(2)
+		m.Ranks[1].AnchorErr = 250_000
+		traces, err := ReadAll(writeJob(t, m))
+		require.NoError(t, err)
+		require.Len(t, traces[1].Collectives, 2)
+		require.NotEqual(t, traces[1].Collectives[0].Bytes, traces[1].Collectives[1].Bytes, "the job's buckets differ in size")
+		want := traces[1].Collectives[0]
+		c := traces[1].Collectives
+		c[0], c[1] = c[1], c[0] // gloo's workers started rank 1's buckets the other way round
+		al := Align(traces)
+		assert.Equal(t, 2, al.Matched)
+		assert.Empty(t, al.Warnings)
+		assert.Equal(t, want, traces[1].Collectives[0], "rank 1's first collective is again the reference's first bucket")
+		assert.Equal(t, m.Ranks[1].Open, al.Clocks[1].OffsetNS)
+	})
 	t.Run("a trace without a wall clock is placed by the collectives", func(t *testing.T) {
 		m := jobtest.Even(2)
 		m.Ranks[1].NoWall = true
