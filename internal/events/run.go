@@ -41,6 +41,31 @@ type Run struct {
 	// recorder of one training update. nil: the trace is written as it is
 	// recorded.
 	Buffer *Buffer
+
+	// warmupGiven and correlationGiven say whether the run JSON set
+	// warmup_steps and correlation_id, or ParseRun defaulted them from
+	// capture_step (WithCaptureStep defaults them again).
+	warmupGiven, correlationGiven bool
+}
+
+// WithCaptureStep is a copy of r for capture step step (ct_reopen: a flight
+// recorder's next update), with warmup_steps and correlation_id defaulted
+// again from it where the run JSON left them out; validated as ParseRun
+// validates. The copy shares r's tags, contract and identity, which nothing
+// changes once parsed.
+func (r *Run) WithCaptureStep(step uint64) (*Run, error) {
+	c := *r
+	c.CaptureStep = step
+	if !c.warmupGiven && step > 0 {
+		c.WarmupSteps = step - 1
+	}
+	if !c.correlationGiven {
+		c.CorrelationID = DefaultCorrelationID(c.Entrypoint, c.Phase, step)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
 // Buffer bounds a buffered session ("buffer": {"max_bytes": N}).
@@ -150,6 +175,7 @@ func parseRun(data []byte) (*Run, error) {
 	if r.WarmupSteps, hasWarmup, err = f.uint("warmup_steps", false); err != nil {
 		return nil, err
 	}
+	r.warmupGiven = hasWarmup
 	if !hasWarmup {
 		r.WarmupSteps = r.CaptureStep - 1
 	}
@@ -157,6 +183,7 @@ func parseRun(data []byte) (*Run, error) {
 	if r.CorrelationID, hasCorr, err = f.str("correlation_id", false, false); err != nil {
 		return nil, err
 	}
+	r.correlationGiven = hasCorr
 	if !hasCorr {
 		r.CorrelationID = DefaultCorrelationID(r.Entrypoint, r.Phase, r.CaptureStep)
 	}
