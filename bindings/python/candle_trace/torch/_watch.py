@@ -131,6 +131,9 @@ class watch:
         self.updates = 0  #: step() calls so far
         self._cap: Optional[Capture] = None
         self._cap_kind = ""  # "flight" or "after"
+        #: the flight recorder's capture of an update just dropped, kept (hooks
+        #: installed, session buffered) to record the next one (Capture.recycle)
+        self._spare: Optional[Capture] = None
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
@@ -207,6 +210,7 @@ class watch:
         cap, kind = self._cap, self._cap_kind
         self._cap = None
         try:
+            self._drop_spare()
             if cap is not None:
                 if exc_type is not None and cap.state == "capturing":
                     cap.fail(exception_reason(exc_type, exc))
@@ -239,13 +243,17 @@ class watch:
     def _arm_next(self) -> None:
         n = self.updates + 1
         if self._after is not None and self._left() > 0:
+            self._drop_spare()
             after, self._after = self._after, None
             self._cap = self._capture(n, full=True, path=self._path(n, f"after-{after.trigger}"))
             self._cap_kind = "after"
         elif self.flight_recorder and self._left() > 0:
+            if self._recycle(n):
+                return
             self._cap = self._capture(n, full=False, path=self._path(n, "recording"))
             self._cap_kind = "flight"
         else:
+            self._drop_spare()
             self._after = None
             return
         try:
@@ -254,6 +262,30 @@ class watch:
         except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
             warn_once(f"watch-arm-{type(e).__name__}", f"watch: update {n} is not recorded: {e}")
             self._cap = None
+
+    def _recycle(self, n: int) -> bool:
+        """Records update ``n`` in the spare flight capture, if there is one (most
+        updates: the one before was dropped); False when a fresh one must open."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return False
+        try:
+            spare.recycle(n, self._path(n, "recording"))
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            warn_once(f"watch-recycle-{type(e).__name__}",
+                      f"watch: the flight recorder could not go on ({e}); it restarts")
+            try:
+                spare.discard()
+            except Exception:  # noqa: BLE001
+                pass
+            return False
+        self._cap, self._cap_kind = spare, "flight"
+        return True
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.discard()
 
     def _capture_cfg(self, n: int, full: bool, path: str) -> Config:
         return Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
@@ -274,7 +306,9 @@ class watch:
             self.traces.append(cap.cfg.path)
             return
         if fired is None or self._left() <= 0:
-            cap.discard()
+            # Dropped; its hooks and session wait for the next update (_recycle).
+            if cap.drop_update():
+                self._spare = cap
             return
         cap.note(f"candle_trace/trigger/{fired.trigger}", fired.value)
         cap.note(f"candle_trace/trigger/{fired.trigger}/threshold", fired.threshold)
