@@ -48,22 +48,28 @@ type Run struct {
 	warmupGiven, correlationGiven bool
 }
 
-// WithCaptureStep is a copy of r for capture step step (ct_reopen: a flight
-// recorder's next update), with warmup_steps and correlation_id defaulted
-// again from it where the run JSON left them out; validated as ParseRun
-// validates. The copy shares r's tags, contract and identity, which nothing
-// changes once parsed.
+// WithCaptureStep is a copy of r (a validated run) for capture step step
+// (ct_reopen: a flight recorder's next update), with warmup_steps and
+// correlation_id defaulted again from it where the run JSON left them out.
+// Only what the step decides is checked again (Validate's rules on
+// capture_step and warmup_steps, as ParseRun words them; a default
+// correlation_id is never empty): the contract's checks, most of Validate,
+// do not depend on it and ran when r was parsed. The copy shares r's tags,
+// contract and identity, which nothing changes once parsed.
 func (r *Run) WithCaptureStep(step uint64) (*Run, error) {
+	if step == 0 {
+		return nil, fmt.Errorf("run JSON: %q must be >= 1, got 0", "capture_step")
+	}
 	c := *r
 	c.CaptureStep = step
-	if !c.warmupGiven && step > 0 {
+	if !c.warmupGiven {
 		c.WarmupSteps = step - 1
+	}
+	if c.WarmupSteps >= step {
+		return nil, fmt.Errorf("run JSON: %q (%d) must be less than %q (%d)", "warmup_steps", c.WarmupSteps, "capture_step", step)
 	}
 	if !c.correlationGiven {
 		c.CorrelationID = DefaultCorrelationID(c.Entrypoint, c.Phase, step)
-	}
-	if err := c.Validate(); err != nil {
-		return nil, err
 	}
 	return &c, nil
 }
