@@ -197,6 +197,32 @@ def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_
     assert len([o for o in kinds(lines, "op") if o["op_name"] == "aten::relu"]) == 1
 
 
+def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
+    # Sub-millisecond updates: the full capture after a trigger (statistics, gradient
+    # norms) costs the tracer several times the update, and the fresh flight recorder
+    # after it opens a session and wraps the modules. Neither is the program's time:
+    # the slow trigger (on, at its defaults) must not fire for them.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    folder = tmp_path / "fast"
+    gc.collect()
+    gc.disable()  # a full collection is a real pause, but not the one this test makes
+    try:
+        with ctt.watch(model, opt, folder, max_traces=10) as w:
+            for i in range(1, 41):
+                opt.zero_grad()
+                model(torch.randn(8, 16)).pow(2).mean().backward()
+                opt.step()
+                if i == 20:
+                    w.trigger("look")
+                w.step()
+    finally:
+        gc.enable()
+    assert [(f.update, f.trigger) for f in w.fired] == [(20, "user")], [
+        (f.update, f.trigger, f.detail) for f in w.fired]
+    assert sorted(os.listdir(folder)) == ["update-000020-user.jsonl", "update-000021-after-user.jsonl"]
+
+
 def test_the_programs_own_trigger_and_the_cap(tmp_path):
     model = Slow()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
