@@ -571,6 +571,26 @@ ct_status ct_finish_failed(ct_session session, const char *reason);
  * Thread-safe. */
 ct_status ct_discard(ct_session session);
 
+/* A flight recorder's next update: discards the buffered session `session`
+ * (as ct_discard does) and opens the next one at `path` with the same run
+ * JSON, except that "capture_step" is `capture_step` — and "warmup_steps"
+ * and "correlation_id", where that run JSON left them out, default again
+ * from it — without parsing the run JSON again (most of what ct_open costs
+ * a flight recorder per update), and keeping the trace in the memory the
+ * discarded one used (emptied; still within its bound). The new session is
+ * what ct_open would have opened (the path checked by the same rules,
+ * nothing created); its handle is stored in *out and differs from
+ * `session`'s.
+ * CT_ERR_INVALID_ARGUMENT (NULL path or out, a path that is empty or not
+ * UTF-8, capture_step 0 or not above an explicit "warmup_steps"),
+ * CT_ERR_STATE (a session that writes as it records) and
+ * CT_ERR_INVALID_HANDLE leave `session` as it was. Once it is discarded, a
+ * path the new session may not use is CT_ERR_IO with nothing open (then
+ * ct_open). Thread-safe. (An addition: a library without it has no
+ * ct_reopen symbol; ct_discard and ct_open do the same.) */
+ct_status ct_reopen(ct_session session, const char *path, uint64_t capture_step,
+                    ct_session *out);
+
 /* How many records the bound of a buffered session has dropped so far (the
  * terminal line's "dropped_records"; a dropped span counts as its two lines
  * once it has ended). 0 for a session that is not buffered and on a bad

@@ -57,20 +57,12 @@ func openOptions() []session.Option {
 func ctgo_open(path, runJSON *C.char, out *C.ct_session) (rc C.int) {
 	const fn = "ct_open"
 	defer guard(fn, &rc)
-	switch {
-	case out == nil:
-		return status(argErr(fn, "out is NULL"))
-	case path == nil:
-		return status(argErr(fn, "path is NULL"))
-	case runJSON == nil:
-		return status(argErr(fn, "run_json is NULL"))
-	}
-	p, err := goString(fn, "path", path)
+	p, err := pathArg(fn, path, out)
 	if err != nil {
 		return status(err)
 	}
-	if !utf8.ValidString(p) {
-		return status(argErr(fn, "path is not valid UTF-8"))
+	if runJSON == nil {
+		return status(argErr(fn, "run_json is NULL"))
 	}
 	s, err := session.Open(p, []byte(C.GoString(runJSON)), openOptions()...)
 	if err != nil {
@@ -78,6 +70,25 @@ func ctgo_open(path, runJSON *C.char, out *C.ct_session) (rc C.int) {
 	}
 	*out = C.ct_session(s.Handle())
 	return C.CT_OK
+}
+
+// pathArg is the trace path argument of fn (ct_open, ct_reopen), checked
+// with the out argument the new session's handle goes to.
+func pathArg(fn string, path *C.char, out *C.ct_session) (string, error) {
+	switch {
+	case out == nil:
+		return "", argErr(fn, "out is NULL")
+	case path == nil:
+		return "", argErr(fn, "path is NULL")
+	}
+	p, err := goString(fn, "path", path)
+	if err != nil {
+		return "", err
+	}
+	if !utf8.ValidString(p) {
+		return "", argErr(fn, "path is not valid UTF-8")
+	}
+	return p, nil
 }
 
 // lookup finds the live session h for fn; a refusal names fn, as the C side's do.
@@ -367,6 +378,30 @@ func ctgo_discard(h C.ct_session) (rc C.int) {
 		return status(err)
 	}
 	return status(finishing(s, s.Discard))
+}
+
+//export ctgo_reopen
+func ctgo_reopen(h C.ct_session, path *C.char, step C.uint64_t, out *C.ct_session) (rc C.int) {
+	const fn = "ct_reopen"
+	defer guard(fn, &rc)
+	p, err := pathArg(fn, path, out)
+	if err != nil {
+		return status(err)
+	}
+	s, err := lookup(fn, h)
+	if err != nil {
+		return status(err)
+	}
+	var n *session.Session
+	if err := finishing(s, func() error {
+		var e error
+		n, e = s.Reopen(p, uint64(step))
+		return e
+	}); err != nil {
+		return status(err)
+	}
+	*out = C.ct_session(n.Handle())
+	return C.CT_OK
 }
 
 //export ctgo_dropped_records

@@ -177,6 +177,11 @@ ct_status ct_discard(ct_session s) {
     return (ct_status)ctgo_discard(s);
 }
 
+ct_status ct_reopen(ct_session s, const char *path, uint64_t capture_step, ct_session *out) {
+    FORK_GUARD("ct_reopen");
+    return (ct_status)ctgo_reopen(s, CSTR(path), capture_step, out);
+}
+
 uint64_t ct_dropped_records(ct_session s) {
     if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
     return ctgo_dropped_records(s);

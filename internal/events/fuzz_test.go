@@ -40,6 +40,8 @@ func FuzzParseRun(f *testing.F) {
 		require.NoError(t, err, "meta does not re-parse: %s", line)
 		// Session settings that are not meta fields do not round-trip.
 		back.Binding, back.Mode, back.AggregateIntervalMs, back.OTLPEndpoint = r.Binding, r.Mode, r.AggregateIntervalMs, r.OTLPEndpoint
+		// Nor whether warmup_steps and correlation_id were given or defaulted: meta states both.
+		back.warmupGiven, back.correlationGiven = r.warmupGiven, r.correlationGiven
 		require.Equal(t, r, back)
 	})
 }

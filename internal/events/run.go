@@ -41,6 +41,37 @@ type Run struct {
 	// recorder of one training update. nil: the trace is written as it is
 	// recorded.
 	Buffer *Buffer
+
+	// warmupGiven and correlationGiven say whether the run JSON set
+	// warmup_steps and correlation_id, or ParseRun defaulted them from
+	// capture_step (WithCaptureStep defaults them again).
+	warmupGiven, correlationGiven bool
+}
+
+// WithCaptureStep is a copy of r (a validated run) for capture step step
+// (ct_reopen: a flight recorder's next update), with warmup_steps and
+// correlation_id defaulted again from it where the run JSON left them out.
+// Only what the step decides is checked again (Validate's rules on
+// capture_step and warmup_steps, as ParseRun words them; a default
+// correlation_id is never empty): the contract's checks, most of Validate,
+// do not depend on it and ran when r was parsed. The copy shares r's tags,
+// contract and identity, which nothing changes once parsed.
+func (r *Run) WithCaptureStep(step uint64) (*Run, error) {
+	if step == 0 {
+		return nil, fmt.Errorf("run JSON: %q must be >= 1, got 0", "capture_step")
+	}
+	c := *r
+	c.CaptureStep = step
+	if !c.warmupGiven {
+		c.WarmupSteps = step - 1
+	}
+	if c.WarmupSteps >= step {
+		return nil, fmt.Errorf("run JSON: %q (%d) must be less than %q (%d)", "warmup_steps", c.WarmupSteps, "capture_step", step)
+	}
+	if !c.correlationGiven {
+		c.CorrelationID = DefaultCorrelationID(c.Entrypoint, c.Phase, step)
+	}
+	return &c, nil
 }
 
 // Buffer bounds a buffered session ("buffer": {"max_bytes": N}).
@@ -150,6 +181,7 @@ func parseRun(data []byte) (*Run, error) {
 	if r.WarmupSteps, hasWarmup, err = f.uint("warmup_steps", false); err != nil {
 		return nil, err
 	}
+	r.warmupGiven = hasWarmup
 	if !hasWarmup {
 		r.WarmupSteps = r.CaptureStep - 1
 	}
@@ -157,6 +189,7 @@ func parseRun(data []byte) (*Run, error) {
 	if r.CorrelationID, hasCorr, err = f.str("correlation_id", false, false); err != nil {
 		return nil, err
 	}
+	r.correlationGiven = hasCorr
 	if !hasCorr {
 		r.CorrelationID = DefaultCorrelationID(r.Entrypoint, r.Phase, r.CaptureStep)
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
@@ -76,10 +77,14 @@ func checkBuffered(path string) error {
 	return nil
 }
 
-func newBufferSink(path string, b *events.Buffer, opener Opener) *bufferSink {
+// newBufferSink keeps the trace in reuse's memory when given (Reopen: the
+// update before's, emptied), else in a new chunk.
+func newBufferSink(path string, b *events.Buffer, opener Opener, reuse []byte) *bufferSink {
 	limit := int(b.MaxBytes)
-	return &bufferSink{path: path, opener: opener, limit: limit, hard: 2 * limit,
-		data: make([]byte, 0, min(limit, DefaultWriteChunk))}
+	if reuse == nil {
+		reuse = make([]byte, 0, min(limit, DefaultWriteChunk))
+	}
+	return &bufferSink{path: path, opener: opener, limit: limit, hard: 2 * limit, data: reuse[:0]}
 }
 
 // Write keeps b; it never fails.
@@ -245,11 +250,61 @@ func (s *Session) Discard() error {
 	if s.bound == nil {
 		return errorf(State, "ct_discard: session %d writes its trace as it records, so there is nothing to discard (open it with \"buffer\" in the run JSON to keep the trace in memory); end it with ct_finish or ct_finish_failed", s.handle)
 	}
+	s.discardLocked()
+	return nil
+}
+
+// discardLocked is Discard once s is known live and buffered; it returns the
+// memory the trace was kept in (its contents are dropped).
+func (s *Session) discardLocked() []byte {
 	setSlotState(s.slot, slotFinishing)
+	data := s.bound.data
 	s.bound.Discard()
 	s.buf = nil
 	s.releaseLocked()
-	return nil
+	return data
+}
+
+// Reopen discards the buffered session s (as Discard does) and opens the
+// next one at path with s's run for capture step step (ct_reopen: a flight
+// recorder keeps one run JSON, parsed once, for every update it records).
+// A refusal that is the caller's (step 0 or a warmup_steps it no longer
+// exceeds, s not buffered, s unknown) leaves s as it was; once s is
+// discarded, a failure to open the next one (the path) is returned and
+// nothing is open.
+func (s *Session) Reopen(path string, step uint64) (*Session, error) {
+	if Forked() {
+		return nil, errForked("ct_reopen")
+	}
+	if strings.TrimSpace(path) == "" {
+		return nil, errorf(InvalidArgument, "ct_reopen: path is empty")
+	}
+	mu.Lock()
+	if live[s.handle] != s {
+		mu.Unlock()
+		return nil, errorf(InvalidHandle, "ct_reopen: session %d is unknown or already finished", s.handle)
+	}
+	if s.bound == nil {
+		mu.Unlock()
+		return nil, errorf(State, "ct_reopen: session %d writes its trace as it records; only a buffered session (\"buffer\" in the run JSON) can be reopened", s.handle)
+	}
+	next, err := s.run.WithCaptureStep(step)
+	if err != nil {
+		mu.Unlock()
+		return nil, errorf(InvalidArgument, "ct_reopen: %v", err)
+	}
+	// The update before's memory holds the next: no new chunk to clear, and
+	// none of the growth the update before already went through.
+	data, o := s.discardLocked(), s.opts
+	mu.Unlock()
+	n, err := openRun(path, next, o, data)
+	if err != nil {
+		if e, ok := err.(*Error); ok && strings.HasPrefix(e.Msg, "ct_open:") {
+			return nil, &Error{Code: e.Code, Msg: "ct_reopen" + e.Msg[len("ct_open"):]}
+		}
+		return nil, err
+	}
+	return n, nil
 }
 
 // Dropped is what a buffered session's bound has left out so far

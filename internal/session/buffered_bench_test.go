@@ -7,22 +7,25 @@ import (
 	"testing"
 )
 
+// contractRun is a buffered run JSON whose gradient contract has n parameters
+// (the size of what ct_open parses for a flight recorder).
+func contractRun(n int) []byte {
+	var exp, fams []string
+	for i := 0; i < n; i++ {
+		exp = append(exp, fmt.Sprintf(`{"root":"m","key":"layer%d.weight","family":"layer%d"}`, i, i))
+		fams = append(fams, fmt.Sprintf(`{"family":"layer%d","expectation":"data_conditional","min_present":1}`, i))
+	}
+	return []byte(`{"entrypoint":"m::train","phase":"train","capture_step":5,"device":"cpu","buffer":{"max_bytes":67108864},` +
+		`"capture_contract":{"measurement_scope":"profiled_work","operations":"complete","logical_memory":"partial","physical_memory":"none","device_timing":"none","gradients":"complete",` +
+		`"gradient_contract":{"expected":[` + strings.Join(exp, ",") + `],"families":[` + strings.Join(fams, ",") + `]}}}`)
+}
+
 // A flight recorder opens a buffered session for every update and drops it at
 // the end: what that costs, with a contract of n parameters.
 func BenchmarkBufferedOpenDiscard(b *testing.B) {
 	for _, n := range []int{8, 64} {
 		b.Run(fmt.Sprintf("params=%d", n), func(b *testing.B) {
-			var exp []string
-			for i := 0; i < n; i++ {
-				exp = append(exp, fmt.Sprintf(`{"root":"m","key":"layer%d.weight","family":"layer%d"}`, i, i))
-			}
-			var fams []string
-			for i := 0; i < n; i++ {
-				fams = append(fams, fmt.Sprintf(`{"family":"layer%d","expectation":"data_conditional","min_present":1}`, i))
-			}
-			run := []byte(`{"entrypoint":"m::train","phase":"train","capture_step":5,"device":"cpu","buffer":{"max_bytes":67108864},` +
-				`"capture_contract":{"measurement_scope":"profiled_work","operations":"complete","logical_memory":"partial","physical_memory":"none","device_timing":"none","gradients":"complete",` +
-				`"gradient_contract":{"expected":[` + strings.Join(exp, ",") + `],"families":[` + strings.Join(fams, ",") + `]}}}`)
+			run := contractRun(n)
 			path := filepath.Join(b.TempDir(), "update.jsonl")
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -34,6 +37,27 @@ func BenchmarkBufferedOpenDiscard(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// The same cycle through Reopen (ct_reopen), which parses the run JSON once.
+func BenchmarkBufferedReopen(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("params=%d", n), func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "update.jsonl")
+			s, err := Open(path, contractRun(n))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if s, err = s.Reopen(path, uint64(6+i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			_ = s.Discard()
 		})
 	}
 }

@@ -473,3 +473,79 @@ func settledRSS(t *testing.T) int64 {
 	require.NoError(t, err)
 	return pages * int64(os.Getpagesize())
 }
+
+// ct_reopen: the next update's session is the one ct_open would open with the
+// run JSON's capture_step changed, and the one before it is gone unwritten.
+func TestBufferedReopenIsTheNextUpdatesSession(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, `,"tags":{"k":"v"}`))
+	step(t, s)
+	next := filepath.Join(filepath.Dir(path), "update-8.jsonl")
+	n, err := s.Reopen(next, 8)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Discard() })
+	assert.NotEqual(t, s.Handle(), n.Handle())
+	_, err = Lookup(s.Handle())
+	requireCode(t, err, InvalidHandle, "")
+	assert.NoFileExists(t, path, "the session before was discarded, not written")
+	assert.NoFileExists(t, next, "the new one is buffered: nothing yet")
+	step(t, n)
+	require.NoError(t, n.Finish())
+	testutil.RequireValid(t, next)
+	meta := testutil.Lines(t, next)[0]
+	assert.EqualValues(t, 8, meta["capture_step"])
+	assert.EqualValues(t, 7, meta["warmup_steps"], "defaulted again from the new step")
+	assert.Equal(t, "test::train/update-8", meta["correlation_id"])
+	assert.Equal(t, map[string]any{"k": "v"}, meta["tags"])
+}
+
+func TestBufferedReopenKeepsWhatTheRunJSONGave(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, `,"warmup_steps":1,"correlation_id":"mine"`))
+	n, err := s.Reopen(path, 9)
+	require.NoError(t, err)
+	step(t, n)
+	require.NoError(t, n.Finish())
+	meta := testutil.Lines(t, path)[0]
+	assert.EqualValues(t, 9, meta["capture_step"])
+	assert.EqualValues(t, 1, meta["warmup_steps"])
+	assert.Equal(t, "mine", meta["correlation_id"])
+}
+
+// The caller's mistakes leave the session as it was; a streaming session is
+// refused and stays usable.
+func TestBufferedReopenRefusals(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, `,"warmup_steps":1`))
+	_, err := s.Reopen(path, 0)
+	requireCode(t, err, InvalidArgument, "ct_reopen: ")
+	_, err = s.Reopen(path, 1)
+	requireCode(t, err, InvalidArgument, "warmup_steps")
+	_, err = s.Reopen(" ", 6)
+	requireCode(t, err, InvalidArgument, "path is empty")
+	_, err = Lookup(s.Handle())
+	require.NoError(t, err, "still open")
+	step(t, s)
+	require.NoError(t, s.Finish())
+	testutil.RequireValid(t, path)
+	_, err = s.Reopen(path, 6)
+	requireCode(t, err, InvalidHandle, "ct_reopen: ")
+
+	st, stPath := openT(t, trainRun)
+	_, err = st.Reopen(stPath, 3)
+	requireCode(t, err, State, "only a buffered session")
+	step(t, st)
+	require.NoError(t, st.Finish())
+	testutil.RequireValid(t, stPath)
+}
+
+// Reopened over and over, a recorder's sessions keep memory flat, as
+// open/discard cycles do.
+func TestBufferedReopenCyclesReleaseTheirSlots(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, ""))
+	for i := uint64(3); i < 600; i++ { // more than the 255 slots
+		step(t, s)
+		n, err := s.Reopen(path, i)
+		require.NoError(t, err)
+		s = n
+	}
+	require.NoError(t, s.Discard())
+	assert.NoFileExists(t, path)
+}

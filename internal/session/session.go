@@ -73,7 +73,14 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if err != nil {
 		return nil, errorf(InvalidArgument, "ct_open: %v", err)
 	}
-	o := newOptions(opts)
+	return openRun(path, run, newOptions(opts), nil)
+}
+
+// openRun is Open once the run JSON is parsed (Reopen skips the parse, most
+// of what opening a flight recorder's session costs); a buffered session
+// keeps its trace in reuse's memory when given.
+func openRun(path string, run *events.Run, o options, reuse []byte) (*Session, error) {
+	var err error
 	if run.Buffer != nil {
 		if err := checkBuffered(path); err != nil {
 			return nil, err
@@ -101,7 +108,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 		}
 		sink = discardSink{}
 	} else if run.Buffer != nil {
-		sink = newBufferSink(path, run.Buffer, o.opener)
+		sink = newBufferSink(path, run.Buffer, o.opener, reuse)
 	} else if sink, err = o.opener(path); err != nil {
 		slotRelease(h)
 		return nil, errorf(IO, "ct_open: create %s: %v", path, err)

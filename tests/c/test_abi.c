@@ -2508,6 +2508,36 @@ static void test_buffered(void) {
     }
     CHECK(bad == 0, "%d calls of 1000 open/record/discard cycles failed: %s", bad, ct_last_error());
     CHECK(!exists(outpath("buffered-discarded")), "the discarded cycles left something behind");
+
+    /* ct_reopen: a flight recorder's next update, without ct_open's parse. The
+     * update before is discarded; the new session is ct_open's with the step
+     * changed (warmup_steps and correlation_id defaulted again). */
+    const char *rec = outpath("buffered-reopen/recording.jsonl");
+    ct_session r = 0, r2 = 0;
+    MUST(ct_open(rec, RUN_BUFFERED("test_abi::reopen", "{\"max_bytes\":65536}"), &r));
+    buffered_update(r, 5);
+    CHECK_STATUS(ct_reopen(r, rec, 0, &r2), CT_ERR_INVALID_ARGUMENT, "capture_step");
+    CHECK_STATUS(ct_reopen(r, NULL, 2, &r2), CT_ERR_INVALID_ARGUMENT, "path is NULL");
+    CHECK_STATUS(ct_reopen(r, rec, 2, NULL), CT_ERR_INVALID_ARGUMENT, "out is NULL");
+    CHECK_STATUS(ct_reopen(st, rec, 2, &r2), CT_ERR_INVALID_HANDLE, "unknown or already finished");
+    for (uint64_t step = 2; step < 400; step++) { /* more than the 255 slots */
+        MUST(ct_reopen(r, rec, step, &r2));
+        CHECK(r2 != r, "ct_reopen gave the discarded session's handle");
+        r = r2;
+        buffered_update(r, 3);
+    }
+    CHECK(!exists(outpath("buffered-reopen")), "a reopened session wrote before ct_finish");
+    const char *reo = outpath("valid-buffered-reopen.jsonl");
+    MUST(ct_reopen(r, reo, 400, &r2));
+    buffered_update(r2, 3);
+    CHECK_STATUS(ct_finish(r2), CT_OK, NULL);
+    check_trace_file(reo, "complete");
+    char *rb = slurp(reo, NULL);
+    CHECK(rb && strstr(rb, "\"capture_step\":400,\"warmup_steps\":399"), "the reopened trace is not update 400's");
+    CHECK(rb && strstr(rb, "\"correlation_id\":\"test_abi::reopen/inference-400\""),
+          "the reopened trace's correlation_id is not update 400's");
+    free(rb);
+    CHECK(!exists(outpath("buffered-reopen")), "the discarded updates left something behind");
 }
 
 /* ---- JSON escaping and extreme numbers ------------------------------------- */

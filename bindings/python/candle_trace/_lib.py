@@ -262,6 +262,7 @@ PROTOTYPES = {
     "ct_finish": (_st, [c_session]),
     "ct_finish_failed": (_st, [c_session, _p_char]),
     "ct_discard": (_st, [c_session]),
+    "ct_reopen": (_st, [c_session, _p_char, _u64, _P(c_session)]),
     "ct_dropped_records": (_u64, [c_session]),
     "ct_last_error": (_p_char, []),
     "ct_version": (_p_char, []),

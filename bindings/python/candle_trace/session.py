@@ -455,6 +455,42 @@ class Session:
             self._ended()
         self._call(st)
 
+    def reopen(self, path: Union[str, os.PathLike], capture_step: int) -> None:
+        """A flight recorder's next update (``ct_reopen``): discards this buffered
+        session and goes on as a new one at ``path`` for ``capture_step``, with the same
+        run JSON otherwise, parsed once (``warmup_steps`` and ``correlation_id`` follow
+        the step unless the run gave them). The object stays the same -- the handle it
+        passes changes in place, so whatever holds it (spans, the op observer's next
+        begin) needs nothing new. Refused arguments (a non-buffered session, step 0)
+        leave it as it was; once discarded, a path the library refuses raises with the
+        session ended."""
+        fn = "Session.reopen"
+        if not self.enabled:
+            return
+        if self._finished:
+            raise CandleTraceError(Status.CT_ERR_INVALID_HANDLE,
+                                   f"{fn}: the session has already ended")
+        try:
+            p = os.fspath(path)
+        except TypeError:
+            raise _args.type_error(fn, "path", "a str or an os.PathLike", path) from None
+        path_b = _args.text(p, fn, "path")
+        step = _args.integer(capture_step, fn, "capture_step")
+        out = ctypes.c_uint64()
+        st = self._c.ct_reopen(self.handle, path_b, step, ctypes.byref(out))
+        if st == Status.CT_OK:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self.handle = out.value
+            self._hc.value = out.value  # the span fast paths hold this very object
+            self.path = p
+            self._finalizer = weakref.finalize(
+                self, _finish_dropped, self._c.ct_finish_failed, self.handle)
+            return
+        if st not in (Status.CT_ERR_INVALID_ARGUMENT, Status.CT_ERR_STATE):
+            self._ended()  # discarded (and the next could not open), or gone already
+        self._call(st)
+
     @property
     def dropped_records(self) -> int:
         """How many records a buffered session's bound has dropped so far

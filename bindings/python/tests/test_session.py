@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -360,6 +361,47 @@ def test_discard_of_a_streaming_session_is_refused(tmp_path):
         assert "nothing to discard" in e.value.message
         assert not s.finished
     assert read_trace(tmp_path / "t.jsonl")[-1]["outcome"] == "complete"
+
+
+def test_buffered_session_reopens_as_the_next_update(tmp_path):
+    s = open_session(tmp_path, "flight/recording.jsonl", run={"buffer": {"max_bytes": 1 << 20}})
+    first, hc = s.handle, s._hc
+    for step in range(3, 40):  # each update recorded, then dropped for the next
+        with s.measure("update"):
+            with s.span("fwd", kind="module", step="forward") as fwd:
+                s.record_scalar(fwd, "loss", float(step))
+        s.reopen(tmp_path / "flight" / f"update-{step + 1}.jsonl", step + 1)
+    assert s.handle != first and s._hc is hc and hc.value == s.handle
+    with s.measure("update"):
+        with s.span("fwd", kind="module", step="forward") as fwd:
+            s.record_scalar(fwd, "loss", 40.0)
+    assert not (tmp_path / "flight").exists(), "nothing written before finish"
+    s.finish()
+    assert os.listdir(tmp_path / "flight") == ["update-40.jsonl"]
+    lines = read_trace(tmp_path / "flight" / "update-40.jsonl")
+    assert (lines[0]["capture_step"], lines[0]["warmup_steps"]) == (40, 39)
+    assert lines[0]["correlation_id"] == "test::session/update-40"
+    # only update 40's records: the dropped updates left nothing
+    assert [e["mean"] for e in lines if e["kind"] == "tensor_stats"] == [40.0]
+    candle_graph(tmp_path / "flight" / "update-40.jsonl", tmp_path)
+
+
+def test_reopen_refusals_leave_the_session_as_it_was(tmp_path):
+    s = open_session(tmp_path, "flight/t.jsonl", run={"buffer": {}})
+    with pytest.raises(CandleTraceError) as e:
+        s.reopen(tmp_path / "flight" / "t.jsonl", 0)
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT and "capture_step" in e.value.message
+    assert not s.finished
+    s.discard()
+    with pytest.raises(CandleTraceError) as e:
+        s.reopen(tmp_path / "t.jsonl", 2)
+    assert e.value.status == Status.CT_ERR_INVALID_HANDLE
+    with open_session(tmp_path, "streaming.jsonl", measured_root=True) as st:
+        with pytest.raises(CandleTraceError) as e:
+            st.reopen(tmp_path / "streaming.jsonl", 2)
+        assert e.value.status == Status.CT_ERR_STATE and "only a buffered session" in e.value.message
+        assert not st.finished
+    assert read_trace(tmp_path / "streaming.jsonl")[-1]["outcome"] == "complete"
 
 
 @pytest.mark.parametrize("buffer, message", [

@@ -160,6 +160,69 @@ def test_a_run_without_anomaly_writes_nothing(tmp_path):
     assert torch.autograd.backward.__module__ == "torch.autograd"
 
 
+def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_path, monkeypatch):
+    import candle_trace.torch._watch as _watch
+    from candle_trace.torch import _capture
+
+    opened, wrappers, running = [], [], []
+
+    class Counted(_capture.Session):
+        def __init__(self, *a, **k):
+            opened.append(os.path.basename(a[0]))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(_capture, "Session", Counted)
+    start = _watch.watch.start
+    monkeypatch.setattr(_watch.watch, "start", lambda self: running.append(self) or start(self))
+
+    def before(i, model, opt):
+        if i <= 30:
+            wrappers.append(model.fc1.__dict__.get("forward"))
+        if i == 30:
+            running[0].trigger("look at update 30")
+
+    w, folder = watched(tmp_path, 32, before, triggers=NO_SLOW)
+    assert [(f.update, f.trigger) for f in w.fired] == [(30, "user")]
+    # one session for updates 1-30 (29 of them dropped, reopened in place), one for
+    # the full capture of 31, one more flight recorder for 32 (dropped at the end)
+    assert opened == ["update-000001-recording.jsonl", "update-000031-after-user.jsonl",
+                      "update-000032-recording.jsonl"]
+    assert len(set(wrappers)) == 1 and wrappers[0] is not None, "one wrapper, installed once"
+    assert "forward" not in w.model.fc1.__dict__, "the wrappers go with the watch"
+    lines = judged(folder / "update-000030-user.jsonl", tmp_path)
+    assert lines[0]["capture_step"] == 30 and lines[0]["warmup_steps"] == 29
+    # update 30's records only: one forward span per module, nothing of the updates dropped
+    names = [s["name"] for s in kinds(lines, "span_start") if s.get("step") == "forward"]
+    assert sorted(names) == ["Slow", "fc1", "fc2"], names
+    assert len([o for o in kinds(lines, "op") if o["op_name"] == "aten::relu"]) == 1
+
+
+def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
+    # Sub-millisecond updates: the full capture after a trigger (statistics, gradient
+    # norms) costs the tracer several times the update, and the fresh flight recorder
+    # after it opens a session and wraps the modules. Neither is the program's time:
+    # the slow trigger (on, at its defaults) must not fire for them.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    folder = tmp_path / "fast"
+    gc.collect()
+    gc.disable()  # a full collection is a real pause, but not the one this test makes
+    try:
+        with ctt.watch(model, opt, folder, max_traces=10) as w:
+            for i in range(1, 41):
+                opt.zero_grad()
+                model(torch.randn(8, 16)).pow(2).mean().backward()
+                opt.step()
+                if i == 20:
+                    w.trigger("look")
+                w.step()
+    finally:
+        gc.enable()
+    assert [(f.update, f.trigger) for f in w.fired] == [(20, "user")], [
+        (f.update, f.trigger, f.detail) for f in w.fired]
+    assert sorted(os.listdir(folder)) == ["update-000020-user.jsonl", "update-000021-after-user.jsonl"]
+
+
 def test_the_programs_own_trigger_and_the_cap(tmp_path):
     model = Slow()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

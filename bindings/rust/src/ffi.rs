@@ -281,6 +281,7 @@ ct_fns! {
     pub fn ct_finish(session: ct_session) -> ct_status;
     pub fn ct_finish_failed(session: ct_session, reason: *const c_char) -> ct_status;
     pub fn ct_discard(session: ct_session) -> ct_status;
+    pub fn ct_reopen(session: ct_session, path: *const c_char, capture_step: u64, out: *mut ct_session) -> ct_status;
     pub fn ct_dropped_records(session: ct_session) -> u64;
     pub fn ct_last_error() -> *const c_char;
     pub fn ct_version() -> *const c_char;

@@ -87,7 +87,9 @@ class Capture:
         self.modules = layout.modules
         self.params = layout.params
         self.grad_params = layout.grad_params
-        self.state = "new"  # new -> open -> armed -> capturing -> done | failed
+        # new -> open -> armed -> capturing -> done | failed; a flight recorder's also
+        # capturing -> spare -> armed (drop_update, recycle: its next update)
+        self.state = "new"
         self.session: Optional[Session] = None
         self.ops: Optional[_ops.OpSource] = None
         self.device = Device(cfg.device, cfg.device_collect)
@@ -270,21 +272,73 @@ class Capture:
         if self.state in ("done", "failed", "new"):
             return
         self.state = "failed"
+        try:
+            self._drop_recorded()
+        except Exception:  # noqa: BLE001 - never into the program
+            pass
+        finally:
+            self._disarm()
+        try:
+            self.session.discard()  # type: ignore[union-attr]
+        except CandleTraceError:
+            pass
+
+    def _drop_recorded(self) -> None:
+        """Stops the op mechanism and the device collectors and drops what they hold
+        (tracer work)."""
         self.spans.pause()
         try:
             if self.ops is not None and self._measured:
                 self.ops.stop()
                 self.ops.discard()
             self.device.stop(self.session)  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - never into the program
-            pass
         finally:
-            self._disarm()
             self.spans.resume()
+
+    # -- a flight recorder's next update (one Capture for every update it drops) ------
+
+    def drop_update(self) -> bool:
+        """Drops what a buffered capture recorded of the update just ended and idles
+        (state ``spare``: every hook stays installed and passes through) until
+        :meth:`recycle` starts the next update's, or :meth:`discard` ends it. False
+        when it could not (the capture is then discarded: open a fresh one)."""
+        if self.state not in ("armed", "capturing"):
+            return False
+        self.state = "spare"
         try:
-            self.session.discard()  # type: ignore[union-attr]
-        except CandleTraceError:
-            pass
+            self._drop_recorded()
+            return True
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            warn_once(f"drop-{type(e).__name__}", f"candle_trace internal error: {e}; the "
+                                                  "flight recorder starts afresh")
+            self.discard()
+            return False
+
+    def recycle(self, capture_step: int, path: str) -> None:
+        """Records the next update in this capture's place (after :meth:`drop_update`):
+        the session goes on as a new one at ``path`` (``Session.reopen``: no run JSON to
+        build or parse), the hooks and the op mechanism stay, and the update begins
+        as :meth:`arm` would begin it. What costs a fresh capture per update --
+        opening a session, wrapping every module -- is not paid again."""
+        assert self.state == "spare" and self.cfg.buffer_bytes is not None, self.state
+        self.cfg.capture_step, self.cfg.path = capture_step, path
+        self.session.reopen(path, capture_step)  # type: ignore[union-attr]
+        self.spans.reset()
+        self.reason = None
+        self.gradients = {}
+        self.violations = []
+        self._grads_done = self._stepped = False
+        self._measured = 0
+        self.state = "armed"
+        self.spans.pause()
+        try:
+            if self.ops is not None:
+                self.ops.prepare(self.session)  # type: ignore[arg-type]
+            self.device.start(self.session)  # type: ignore[arg-type]
+            if self.cfg.begin_at_arm:
+                self.begin()
+        finally:
+            self.spans.resume()
 
     def abort(self, e: BaseException) -> None:
         """An error inside the tracer: the capture fails, the program goes on."""

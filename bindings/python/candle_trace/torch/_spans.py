@@ -47,6 +47,12 @@ class Spans:
         #: told the new innermost span of the calling thread (the op observer's span)
         self.on_innermost: Callable[[int], None] = lambda sid: None
 
+    def reset(self) -> None:
+        """Forgets every thread's open spans (the session went on as a new one:
+        ``Session.reopen``, whose handle this object already follows)."""
+        self._tl = _Thread()
+        self.on_innermost = lambda sid: None
+
     # -- the tracer's own time --------------------------------------------------------
 
     def pause(self) -> None:

@@ -4,7 +4,16 @@ with the run.
 
 - ``slow``: the update (from one ``step()`` to the next: the input pipeline included)
   took more than ``slow`` times the median of the last ``window`` updates (and at least
-  ``slow_min_excess_s``, 1 ms, more than it), once ``warmup`` updates have been seen. The default, 3, sits above what steady training
+  ``slow_min_excess_s``, 1 ms, more than it), once ``warmup`` updates have been seen.
+  An update's time (``watch`` measures it) leaves out the capture's own work -- the
+  tracer time of its hooks, step()'s closing and arming of captures: a full capture
+  after a trigger costs a 0.25 ms update several times its length, and would fire the
+  trigger again for itself -- and what its thread spent runnable but waiting for a CPU
+  (Linux's ``/proc/thread-self/schedstat``, :class:`CpuWait`): on a busy machine the
+  scheduler stalls a 0.25 ms update by several milliseconds now and then, a stall of
+  the machine and not of the program, which a trace of the update would not explain.
+  A data loader the update waits for, an I/O, a straggler's collective are sleeps, not
+  CPU waits, and stay in. The default, 3, sits above what steady training
   shows (an update's p99 is rarely 1.5x its median on a quiet machine) and below what
   is worth a look (a data-loader stall, a recompilation, a checkpoint, a straggler are
   2-10x).
@@ -18,11 +27,13 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque, List, Optional
 
-__all__ = ["Triggers", "Fired", "Evaluator"]
+__all__ = ["Triggers", "Fired", "Evaluator", "CpuWait"]
 
 
 @dataclass
@@ -60,6 +71,46 @@ class Fired:
     trace: Optional[str] = None
 
 
+class CpuWait:
+    """How long the calling thread has waited, runnable, for a CPU (seconds), from the
+    kernel's schedstat of the thread (its second field, ns on a runqueue); 0 where
+    there is none (not Linux, schedstats off). :meth:`take` is the wait since the
+    call before, on the thread of the call before (a new thread starts from 0)."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._tid = -1
+        self._last = 0
+
+    def _read(self) -> int:
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def take(self) -> float:
+        tid = threading.get_native_id()
+        if tid != self._tid:
+            self.close()
+            self._tid = tid
+            try:
+                self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                self._fd = -1
+            self._last = self._read() if self._fd >= 0 else 0
+            return 0.0
+        if self._fd < 0:
+            return 0.0
+        now = self._read()
+        waited, self._last = max(now - self._last, 0), now
+        return waited / 1e9
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._tid = -1, -1
+
+
 class Evaluator:
     """The triggers' state over a run: the last ``window`` update times, sorted."""
 
@@ -81,9 +132,13 @@ class Evaluator:
         n = len(s)
         return (s[(n - 1) // 2] + s[n // 2]) / 2 if n else 0.0
 
-    def end_of_update(self, update: int, seconds: float, loss: Optional[float]) -> Optional[Fired]:
+    def end_of_update(self, update: int, seconds: float, loss: Optional[float],
+                      cpu_wait: float = 0.0) -> Optional[Fired]:
         """The first trigger that fires for the update just ended (user, non-finite,
-        slow); the update's time joins the window either way."""
+        slow); the update's time (``seconds`` less ``cpu_wait``, the time its thread
+        waited for a CPU) joins the window either way."""
+        waited = min(max(cpu_wait, 0.0), seconds)
+        seconds -= waited
         fired: Optional[Fired] = None
         if self._asked is not None:
             fired = Fired(update, "user", seconds, 0.0, self._asked)
@@ -97,8 +152,10 @@ class Evaluator:
         if k is not None and fired is None and self._seen >= self.cfg.warmup:
             limit = max(k * self.median(), self.median() + self.cfg.slow_min_excess_s)
             if seconds > limit:
+                wait = f" ({waited * 1e3:.1f} ms waiting for a CPU left out)" if waited else ""
                 fired = Fired(update, "slow", seconds, limit,
-                              f"{seconds * 1e3:.1f} ms > {k:g} x median {self.median() * 1e3:.1f} ms")
+                              f"{seconds * 1e3:.1f} ms > {k:g} x median "
+                              f"{self.median() * 1e3:.1f} ms{wait}")
         self._add(seconds)
         return fired
 

@@ -35,7 +35,7 @@ from ._capture import Capture, Config, Layout
 from ._common import exception_reason, warn_once
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._profile import _first_module, _identity, _tops
-from ._triggers import Evaluator, Fired, Triggers
+from ._triggers import CpuWait, Evaluator, Fired, Triggers
 
 __all__ = ["watch", "Triggers", "Fired"]
 
@@ -131,8 +131,12 @@ class watch:
         self.updates = 0  #: step() calls so far
         self._cap: Optional[Capture] = None
         self._cap_kind = ""  # "flight" or "after"
+        #: the flight recorder's capture of an update just dropped, kept (hooks
+        #: installed, session buffered) to record the next one (Capture.recycle)
+        self._spare: Optional[Capture] = None
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
+        self._cpu_wait = CpuWait()  # the scheduler's stalls are not the update's
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
         #: the whole-run statistics (aggregate_path given), else None
         self.whole_run: Optional[WholeRun] = None
@@ -141,6 +145,7 @@ class watch:
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self._last = 0.0
+        self._tracer_base = 0.0
         self._started = False
 
     # -- the run ------------------------------------------------------------------------
@@ -158,8 +163,8 @@ class watch:
                                       self.device, self.tags, interval, prefix, want_loss=False)
             self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
         self._tap.install()
-        self._last = time.perf_counter()
         self._arm_next()
+        self._mark()
         return self
 
     def trigger(self, why: str) -> None:
@@ -171,8 +176,13 @@ class watch:
         self.updates += 1
         if not self.enabled:
             return
-        now = time.perf_counter()
-        seconds, self._last = now - self._last, now
+        # The update's own time, for the slow trigger: from the end of the step() before
+        # to this one, less the capture's work inside it (its hooks' tracer time: an
+        # update captured in full takes several times longer, and would otherwise fire
+        # the trigger again for its own cost) and less the time the thread waited for a
+        # CPU (the machine's stall, not the update's).
+        seconds = time.perf_counter() - self._last - max(self._tracer_s() - self._tracer_base, 0.0)
+        waited = self._cpu_wait.take()
         loss = self._tap.take()
         cap, kind = self._cap, self._cap_kind
         self._cap = None
@@ -183,7 +193,7 @@ class watch:
             else:  # the update raised and the loop went on: the exception is the trigger
                 fired = self._exception(cap)
         else:
-            fired = self._eval.end_of_update(self.updates, seconds, loss)
+            fired = self._eval.end_of_update(self.updates, seconds, loss, waited)
             if cap is not None:
                 self._close(cap, kind, fired)
         if fired is not None:
@@ -197,6 +207,21 @@ class watch:
                 self.whole_run.session.record_scalar(1, f"trigger/{fired.trigger}", fired.value)
             self.whole_run.step()
         self._arm_next()
+        self._mark()
+
+    def _mark(self) -> None:
+        """Where the next update's time starts: after step()'s own work (closing one
+        capture, arming the next), so none of it is the update's."""
+        self._cpu_wait.take()
+        self._tracer_base = self._tracer_s()
+        self._last = time.perf_counter()
+
+    def _tracer_s(self) -> float:
+        """The tracer time of the capture under way so far (0 without one)."""
+        cap = self._cap
+        if cap is None or cap.session is None or cap.session.finished:
+            return 0.0
+        return cap.session.tracer_ns() / 1e9
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
         if not self._started:
@@ -207,6 +232,7 @@ class watch:
         cap, kind = self._cap, self._cap_kind
         self._cap = None
         try:
+            self._drop_spare()
             if cap is not None:
                 if exc_type is not None and cap.state == "capturing":
                     cap.fail(exception_reason(exc_type, exc))
@@ -220,6 +246,7 @@ class watch:
                                if self._after else "after")
         finally:
             self._tap.remove()
+            self._cpu_wait.close()
             if self.whole_run is not None:
                 wr, self.whole_run = self.whole_run, None
                 wr.close(exc_type, exc)
@@ -239,13 +266,17 @@ class watch:
     def _arm_next(self) -> None:
         n = self.updates + 1
         if self._after is not None and self._left() > 0:
+            self._drop_spare()
             after, self._after = self._after, None
             self._cap = self._capture(n, full=True, path=self._path(n, f"after-{after.trigger}"))
             self._cap_kind = "after"
         elif self.flight_recorder and self._left() > 0:
+            if self._recycle(n):
+                return
             self._cap = self._capture(n, full=False, path=self._path(n, "recording"))
             self._cap_kind = "flight"
         else:
+            self._drop_spare()
             self._after = None
             return
         try:
@@ -254,6 +285,30 @@ class watch:
         except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
             warn_once(f"watch-arm-{type(e).__name__}", f"watch: update {n} is not recorded: {e}")
             self._cap = None
+
+    def _recycle(self, n: int) -> bool:
+        """Records update ``n`` in the spare flight capture, if there is one (most
+        updates: the one before was dropped); False when a fresh one must open."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return False
+        try:
+            spare.recycle(n, self._path(n, "recording"))
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            warn_once(f"watch-recycle-{type(e).__name__}",
+                      f"watch: the flight recorder could not go on ({e}); it restarts")
+            try:
+                spare.discard()
+            except Exception:  # noqa: BLE001
+                pass
+            return False
+        self._cap, self._cap_kind = spare, "flight"
+        return True
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.discard()
 
     def _capture_cfg(self, n: int, full: bool, path: str) -> Config:
         return Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
@@ -274,7 +329,9 @@ class watch:
             self.traces.append(cap.cfg.path)
             return
         if fired is None or self._left() <= 0:
-            cap.discard()
+            # Dropped; its hooks and session wait for the next update (_recycle).
+            if cap.drop_update():
+                self._spare = cap
             return
         cap.note(f"candle_trace/trigger/{fired.trigger}", fired.value)
         cap.note(f"candle_trace/trigger/{fired.trigger}/threshold", fired.threshold)
