@@ -26,14 +26,7 @@ type Options struct {
 // buffered. The error is for I/O only: every problem with the content is an
 // issue in the verdict.
 func Check(r io.Reader, opts Options) (*Checker, error) {
-	seeker, _ := r.(io.ReadSeeker)
-	var origin int64
-	if seeker != nil {
-		var err error
-		if origin, err = seeker.Seek(0, io.SeekCurrent); err != nil {
-			seeker = nil
-		}
-	}
+	seeker, origin := trace.Rewindable(r)
 	a := newAnalyzer(opts)
 	a.mem.buffer = seeker == nil
 	lines, total, err := a.readAll(r)

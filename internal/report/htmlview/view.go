@@ -137,14 +137,7 @@ func Build(r io.Reader, name string, opts Options) (*Page, error) {
 	c := newCollector(lim)
 	// As the checker does: a reader that can seek is re-read for memory
 	// records out of timestamp order; another one has them kept.
-	seeker, _ := r.(io.ReadSeeker)
-	var origin int64
-	if seeker != nil {
-		var err error
-		if origin, err = seeker.Seek(0, io.SeekCurrent); err != nil {
-			seeker = nil
-		}
-	}
+	seeker, origin := trace.Rewindable(r)
 	c.buffer = seeker == nil
 	res, err := analysis.Analyze(r, analysis.Options{MaxLineBytes: opts.MaxLineBytes, Report: true, Progress: opts.Progress, Observe: c.event})
 	if err != nil {

@@ -103,3 +103,19 @@ func cutUTF8(b []byte) bool {
 	}
 	return false
 }
+
+// Rewindable is r as a reader that can be read again from where it stands
+// now, with that offset: a file is re-read in a second pass (memory records
+// out of timestamp order) rather than having its records kept. It is nil
+// for a pipe, or for a seeker that cannot say where it stands.
+func Rewindable(r io.Reader) (io.ReadSeeker, int64) {
+	seeker, ok := r.(io.ReadSeeker)
+	if !ok {
+		return nil, 0
+	}
+	origin, err := seeker.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, 0
+	}
+	return seeker, origin
+}
