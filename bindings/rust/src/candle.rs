@@ -203,7 +203,8 @@ pub fn measure_synchronized<'a>(session: &'a SessionRef, name: &str, device: &'a
 /// A `Module` that, while a session is current, spans its forward (a module
 /// span tagged `forward`, named as given), records the forward as one op (the
 /// input and output by tensor id), the output's metadata, and the output's
-/// stats labelled `<name>/output`. Without a current session it is the inner
+/// stats labelled `<name>/output` (unless the session [`SessionRef::records_stats`]
+/// is off: a flight recorder). Without a current session it is the inner
 /// module plus one thread-local read.
 ///
 /// Capture failures never fail the forward: they are deferred to `finish`.
@@ -276,7 +277,9 @@ fn record_forward_op(session: &SessionRef, span: SpanId, name: &str, xs: &Tensor
 fn record_forward_output(session: &SessionRef, span: SpanId, name: &str, in_id: &str, out_id: &str, ys: &Tensor) -> Result<()> {
     session.record_tensor_as(span, ys, Some(name), Category::Activation)?;
     session.data_edge(in_id, out_id)?;
-    session.record_tensor_stats(span, &format!("{name}/output"), ys)?;
+    if session.records_stats() {
+        session.record_tensor_stats(span, &format!("{name}/output"), ys)?;
+    }
     Ok(())
 }
 

@@ -24,7 +24,8 @@
 //! (README.md says how and why; its C ABI is `include/candle_trace.h`, which
 //! [`ffi`] mirrors). Features: `candle` (capture helpers for candle-core
 //! and candle-nn: [`candle`]), `tracing` (a `tracing_subscriber::Layer`:
-//! [`layer`]).
+//! [`layer`]). A [`Schedule`] runs a training loop's updates: aggregate
+//! statistics of all, traces of the ones that go wrong ([`triggers`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod ffi;
@@ -34,6 +35,7 @@ mod error;
 mod run;
 mod schedule;
 mod session;
+pub mod triggers;
 
 #[cfg(feature = "candle")]
 pub mod candle;
@@ -47,7 +49,8 @@ pub use run::{
     family_of, CaptureContract, ComparisonIdentity, Expectation, ExpectedGradient, GradientContract, GradientFamily, Level,
     MeasurementScope, Phase, Run, TimingMode,
 };
-pub use schedule::{Finished, Schedule, Update, DEFAULT_UPDATE_SPAN};
+pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES, DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN};
+pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};
 pub use session::{
     check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
     Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork,

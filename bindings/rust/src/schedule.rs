@@ -1,10 +1,62 @@
-//! Both modes in one run: statistics of every update in constant memory, and
-//! the full trace of one chosen update.
+//! A training loop's profiling plan: statistics of every update in constant
+//! memory, and full traces of the updates worth one — a chosen update
+//! ([`Schedule::new`]), or the ones that go wrong ([`Schedule::watch`]).
 //!
-//! A training loop asks the [`Schedule`] for each update; the guard it gets
-//! back says whether this update is the captured one (then it holds the trace
-//! session to record into) and keeps the aggregate session's update span open
-//! until it ends.
+//! The loop runs every update through [`Schedule::update`]; the closure gets
+//! the [`Update`], and opens its phase spans through it, so captured and
+//! uncaptured updates run the same body:
+//!
+//! ```no_run
+//! use candle_trace::{Run, Schedule, Step};
+//!
+//! # fn main() -> candle_trace::Result<()> {
+//! let schedule = Schedule::watch("traces/", Run::training("mlp::train", 1, "cpu"))
+//!     .with_aggregate("traces/stats.json", None)?;
+//! for _ in 0..10_000 {
+//!     schedule.update(|u| {
+//!         let batch = { let _d = u.span("train/data", Step::None)?; 0.25 /* next batch */ };
+//!         let loss = { let _f = u.span("train/forward", Step::Forward)?; batch * 2.0 };
+//!         u.loss(loss);                                     // non-finite trigger
+//!         let _b = u.span("train/backward", Step::Backward)?;
+//!         Ok::<_, candle_trace::Error>(())
+//!     })?;
+//! }
+//! let done = schedule.finish()?;
+//! for f in &done.fired {
+//!     println!("update {} {}: {} -> {:?}", f.update, f.trigger, f.detail, f.trace);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Watching** (the triggers are those of the Python binding's
+//! `candle_trace.torch.watch`, see [`crate::triggers`]): every update runs
+//! under a *flight recorder*, a buffered session (`"buffer": {"max_bytes":
+//! N}` in the run JSON) holding the update's spans and ops (no tensor
+//! statistics: [`crate::SessionRef::records_stats`] is off, so it stays
+//! cheap; what outgrows the bound is dropped and counted in the trace). When
+//! a trigger fires for it — slow, a non-finite loss, a panic or an `Err`
+//! inside the update, [`Schedule::trigger`] — it is written as
+//! `update-<N>-<trigger>.jsonl` (`failed` with the panic's or the error's
+//! message for `exception`, complete otherwise, with the trigger's value and
+//! threshold as scalars `candle_trace/trigger/<trigger>` and
+//! `candle_trace/trigger/<trigger>/threshold` of its measured region);
+//! otherwise it is dropped unwritten and its session reopened for the next
+//! update (`ct_reopen`). After a trigger (but `exception`) the next update is
+//! captured in full, statistics included
+//! (`update-<N>-after-<trigger>.jsonl`). At most
+//! [`WatchOptions::max_traces`] traces are written in a run. With aggregate
+//! statistics, each trigger that fires is also a scalar `trigger/<name>` (its
+//! value) of the summary, and the loss a scalar `loss`.
+//!
+//! The update's measured region (named as the update span, `train/step`) is
+//! opened by the schedule in the session recording the update and is that
+//! thread's current session ([`crate::current`]) while the update runs, so
+//! [`crate::candle::Traced`] modules record their ops into it.
+//!
+//! [`Schedule::begin_update`] is the guard form of the same (its update ends
+//! with [`Update::end`], [`Update::fail`] or on drop). On a fixed capture step
+//! ([`Schedule::new`]) the guard form leaves the measured region to the
+//! caller, as it always did:
 //!
 //! ```no_run
 //! use candle_trace::{Run, Schedule, SpanKind, Step};
@@ -19,7 +71,6 @@
 //!         // ... the update, with spans, ops and gradients recorded into `trace`
 //!     } else if let Some(stats) = update.aggregate() {
 //!         let _fwd = stats.try_span("train/forward", SpanKind::Module, Step::Forward)?;
-//!         // ... the update, with a few phase spans
 //!     }
 //!     update.scalar("loss", 0.25)?;
 //!     update.end()?;
@@ -29,26 +80,95 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The captured update is counted in the statistics too, with the capture's
+//! A captured update is counted in the statistics too, with the capture's
 //! cost in it (visible in its span's max); Python's `candle_trace.torch.profile`
 //! counts it the same way.
 
 use std::cell::{Cell, RefCell};
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result, Status};
+use serde_json::Value;
+
+use crate::error::{check, Error, Result, Status};
+use crate::ffi;
 use crate::run::Run;
-use crate::session::{Session, SpanGuard, SpanId, SpanKind, Step};
+use crate::session::{panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step};
+use crate::triggers::{Clock, CpuWait, Evaluator, Fired, SystemClock, Trigger, Triggers};
 
-/// The aggregate span around each update unless
-/// [`Schedule::with_update_span`] names another.
+#[cfg(feature = "candle")]
+mod candle;
+
+/// The aggregate span around each update, and the measured region of the
+/// update's trace, unless [`Schedule::with_update_span`] names another.
 pub const DEFAULT_UPDATE_SPAN: &str = "train/step";
+/// At most this many traces in a watched run unless [`WatchOptions::max_traces`] says.
+pub const DEFAULT_MAX_TRACES: usize = 3;
+/// The flight recorder's bound unless [`WatchOptions::flight_recorder`] says (64 MiB).
+pub const DEFAULT_RECORDER_BYTES: u64 = 64 << 20;
 
-/// A run's profiling plan: capture update `run.capture_step()` into a trace,
-/// and optionally keep aggregate statistics of every update. Not `Sync`: one
-/// thread drives the loop (the spans inside an update may come from any
-/// thread, through the sessions).
-#[derive(Debug)]
+/// How a [`Schedule::watch`] reacts to triggers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatchOptions {
+    /// Which triggers fire.
+    pub triggers: Triggers,
+    /// At most this many traces are written in the run.
+    pub max_traces: usize,
+    /// The flight recorder's memory bound in bytes (1 to 64 GiB); `None` turns
+    /// it off (then only the update after a trigger is captured).
+    pub flight_recorder: Option<u64>,
+    /// Whether the update after a trigger is captured in full.
+    pub capture_next: bool,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            triggers: Triggers::default(),
+            max_traces: DEFAULT_MAX_TRACES,
+            flight_recorder: Some(DEFAULT_RECORDER_BYTES),
+            capture_next: true,
+        }
+    }
+}
+
+/// A watching schedule's configuration and state.
+struct Watch {
+    folder: PathBuf,
+    opts: WatchOptions,
+    /// The run JSON, for full captures (`capture_step` set per update).
+    full: Value,
+    /// The same with the flight recorder's `buffer`.
+    flight: Value,
+    state: RefCell<WatchState>,
+}
+
+struct WatchState {
+    eval: Evaluator,
+    fired: Vec<Fired>,
+    traces: Vec<PathBuf>,
+    /// The flight recorder of an update just dropped, reopened for the next.
+    spare: Option<Session>,
+    /// The trigger the next full capture follows.
+    after: Option<Trigger>,
+    cpu_wait: CpuWait,
+}
+
+/// What records an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    None,
+    /// The fixed capture step of [`Schedule::new`].
+    Step,
+    /// The flight recorder.
+    Flight,
+    /// The full capture after a trigger.
+    After(Trigger),
+}
+
+/// A run's profiling plan (see the module's doc). Not `Sync`: one thread
+/// drives the loop (the spans inside an update may come from any thread,
+/// through the sessions).
 pub struct Schedule {
     trace_path: PathBuf,
     run: Run,
@@ -56,19 +176,27 @@ pub struct Schedule {
     update_span: String,
     next: Cell<u64>,
     in_update: Cell<bool>,
-    /// The capture's outcome once its update ended.
+    /// The fixed capture's outcome once its update ended.
     trace: RefCell<Option<Result<PathBuf>>>,
+    watch: Option<Watch>,
+    clock: Box<dyn Clock>,
+    system_clock: bool,
 }
 
 /// What a finished schedule wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
-    /// The trace of the captured update; `None` when the loop stopped before it.
+    /// The trace of the fixed capture step; `None` when the loop stopped
+    /// before it, and for a watching schedule.
     pub trace: Option<PathBuf>,
     /// The aggregate summary, when statistics were kept.
     pub summary: Option<PathBuf>,
     /// Updates begun.
     pub updates: u64,
+    /// The triggers that fired, in order, each with the trace written for it.
+    pub fired: Vec<Fired>,
+    /// The traces a watching schedule wrote, in order.
+    pub traces: Vec<PathBuf>,
 }
 
 impl Schedule {
@@ -82,7 +210,42 @@ impl Schedule {
             next: Cell::new(1),
             in_update: Cell::new(false),
             trace: RefCell::new(None),
+            watch: None,
+            clock: Box::new(SystemClock::new()),
+            system_clock: true,
         }
+    }
+
+    /// Watches every update and keeps the ones that go wrong in `folder`
+    /// (see the module's doc), with the default [`WatchOptions`]. `run`'s
+    /// capture step is replaced by each trace's update; leave its warm-up
+    /// steps and correlation id unset.
+    pub fn watch(folder: impl AsRef<Path>, run: Run) -> Schedule {
+        Self::watch_with(folder, run, WatchOptions::default()).expect("the default options are valid")
+    }
+
+    /// [`Schedule::watch`] with options of your choice; refuses
+    /// ([`Status::InvalidArgument`]) bad triggers ([`Triggers::check`]) and a
+    /// flight recorder bound of 0.
+    pub fn watch_with(folder: impl AsRef<Path>, run: Run, opts: WatchOptions) -> Result<Schedule> {
+        let eval = Evaluator::new(opts.triggers.clone())?;
+        if opts.flight_recorder == Some(0) {
+            return Err(Error::invalid("watch: the flight recorder's bound must be at least 1 byte (None turns it off)"));
+        }
+        let full: Value = serde_json::from_str(&run.to_json()).map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
+        let mut flight = full.clone();
+        if let (Value::Object(m), Some(bytes)) = (&mut flight, opts.flight_recorder) {
+            m.insert("buffer".into(), serde_json::json!({ "max_bytes": bytes }));
+        }
+        let mut s = Schedule::new(folder.as_ref().join("unused.jsonl"), run);
+        s.watch = Some(Watch {
+            folder: folder.as_ref().to_path_buf(),
+            opts,
+            full,
+            flight,
+            state: RefCell::new(WatchState { eval, fired: Vec::new(), traces: Vec::new(), spare: None, after: None, cpu_wait: CpuWait::default() }),
+        });
+        Ok(s)
     }
 
     /// Also keeps statistics of every update in a `candle-trace/aggregate/1`
@@ -99,9 +262,18 @@ impl Schedule {
         Ok(self)
     }
 
-    /// Names the aggregate span around each update (default `train/step`).
+    /// Names the aggregate span around each update and the trace's measured
+    /// region (default `train/step`).
     pub fn with_update_span(mut self, name: impl Into<String>) -> Schedule {
         self.update_span = name.into();
+        self
+    }
+
+    /// Times updates for the slow trigger with `clock` instead of the system
+    /// clock (see [`Clock`]: a [`crate::ManualClock`] makes it deterministic).
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Schedule {
+        self.clock = Box::new(clock);
+        self.system_clock = false;
         self
     }
 
@@ -110,7 +282,7 @@ impl Schedule {
         self.aggregate.as_ref()
     }
 
-    /// The update that is captured (one-based).
+    /// The update that is captured (one-based) on a fixed capture step.
     pub fn capture_step(&self) -> u64 {
         self.run.capture_step()
     }
@@ -120,10 +292,73 @@ impl Schedule {
         self.next.get() - 1
     }
 
-    /// Begins the next update: opens the aggregate update span and, on the
-    /// capture step, the trace session. One update at a time
-    /// ([`Status::State`] otherwise).
+    /// Whether this schedule watches for triggers ([`Schedule::watch`]).
+    pub fn is_watching(&self) -> bool {
+        self.watch.is_some()
+    }
+
+    /// The triggers that fired so far.
+    pub fn fired(&self) -> Vec<Fired> {
+        self.watch.as_ref().map(|w| w.state.borrow().fired.clone()).unwrap_or_default()
+    }
+
+    /// The traces written so far by a watching schedule.
+    pub fn traces(&self) -> Vec<PathBuf> {
+        self.watch.as_ref().map(|w| w.state.borrow().traces.clone()).unwrap_or_default()
+    }
+
+    /// The program's own trigger (`user`), for the update under way (or the
+    /// next one, between updates): a condition only the program knows.
+    /// [`Status::State`] on a schedule that does not watch.
+    pub fn trigger(&self, why: &str) -> Result<()> {
+        match &self.watch {
+            Some(w) => {
+                w.state.borrow_mut().eval.ask(why);
+                Ok(())
+            }
+            None => Err(Error::Trace {
+                status: Status::State,
+                message: "candle-trace: trigger() needs a watching schedule (Schedule::watch)".into(),
+            }),
+        }
+    }
+
+    /// Runs one update: `f` gets the [`Update`] to open its spans through
+    /// (the same body for a captured update and an uncaptured one). The
+    /// update ends when `f` returns: an `Err` (its `Display` the reason) or a
+    /// panic is the `exception` trigger, and the update's capture, if any,
+    /// ends `failed` with it; the error is returned, the panic goes on
+    /// unwinding. The schedule's own failures come back as `E` through
+    /// `From<Error>`; when `f` failed, its error wins. The measured region
+    /// is opened here (see the module's doc).
+    pub fn update<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&Update<'_>) -> std::result::Result<T, E>,
+        E: From<Error> + Display,
+    {
+        let mut u = self.begin(true)?;
+        match f(&u) {
+            Ok(v) => {
+                u.close(None)?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = u.close(Some(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Begins the next update (the guard form of [`Schedule::update`]): opens
+    /// the aggregate update span and the session recording this update, if
+    /// any. One update at a time ([`Status::State`] otherwise). A watching
+    /// schedule opens the measured region too; on a fixed capture step the
+    /// caller does.
     pub fn begin_update(&self) -> Result<Update<'_>> {
+        self.begin(self.watch.is_some())
+    }
+
+    fn begin(&self, measure: bool) -> Result<Update<'_>> {
         if self.in_update.get() {
             return Err(Error::Trace {
                 status: Status::State,
@@ -131,50 +366,236 @@ impl Schedule {
             });
         }
         let number = self.next.get();
-        let capture = if number == self.run.capture_step() { Some(Session::open(&self.trace_path, self.run.clone())?) } else { None };
-        let span = match &self.aggregate {
-            Some(a) => Some(a.try_span(&self.update_span, SpanKind::Function, Step::None)?),
-            None => None,
+        let (capture, kind) = match &self.watch {
+            Some(w) => w.arm(number)?,
+            None if number == self.run.capture_step() => (Some(Session::open(&self.trace_path, self.run.clone())?), Kind::Step),
+            None => (None, Kind::None),
         };
+        let mut u = Update {
+            schedule: self,
+            number,
+            kind,
+            measured: 0,
+            active: None,
+            span: None,
+            capture,
+            loss: Cell::new(None),
+            start: Default::default(),
+            tracer0: 0,
+            ended: false,
+        };
+        let opened = (|| -> Result<()> {
+            if let Some(a) = &self.aggregate {
+                u.span = Some(a.try_span(&self.update_span, SpanKind::Function, Step::None)?);
+            }
+            if let (Some(c), true) = (&u.capture, measure || kind != Kind::Step) {
+                let mut id: ffi::ct_span = 0;
+                let name = std::ffi::CString::new(self.update_span.as_str()).map_err(|_| Error::invalid("the update span's name has a NUL"))?;
+                // SAFETY: the name is NUL-terminated and lives across the call.
+                check(unsafe { ffi::ct_measurement_begin(c.raw(), name.as_ptr(), &mut id) })?;
+                u.measured = id;
+                u.active = Some(c.activate());
+            }
+            Ok(())
+        })();
+        if let Err(e) = opened {
+            u.ended = true;
+            u.span.take();
+            u.active.take();
+            if let Some(c) = u.capture.take() {
+                self.dispose(c, kind);
+            }
+            return Err(e);
+        }
         self.next.set(number + 1);
         self.in_update.set(true);
-        Ok(Update { schedule: self, number, span, capture })
+        if let (Some(w), true) = (&self.watch, self.system_clock) {
+            w.state.borrow_mut().cpu_wait.take();
+        }
+        u.tracer0 = u.capture.as_ref().map_or(0, |c| c.tracer_ns());
+        u.start = self.clock.now();
+        Ok(u)
+    }
+
+    /// Ends a session nobody will read: a flight recorder unwritten, another
+    /// as `failed`.
+    fn dispose(&self, c: Session, kind: Kind) {
+        if kind == Kind::Flight {
+            let _ = c.discard();
+        } else {
+            let _ = c.finish_failed("candle-trace: the update could not begin");
+        }
     }
 
     /// Finishes the aggregate session (its final summary) and returns what
-    /// was written. The capture's own failure, if it failed, is returned here
-    /// too, after the summary has been written.
+    /// was written. The fixed capture's own failure, if it failed, is
+    /// returned here too, after the summary has been written.
     pub fn finish(mut self) -> Result<Finished> {
         let updates = self.updates();
+        let (fired, traces) = self.end_watch();
         let summary = match self.aggregate.take() {
             Some(a) => Some(a.finish()?),
             None => None,
         };
         let trace = self.trace.borrow_mut().take().transpose()?;
-        Ok(Finished { trace, summary, updates })
+        Ok(Finished { trace, summary, updates, fired, traces })
     }
 
     /// Ends the aggregate session with a `failed` summary carrying `reason`
     /// (statistics gathered so far are kept).
     pub fn finish_failed(mut self, reason: &str) -> Result<()> {
+        self.end_watch();
         match self.aggregate.take() {
             Some(a) => a.finish_failed(reason),
             None => Ok(()),
         }
     }
+
+    /// Drops the spare flight recorder unwritten; the watch's record.
+    fn end_watch(&mut self) -> (Vec<Fired>, Vec<PathBuf>) {
+        let Some(w) = &self.watch else { return (vec![], vec![]) };
+        let mut st = w.state.borrow_mut();
+        if let Some(spare) = st.spare.take() {
+            let _ = spare.discard();
+        }
+        (st.fired.clone(), st.traces.clone())
+    }
 }
 
-/// One update of a [`Schedule`]. Ends when dropped: the aggregate update span
-/// closes and, on the capture step, the trace session finishes (with a
-/// `failed` terminal when the thread is panicking). [`Update::end`] does the
-/// same and returns the verdict.
+impl Drop for Schedule {
+    fn drop(&mut self) {
+        // The spare flight recorder must not end as a `failed` trace.
+        self.end_watch();
+    }
+}
+
+impl std::fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schedule")
+            .field("updates", &self.updates())
+            .field("watching", &self.watch.is_some())
+            .field("aggregate", &self.aggregate.is_some())
+            .field("update_span", &self.update_span)
+            .finish()
+    }
+}
+
+impl Watch {
+    fn path(&self, n: u64, what: &str) -> PathBuf {
+        self.folder.join(format!("update-{n:06}-{what}.jsonl"))
+    }
+
+    fn left(&self, st: &WatchState) -> usize {
+        self.opts.max_traces.saturating_sub(st.traces.len())
+    }
+
+    fn open(&self, json: &Value, n: u64, path: &Path) -> Result<Session> {
+        let mut json = json.clone();
+        json["capture_step"] = n.into();
+        Session::open_json(path, &json.to_string(), false)
+    }
+
+    /// The session recording update `n`, if any.
+    fn arm(&self, n: u64) -> Result<(Option<Session>, Kind)> {
+        let mut st = self.state.borrow_mut();
+        let left = self.left(&st);
+        if let (Some(t), true) = (st.after, left > 0) {
+            st.after = None;
+            if let Some(spare) = st.spare.take() {
+                let _ = spare.discard();
+            }
+            let s = self.open(&self.full, n, &self.path(n, &format!("after-{t}")))?;
+            return Ok((Some(s), Kind::After(t)));
+        }
+        if self.opts.flight_recorder.is_none() || left == 0 {
+            st.after = None;
+            if let Some(spare) = st.spare.take() {
+                let _ = spare.discard();
+            }
+            return Ok((None, Kind::None));
+        }
+        let path = self.path(n, "recording");
+        let s = match st.spare.take().map(|s| s.reopen(&path, n)) {
+            Some(Ok(s)) => s,
+            Some(Err((spare, _))) => {
+                if let Some(spare) = spare {
+                    let _ = spare.discard();
+                }
+                self.open(&self.flight, n, &path)?
+            }
+            None => self.open(&self.flight, n, &path)?,
+        };
+        s.set_records_stats(false);
+        Ok((Some(s), Kind::Flight))
+    }
+
+    /// Moves a written trace to its final name (never over another file) and
+    /// counts it; `None` when nothing was written.
+    fn keep(&self, st: &mut WatchState, written: &Path, n: u64, what: &str) -> Option<PathBuf> {
+        if !written.exists() {
+            return None;
+        }
+        let mut dst = self.path(n, what);
+        let mut i = 1;
+        while dst != written && dst.exists() {
+            i += 1;
+            dst = self.path(n, &format!("{what}-{i}"));
+        }
+        if dst != written && std::fs::rename(written, &dst).is_err() {
+            dst = written.to_path_buf();
+        }
+        st.traces.push(dst.clone());
+        Some(dst)
+    }
+}
+
+/// One update of a [`Schedule`]. Ends when dropped (with a `failed` capture,
+/// and the `exception` trigger, when the thread is panicking), or with
+/// [`Update::end`] / [`Update::fail`], which return the verdict.
 #[must_use = "the update ends when the guard is dropped: bind it with `let update = ...`"]
 pub struct Update<'a> {
     schedule: &'a Schedule,
     number: u64,
-    // Field order is drop order: the update span ends before the capture.
+    kind: Kind,
+    /// The measured region in `capture` (0: none opened by the schedule).
+    measured: ffi::ct_span,
+    active: Option<Active>,
     span: Option<SpanGuard<'a>>,
     capture: Option<Session>,
+    loss: Cell<Option<f64>>,
+    start: std::time::Duration,
+    tracer0: u64,
+    ended: bool,
+}
+
+/// A span of an update (from [`Update::span`]): in the session recording the
+/// update, if any, and in the aggregate session, if any. Ends when dropped.
+#[must_use = "the span ends when the guard is dropped: bind it with `let _s = ...`"]
+#[derive(Debug)]
+pub struct UpdateSpan<'u> {
+    trace: Option<SpanGuard<'u>>,
+    stats: Option<SpanGuard<'u>>,
+    full: bool,
+}
+
+impl<'u> UpdateSpan<'u> {
+    /// The span in the update's trace (`None` when the update is not recorded).
+    pub fn id(&self) -> Option<SpanId> {
+        self.trace.as_ref().map(|s| s.id())
+    }
+
+    /// The trace session the span is in, when the update is captured in full
+    /// (not a flight recorder): for statistics and other costly records.
+    pub fn full_capture(&self) -> Option<&'u SessionRef> {
+        self.trace.as_ref().filter(|_| self.full).map(|s| s.session())
+    }
+
+    /// Ends the span in both sessions; the first failure.
+    pub fn end(mut self) -> Result<()> {
+        let t = self.trace.take().map_or(Ok(()), |s| s.end());
+        let a = self.stats.take().map_or(Ok(()), |s| s.end());
+        t.and(a)
+    }
 }
 
 impl<'a> Update<'a> {
@@ -183,9 +604,20 @@ impl<'a> Update<'a> {
         self.number
     }
 
-    /// The trace session, on the captured update only.
+    /// The trace session when this update is captured in full: the fixed
+    /// capture step, or the update after a trigger.
     pub fn capture(&self) -> Option<&Session> {
-        self.capture.as_ref()
+        self.capture.as_ref().filter(|_| self.kind != Kind::Flight)
+    }
+
+    /// The flight recorder's session, when this update is flight-recorded.
+    pub fn recorder(&self) -> Option<&Session> {
+        self.capture.as_ref().filter(|_| self.kind == Kind::Flight)
+    }
+
+    /// The session recording this update, full capture or flight recorder.
+    pub fn trace(&self) -> Option<&SessionRef> {
+        self.capture.as_deref()
     }
 
     /// The aggregate session, when statistics are kept.
@@ -194,8 +626,34 @@ impl<'a> Update<'a> {
     }
 
     /// The aggregate update span (for records that belong to the update).
-    pub fn span(&self) -> Option<SpanId> {
+    pub fn span_id(&self) -> Option<SpanId> {
         self.span.as_ref().map(|s| s.id())
+    }
+
+    /// Opens a function span tagged `step` in the session recording the
+    /// update and in the aggregate session, nested in this thread's
+    /// innermost open span of each.
+    pub fn span(&self, name: &str, step: Step) -> Result<UpdateSpan<'_>> {
+        self.span_kind(name, SpanKind::Function, step)
+    }
+
+    /// [`Update::span`] of another kind (`Module` for a forward, say).
+    pub fn span_kind(&self, name: &str, kind: SpanKind, step: Step) -> Result<UpdateSpan<'_>> {
+        let trace = self.capture.as_ref().map(|c| c.try_span(name, kind, step)).transpose()?;
+        let stats = self.aggregate().map(|a| a.try_span(name, kind, step)).transpose()?;
+        Ok(UpdateSpan { trace, stats, full: self.capture().is_some() })
+    }
+
+    /// The update's loss: evaluated by the `non_finite` trigger, folded into
+    /// the aggregate scalar `loss`, and a scalar `loss` of a full capture's
+    /// measured region. The last value given counts.
+    pub fn loss(&self, value: impl Into<f64>) {
+        self.loss.set(Some(value.into()));
+    }
+
+    /// The program's own trigger for this update ([`Schedule::trigger`]).
+    pub fn trigger(&self, why: &str) -> Result<()> {
+        self.schedule.trigger(why)
     }
 
     /// Folds `value` into the aggregate statistics of `label` (count, mean,
@@ -207,45 +665,195 @@ impl<'a> Update<'a> {
         }
     }
 
-    /// Ends the update: closes the aggregate span, then finishes the capture
-    /// on the capture step. Returns the first failure of either.
+    /// Ends the update: evaluates the triggers, closes the aggregate span,
+    /// ends the update's capture (written, or dropped). Returns the first
+    /// failure.
     pub fn end(mut self) -> Result<()> {
-        self.finish_parts()
+        self.close(None)
     }
 
-    fn finish_parts(&mut self) -> Result<()> {
+    /// Ends the update as failed with `reason` (an error the update met):
+    /// the `exception` trigger, as an `Err` returned from
+    /// [`Schedule::update`] is.
+    pub fn fail(mut self, reason: &str) -> Result<()> {
+        let reason = if reason.trim().is_empty() { "the update failed" } else { reason };
+        self.close(Some(reason.to_string()))
+    }
+
+    /// Seconds of the update for the slow trigger, and the CPU wait in them.
+    fn elapsed(&self) -> (f64, f64) {
+        let s = self.schedule;
+        let mut secs = s.clock.now().saturating_sub(self.start).as_secs_f64();
+        let mut waited = 0.0;
+        if s.system_clock {
+            let tracer = self.capture.as_ref().map_or(0, |c| c.tracer_ns()).saturating_sub(self.tracer0);
+            secs = (secs - tracer as f64 / 1e9).max(0.0);
+            if let Some(w) = &s.watch {
+                waited = w.state.borrow_mut().cpu_wait.take();
+            }
+        }
+        (secs, waited)
+    }
+
+    fn end_measured(&mut self) -> Result<()> {
+        let id = std::mem::replace(&mut self.measured, 0);
+        let r = match (&self.capture, id) {
+            // SAFETY: plain values.
+            (Some(c), id) if id != 0 => check(unsafe { ffi::ct_span_end(c.raw(), id) }),
+            _ => Ok(()),
+        };
+        self.active.take();
+        r
+    }
+
+    fn close(&mut self, failure: Option<String>) -> Result<()> {
+        self.ended = true;
         self.schedule.in_update.set(false);
+        let (seconds, waited) = self.elapsed();
+        let result = match &self.schedule.watch {
+            None => self.close_step(failure),
+            Some(w) => self.close_watched(w, failure, seconds, waited),
+        };
         let span = self.span.take().map_or(Ok(()), |s| s.end());
-        let Some(capture) = self.capture.take() else { return span };
+        result.and(span)
+    }
+
+    fn close_step(&mut self, failure: Option<String>) -> Result<()> {
+        let loss = self.loss.get();
+        if let (Some(c), Some(l)) = (&self.capture, loss) {
+            if self.measured != 0 {
+                c.scalar(SpanId(self.measured), "loss", l)?;
+            }
+        }
+        self.fold_loss(loss, None)?;
+        let Some(capture) = self.capture.take() else { return Ok(()) };
+        if let Some(reason) = failure {
+            self.active.take();
+            return capture.finish_failed(&reason);
+        }
+        let measured = self.end_measured();
         // Kept for Schedule::finish, also when the span failed: the capture
         // is a file the caller may still want.
         let outcome = capture.finish();
         let result = match &outcome {
-            Ok(_) => span,
+            Ok(_) => measured,
             Err(e) => Err(Error::Trace { status: e.status().unwrap_or(Status::Internal), message: e.message() }),
         };
         *self.schedule.trace.borrow_mut() = Some(outcome);
         result
     }
+
+    fn fold_loss(&self, loss: Option<f64>, fired: Option<&Fired>) -> Result<()> {
+        let Some(a) = self.aggregate() else { return Ok(()) };
+        if let Some(l) = loss {
+            a.scalar(SpanId::ROOT, "loss", l)?;
+        }
+        if let Some(f) = fired {
+            a.scalar(SpanId::ROOT, &format!("trigger/{}", f.trigger), f.value)?;
+        }
+        Ok(())
+    }
+
+    fn close_watched(&mut self, w: &Watch, failure: Option<String>, seconds: f64, waited: f64) -> Result<()> {
+        let n = self.number;
+        let loss = self.loss.get();
+        let capture = self.capture.take();
+        let mut result = Ok(());
+        let mut st = w.state.borrow_mut();
+        let fired = match failure {
+            Some(reason) => {
+                // The update's time and loss do not join the window: it did
+                // not complete.
+                self.active.take();
+                let trace = match capture {
+                    Some(c) if w.opts.triggers.exception || self.kind != Kind::Flight => {
+                        let path = c.path().to_path_buf();
+                        result = c.finish_failed(&reason);
+                        let what = match self.kind {
+                            Kind::After(t) if !w.opts.triggers.exception => format!("after-{t}"),
+                            _ => "exception".to_string(),
+                        };
+                        w.keep(&mut st, &path, n, &what)
+                    }
+                    Some(c) => {
+                        let _ = c.discard();
+                        None
+                    }
+                    None => None,
+                };
+                w.opts.triggers.exception.then(|| Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
+            }
+            None => {
+                let mut fired = st.eval.end_of_update(n, seconds, loss, waited);
+                if let Some(c) = capture {
+                    self.capture = Some(c);
+                    result = self.close_capture(w, &mut st, fired.as_mut(), loss);
+                }
+                fired
+            }
+        };
+        if let Some(f) = &fired {
+            if w.opts.capture_next && f.trigger != Trigger::Exception {
+                st.after = Some(f.trigger);
+            }
+            st.fired.push(f.clone());
+        }
+        drop(st);
+        result.and(self.fold_loss(loss, fired.as_ref()))
+    }
+
+    /// Writes or drops the capture of an update that completed.
+    fn close_capture(&mut self, w: &Watch, st: &mut WatchState, fired: Option<&mut Fired>, loss: Option<f64>) -> Result<()> {
+        let n = self.number;
+        let kind = self.kind;
+        let keep_flight = kind == Kind::Flight && fired.is_some() && w.left(st) > 0;
+        if kind == Kind::Flight && !keep_flight {
+            // Dropped: its session waits for the next update (ct_reopen).
+            self.active.take();
+            st.spare = self.capture.take();
+            return Ok(());
+        }
+        let c = self.capture.as_ref().expect("a capture to close");
+        let measured = SpanId(self.measured);
+        let mut noted = Ok(());
+        if let (Kind::After(_), Some(l)) = (kind, loss) {
+            noted = c.scalar(measured, "loss", l);
+        }
+        if let (true, Some(f)) = (keep_flight, fired.as_deref()) {
+            noted = noted
+                .and_then(|_| c.scalar(measured, &format!("candle_trace/trigger/{}", f.trigger), f.value))
+                .and_then(|_| c.scalar(measured, &format!("candle_trace/trigger/{}/threshold", f.trigger), f.threshold));
+        }
+        let ended = self.end_measured();
+        let c = self.capture.take().expect("a capture to close");
+        let path = c.path().to_path_buf();
+        let finished = c.finish().map(|_| ());
+        let what = match (kind, fired.as_deref()) {
+            (Kind::After(t), _) => format!("after-{t}"),
+            (_, Some(f)) => f.trigger.to_string(),
+            _ => "recording".to_string(),
+        };
+        let kept = w.keep(st, &path, n, &what);
+        if let (true, Some(f)) = (keep_flight, fired) {
+            f.trace = kept;
+        }
+        noted.and(ended).and(finished)
+    }
 }
 
 impl Drop for Update<'_> {
     fn drop(&mut self) {
-        self.schedule.in_update.set(false);
-        // The span guard defers its own failure to the aggregate session.
-        self.span.take();
-        if let Some(capture) = self.capture.take() {
-            if std::thread::panicking() {
-                drop(capture); // ends failed, naming the panic
-            } else {
-                *self.schedule.trace.borrow_mut() = Some(capture.finish());
-            }
+        if self.ended {
+            return;
         }
+        let failure = std::thread::panicking().then(|| format!("panic: {}", panic_note()));
+        // Errors have nowhere to go from a drop: the sessions defer theirs.
+        let _ = self.close(failure);
     }
 }
 
 impl std::fmt::Debug for Update<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Update").field("number", &self.number).field("captured", &self.capture.is_some()).finish()
+        f.debug_struct("Update").field("number", &self.number).field("kind", &self.kind).finish()
     }
 }

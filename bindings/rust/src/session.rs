@@ -6,6 +6,7 @@ use std::ops::Deref;
 use std::os::raw::{c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use crate::device::DeviceOptions;
@@ -316,7 +317,7 @@ fn install_panic_hook() {
     });
 }
 
-fn panic_note() -> String {
+pub(crate) fn panic_note() -> String {
     LAST_PANIC.try_with(|p| p.try_borrow().ok().and_then(|p| p.clone())).ok().flatten().unwrap_or_else(|| "panic".into())
 }
 
@@ -329,6 +330,8 @@ pub(crate) struct Inner {
     path: PathBuf,
     device_synchronized: bool,
     deferred: Mutex<(usize, Vec<Error>)>,
+    /// Whether capture helpers record tensor statistics (off in a flight recorder).
+    stats: AtomicBool,
 }
 
 /// A shared, non-owning reference to an open session: every record method
@@ -408,15 +411,51 @@ impl Session {
         let mut handle: ffi::ct_session = 0;
         // SAFETY: both strings are NUL-terminated and live across the call.
         check(unsafe { ffi::ct_open(cpath.as_ptr(), cjson.as_ptr(), &mut handle) })?;
-        Ok(Session {
+        Ok(Session::wrap(handle, path, device_synchronized, true))
+    }
+
+    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool) -> Session {
+        Session {
             r: SessionRef(Arc::new(Inner {
                 handle,
                 path: path.to_path_buf(),
                 device_synchronized,
                 deferred: Mutex::new((0, Vec::new())),
+                stats: AtomicBool::new(stats),
             })),
             ended: false,
-        })
+        }
+    }
+
+    /// A flight recorder's next update (`ct_reopen`): discards this buffered
+    /// session unwritten and opens the next one at `path` with the same run,
+    /// except that its capture step is `capture_step`, reusing the parsed run
+    /// and the buffer's memory (most of what an open costs per update). The
+    /// statistics setting ([`SessionRef::records_stats`]) carries over.
+    /// Refusals before the discard (a bad path or step, a session that is
+    /// not buffered) leave this session open and return it in the error's
+    /// place as `Err((self, error))`; a path refused after it returns
+    /// `Err((None, error))`.
+    pub fn reopen(mut self, path: impl AsRef<Path>, capture_step: u64) -> std::result::Result<Session, (Option<Session>, Error)> {
+        let path = path.as_ref();
+        let cpath = match path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display()))).and_then(|p| cstring("path", p)) {
+            Ok(c) => c,
+            Err(e) => return Err((Some(self), e)),
+        };
+        let mut handle: ffi::ct_session = 0;
+        // SAFETY: the path is NUL-terminated and lives across the call.
+        let st = unsafe { ffi::ct_reopen(self.r.0.handle, cpath.as_ptr(), capture_step, &mut handle) };
+        match check(st) {
+            Ok(()) => {
+                self.ended = true;
+                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats()))
+            }
+            Err(e) if e.status() == Some(Status::Io) => {
+                self.ended = true; // discarded before the new path was refused
+                Err((None, e))
+            }
+            Err(e) => Err((Some(self), e)),
+        }
     }
 
     /// A shared reference (for other threads, wrappers, layers).
@@ -504,6 +543,19 @@ impl SessionRef {
     /// The path the trace is written to.
     pub fn path(&self) -> &Path {
         &self.0.path
+    }
+
+    /// Whether capture helpers (the candle `Traced` wrapper, a schedule's
+    /// update) reduce and record tensor statistics into this session: on by
+    /// default, off in a [`crate::Schedule`]'s flight recorder, which keeps
+    /// spans, ops and memory only, so that it stays cheap.
+    pub fn records_stats(&self) -> bool {
+        self.0.stats.load(Ordering::Relaxed)
+    }
+
+    /// Turns [`records_stats`](Self::records_stats) on or off.
+    pub fn set_records_stats(&self, on: bool) {
+        self.0.stats.store(on, Ordering::Relaxed);
     }
 
     /// Whether the run declared a device-synchronized measured region.

@@ -156,6 +156,6 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
         update.end().unwrap();
     }
     let done = schedule.finish().unwrap();
-    assert_eq!(done, Finished { trace: None, summary: None, updates: 2 });
+    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![] });
     assert!(!trace.exists(), "no capture was opened before update 3");
 }

@@ -1,0 +1,356 @@
+//! A watching Schedule on training loops that go wrong by themselves (issue
+//! 13): a data step that stalls, a loss that turns NaN after a learning-rate
+//! spike, an out-of-memory error (returned, or panicking) inside backward —
+//! each must leave exactly the expected traces, with no capture step given,
+//! every trace judged by the real candle-graph. Updates are timed by a
+//! ManualClock that only the programs' data step moves, so the slow trigger
+//! sees the same numbers on any machine.
+#![cfg(feature = "candle")]
+mod common;
+
+#[path = "../examples/common/failures.rs"]
+mod failures;
+#[path = "../examples/common/mlp.rs"]
+mod mlp;
+
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::time::Duration;
+
+use candle_trace::triggers::Evaluator;
+use candle_trace::*;
+use common::*;
+use failures::{Failure, Wait, DATA_WAIT, ERROR_UPDATE, NAN_UPDATE, OOM, SLOW_FACTOR, SLOW_UPDATE};
+use serde_json::Value;
+
+fn listing(folder: &Path) -> Vec<String> {
+    let mut v: Vec<String> = match std::fs::read_dir(folder) {
+        Ok(d) => d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => vec![],
+    };
+    v.sort();
+    v
+}
+
+/// Runs `failure` for `updates` updates on a manual clock; the schedule and
+/// the loop's result.
+fn program(folder: &Path, failure: Failure, updates: u64, opts: WatchOptions) -> (Schedule, Result<Vec<f32>>) {
+    let wait = Wait::Clock(ManualClock::new());
+    let (mut s, schedule) = failures::watched(folder, &wait, opts, None).unwrap();
+    let r = failures::train(&mut s, &schedule, failure, updates, &wait);
+    (schedule, r)
+}
+
+fn fired_of(done: &[Fired]) -> Vec<(u64, Trigger)> {
+    done.iter().map(|f| (f.update, f.trigger)).collect()
+}
+
+fn stats_by_label(lines: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    of_kind(lines, "tensor_stats").into_iter().map(|s| (s["label"].as_str().unwrap().to_string(), s.clone())).collect()
+}
+
+fn op_names(lines: &[Value]) -> BTreeSet<String> {
+    of_kind(lines, "op").iter().map(|o| o["op_name"].as_str().unwrap().to_string()).collect()
+}
+
+/// A failed trace: structurally valid for candle-graph, not complete, its
+/// terminal's reason.
+fn judged_failed(trace: &Path) -> (Vec<Value>, String) {
+    let (ok, json, stderr) = summary(trace, false);
+    assert!(ok, "candle-graph summary refused {}: {stderr}", trace.display());
+    assert_eq!(json["health"]["structurally_valid"], true, "{}", json["health"]);
+    assert_eq!(json["health"]["capture_complete"], false);
+    let lines = lines(trace);
+    let last = lines.last().unwrap().clone();
+    assert_eq!((last["kind"].as_str(), last["outcome"].as_str()), (Some("terminal"), Some("failed")));
+    (lines, last["reason"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn a_stalled_data_step_is_kept_with_the_update_after_it() {
+    let dir = fresh_dir("watch-slow");
+    let (schedule, r) = program(dir.path(), Failure::Slow, 40, WatchOptions::default());
+    assert_eq!(r.unwrap().len(), 40);
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), [(SLOW_UPDATE, Trigger::Slow)]);
+    assert_eq!(listing(dir.path()), ["update-000037-slow.jsonl", "update-000038-after-slow.jsonl"]);
+    let f = &done.fired[0];
+    // Every other update took exactly DATA_WAIT on the manual clock.
+    let (median, slow) = (DATA_WAIT.as_secs_f64(), (DATA_WAIT * SLOW_FACTOR).as_secs_f64());
+    assert_eq!(f.value, slow);
+    assert_eq!(f.threshold, 3.0 * median);
+    assert_eq!(f.detail, "50.0 ms > 3 x median 10.0 ms");
+    assert_eq!(f.trace.as_deref(), Some(dir.path().join("update-000037-slow.jsonl").as_path()));
+    assert_eq!(done.traces, [dir.path().join("update-000037-slow.jsonl"), dir.path().join("update-000038-after-slow.jsonl")]);
+
+    let kept = dir.path().join("update-000037-slow.jsonl");
+    assert_valid_complete(&kept);
+    let lines = lines(&kept);
+    assert_eq!(lines[0]["capture_step"], 37);
+    let stats = stats_by_label(&lines);
+    // The flight recorder keeps no tensor statistics: only why it was kept.
+    assert_eq!(stats.keys().collect::<Vec<_>>(), ["candle_trace/trigger/slow", "candle_trace/trigger/slow/threshold"]);
+    assert_eq!(stats["candle_trace/trigger/slow"]["mean"].as_f64(), Some(slow));
+    assert_eq!(stats["candle_trace/trigger/slow/threshold"]["mean"].as_f64(), Some(3.0 * median));
+    assert_eq!(op_names(&lines), BTreeSet::from(["fc1".to_string(), "fc2".to_string()]));
+    let measured = lines.iter().find(|l| l["kind"] == "span_start" && l["measured"] == true).unwrap();
+    assert_eq!(measured["name"], DEFAULT_UPDATE_SPAN);
+    assert_eq!(span_named(&lines, "train/data")["parent_id"], measured["id"]);
+    assert_eq!(of_kind(&lines, "gradient").len(), 4, "the contract's gradients");
+
+    let after = dir.path().join("update-000038-after-slow.jsonl");
+    assert_valid_complete(&after);
+    let after = common::lines(&after);
+    assert_eq!(after[0]["capture_step"], 38);
+    let stats = stats_by_label(&after);
+    assert!(stats.contains_key("logits") && stats.contains_key("fc1/output") && stats.contains_key("loss"), "{:?}", stats.keys());
+    assert_eq!(op_names(&after), BTreeSet::from(["fc1".to_string(), "fc2".to_string()]));
+}
+
+#[test]
+fn a_loss_that_turns_nan_is_kept_once() {
+    let dir = fresh_dir("watch-nan");
+    let (schedule, r) = program(dir.path(), Failure::Nan, 25, WatchOptions::default());
+    let losses = r.unwrap();
+    assert!(losses[..NAN_UPDATE as usize - 1].iter().all(|l| l.is_finite()) && losses[NAN_UPDATE as usize - 1].is_nan(), "{losses:?}");
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), [(NAN_UPDATE, Trigger::NonFinite)]);
+    assert!(done.fired[0].value.is_nan());
+    assert_eq!(listing(dir.path()), ["update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"]);
+    for name in ["update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"] {
+        // The model's own finding, not a broken trace: complete, and its only
+        // errors are about the NaN gradients (no family has a finite one).
+        let trace = dir.path().join(name);
+        let (_, json, _) = summary(&trace, false);
+        let h = &json["health"];
+        assert_eq!(h["capture_complete"], true, "{h}");
+        let errors: BTreeSet<&str> =
+            h["issues"].as_array().unwrap().iter().filter(|i| i["severity"] == "error").map(|i| i["code"].as_str().unwrap()).collect();
+        assert!(errors.contains("gradient_family_non_finite"), "{h}");
+        assert!(errors.is_subset(&BTreeSet::from(["gradient_family_non_finite", "gradient_active_family_below_minimum"])), "{h}");
+        let lines = lines(&trace);
+        assert_eq!(op_names(&lines), BTreeSet::from(["fc1".to_string(), "fc2".to_string()]));
+        assert_eq!(of_kind(&lines, "gradient").iter().map(|g| g["state"].as_str().unwrap()).collect::<BTreeSet<_>>(), BTreeSet::from(["non_finite"]));
+    }
+    let kept = lines(&dir.path().join("update-000020-non_finite.jsonl"));
+    assert_eq!(stats_by_label(&kept)["candle_trace/trigger/non_finite"]["non_finite"], 1);
+    let after = lines(&dir.path().join("update-000021-after-non_finite.jsonl"));
+    assert!(of_kind(&after, "tensor_stats").iter().any(|s| s["non_finite"].as_u64().unwrap() > 0));
+}
+
+#[test]
+fn an_error_in_backward_is_kept_as_a_failed_trace_and_returned() {
+    let dir = fresh_dir("watch-error");
+    let (schedule, r) = program(dir.path(), Failure::Error, 30, WatchOptions::default());
+    let err = r.unwrap_err();
+    assert_eq!(err.to_string(), format!("candle: {OOM}"));
+    assert_eq!(schedule.updates(), ERROR_UPDATE, "the loop stopped at the error");
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), [(ERROR_UPDATE, Trigger::Exception)]);
+    assert_eq!(done.fired[0].detail, format!("candle: {OOM}"));
+    assert_eq!(listing(dir.path()), ["update-000015-exception.jsonl"]);
+    let (lines, reason) = judged_failed(&dir.path().join("update-000015-exception.jsonl"));
+    assert_eq!(reason, format!("candle: {OOM}"));
+    assert_eq!(lines[0]["capture_step"], 15);
+    assert_eq!(op_names(&lines), BTreeSet::from(["fc1".to_string(), "fc2".to_string()]));
+    // The backward span it failed in (ended as the error left it), and no optimizer.
+    let bwd = span_named(&lines, "train/backward");
+    assert_eq!(bwd["step"], "backward");
+    assert!(!lines.iter().any(|l| l["kind"] == "span_start" && l["name"] == "train/optimizer"));
+}
+
+#[test]
+fn a_panic_in_backward_is_kept_as_a_failed_trace_and_unwinds() {
+    let dir = fresh_dir("watch-panic");
+    let wait = Wait::Clock(ManualClock::new());
+    let (mut s, schedule) = failures::watched(dir.path(), &wait, WatchOptions::default(), None).unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| failures::train(&mut s, &schedule, Failure::Panic, 30, &wait)));
+    assert_eq!(*r.unwrap_err().downcast::<String>().unwrap(), OOM);
+    // The loop can go on after a caught panic: the next update is recorded again.
+    schedule.update(|_| Ok::<_, Error>(())).unwrap();
+    let done = schedule.finish().unwrap();
+    assert_eq!((fired_of(&done.fired), done.updates), (vec![(ERROR_UPDATE, Trigger::Exception)], 16));
+    assert_eq!(listing(dir.path()), ["update-000015-exception.jsonl"]);
+    let (lines, reason) = judged_failed(&dir.path().join("update-000015-exception.jsonl"));
+    assert!(reason.starts_with(&format!("panic: {OOM} (at ")), "{reason}");
+    assert_eq!(op_names(&lines), BTreeSet::from(["fc1".to_string(), "fc2".to_string()]));
+}
+
+#[test]
+fn a_run_without_anomaly_writes_nothing_and_its_summary_lists_no_trigger() {
+    let dir = fresh_dir("watch-none");
+    let (folder, summary_path) = (dir.path().join("traces"), dir.path().join("s.json"));
+    let wait = Wait::Clock(ManualClock::new());
+    let (mut s, schedule) = failures::watched(&folder, &wait, WatchOptions::default(), Some(&summary_path)).unwrap();
+    failures::train(&mut s, &schedule, Failure::None, 60, &wait).unwrap();
+    let done = schedule.finish().unwrap();
+    assert_eq!((done.fired.len(), done.traces.len(), done.updates), (0, 0, 60));
+    assert!(listing(&folder).is_empty(), "{:?}", listing(&folder));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    let scalars: Vec<(&str, u64)> = doc["scalars"].as_array().unwrap().iter().map(|s| (s["label"].as_str().unwrap(), s["count"].as_u64().unwrap())).collect();
+    assert_eq!(scalars, [("loss", 60)]);
+}
+
+#[test]
+fn triggers_fold_into_the_summary_and_the_cap_bounds_the_traces() {
+    let dir = fresh_dir("watch-cap");
+    let (folder, summary_path) = (dir.path().join("traces"), dir.path().join("s.json"));
+    let wait = Wait::Clock(ManualClock::new());
+    let Wait::Clock(clock) = &wait else { unreachable!() };
+    let schedule = Schedule::watch(&folder, Run::training("rust::cap", 1, "cpu"))
+        .with_clock(clock.clone())
+        .with_aggregate(&summary_path, None)
+        .unwrap();
+    for n in 1..=12u64 {
+        schedule
+            .update(|u| {
+                let _d = u.span("train/data", Step::None)?;
+                wait_for(&wait);
+                if (5..=9).contains(&n) {
+                    u.trigger(&format!("look at {n}"))?;
+                }
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), (5..=9).map(|n| (n, Trigger::User)).collect::<Vec<_>>());
+    assert_eq!(done.fired[0].detail, "look at 5");
+    // 5 flight-recorded, 6 and 7 captured in full after a trigger; then the cap.
+    assert_eq!(listing(&folder), ["update-000005-user.jsonl", "update-000006-after-user.jsonl", "update-000007-after-user.jsonl"]);
+    assert_eq!(done.fired.iter().map(|f| f.trace.is_some()).collect::<Vec<_>>(), [true, false, false, false, false]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    let user = doc["scalars"].as_array().unwrap().iter().find(|s| s["label"] == "trigger/user").unwrap();
+    assert_eq!(user["count"], 5);
+    assert_eq!(user["last"].as_f64(), Some(DATA_WAIT.as_secs_f64()));
+}
+
+fn wait_for(wait: &Wait) {
+    if let Wait::Clock(c) = wait {
+        c.advance(DATA_WAIT);
+    }
+}
+
+#[test]
+fn the_flight_recorder_bound_drops_records_and_says_so() {
+    let dir = fresh_dir("watch-bound");
+    let opts = WatchOptions { flight_recorder: Some(2048), capture_next: false, ..Default::default() };
+    let (schedule, _) = (Schedule::watch_with(dir.path(), Run::training("rust::bound", 1, "cpu"), opts).unwrap(), ());
+    for n in 1..=3u64 {
+        schedule
+            .update(|u| {
+                let s = u.span("work", Step::None)?;
+                if let Some(t) = u.trace() {
+                    for i in 0..200 {
+                        t.scalar(s.id().unwrap(), &format!("x{i}"), i as f64)?;
+                    }
+                }
+                if n == 2 {
+                    u.trigger("keep 2")?;
+                }
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(listing(dir.path()), ["update-000002-user.jsonl"]);
+    let trace = &done.traces[0];
+    assert_valid_complete(trace);
+    let lines = lines(trace);
+    let last = lines.last().unwrap();
+    let kept = of_kind(&lines, "tensor_stats").len() as u64;
+    assert!(kept < 200, "the bound held: {kept} of 200 scalars kept");
+    // The two trigger notes were dropped too (past the bound): all counted.
+    assert_eq!(last["dropped_records"].as_u64().unwrap(), 202 - kept, "{last}");
+}
+
+#[test]
+fn the_guard_form_runs_the_same_schedule_and_fail_is_the_exception_trigger() {
+    let dir = fresh_dir("watch-guard");
+    let clock = ManualClock::new();
+    let schedule = Schedule::watch(dir.path(), Run::training("rust::guard", 1, "cpu")).with_clock(clock.clone());
+    for n in 1..=4u64 {
+        let u = schedule.begin_update().unwrap();
+        assert!(u.recorder().is_some() && u.capture().is_none(), "flight-recorded");
+        assert!(schedule.begin_update().is_err(), "one update at a time");
+        let _s = u.span("work", Step::Forward).unwrap();
+        clock.advance(Duration::from_millis(1));
+        drop(_s);
+        if n == 3 {
+            u.fail("the loader died").unwrap();
+        } else {
+            u.end().unwrap();
+        }
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), [(3, Trigger::Exception)]);
+    let (_, reason) = judged_failed(&dir.path().join("update-000003-exception.jsonl"));
+    assert_eq!(reason, "the loader died");
+    assert_eq!(listing(dir.path()), ["update-000003-exception.jsonl"], "nothing but the failed one, and no spare left behind");
+}
+
+#[test]
+fn bad_options_and_a_trigger_without_watch_are_refused() {
+    let run = || Run::training("rust::bad", 1, "cpu");
+    for (opts, needle) in [
+        (WatchOptions { triggers: Triggers { slow: Some(1.0), ..Default::default() }, ..Default::default() }, "triggers.slow must be a finite factor > 1"),
+        (WatchOptions { triggers: Triggers { warmup: 0, ..Default::default() }, ..Default::default() }, "triggers.warmup must be >= 1"),
+        (WatchOptions { triggers: Triggers { window: 0, ..Default::default() }, ..Default::default() }, "triggers.window must be >= 1"),
+        (WatchOptions { flight_recorder: Some(0), ..Default::default() }, "at least 1 byte"),
+    ] {
+        let err = Schedule::watch_with("unused", run(), opts).unwrap_err();
+        assert_eq!(err.status(), Some(Status::InvalidArgument));
+        assert!(err.message().contains(needle), "{err}");
+    }
+    let plain = Schedule::new("unused.jsonl", run());
+    let err = plain.trigger("why").unwrap_err();
+    assert_eq!(err.status(), Some(Status::State));
+    assert!(err.message().contains("needs a watching schedule"), "{err}");
+}
+
+#[test]
+fn the_slow_rule_by_numbers() {
+    let mut e = Evaluator::new(Triggers { warmup: 3, ..Default::default() }).unwrap();
+    // Warm-up: nothing fires before 3 updates were seen, however slow.
+    assert_eq!(e.end_of_update(1, 0.010, None, 0.0), None);
+    assert_eq!(e.end_of_update(2, 0.010, None, 0.0), None);
+    assert_eq!(e.end_of_update(3, 1.000, None, 0.0), None);
+    assert_eq!(e.median(), 0.010);
+    // 3 x median 10 ms = 30 ms: 31 ms fires.
+    let f = e.end_of_update(4, 0.031, None, 0.0).unwrap();
+    assert_eq!((f.trigger, f.value, f.threshold), (Trigger::Slow, 0.031, 3.0 * 0.010));
+    assert_eq!(f.detail, "31.0 ms > 3 x median 10.0 ms");
+    // Now the median is (10 + 31) / 2 ms, the limit 61.5 ms: 200 ms of which
+    // 150 ms waiting for a CPU is 50 ms of the update's own.
+    assert_eq!(e.median(), (0.010 + 0.031) / 2.0);
+    assert_eq!(e.end_of_update(5, 0.200, None, 0.150), None);
+    assert!(e.end_of_update(6, 0.200, None, 0.0).is_some());
+    // Sub-millisecond medians: the excess must be at least 1 ms.
+    let mut fast = Evaluator::new(Triggers { warmup: 1, ..Default::default() }).unwrap();
+    fast.end_of_update(1, 0.0001, None, 0.0);
+    assert_eq!(fast.end_of_update(2, 0.0009, None, 0.0), None, "9x the median, but 0.8 ms over it");
+    let mut fast = Evaluator::new(Triggers { warmup: 1, ..Default::default() }).unwrap();
+    fast.end_of_update(1, 0.0001, None, 0.0);
+    let f = fast.end_of_update(2, 0.0012, None, 0.0).unwrap();
+    assert_eq!((f.trigger, f.threshold), (Trigger::Slow, 0.0001 + 0.001));
+    // The median is of the last `window` updates only.
+    let mut w = Evaluator::new(Triggers { warmup: 1, window: 4, ..Default::default() }).unwrap();
+    for (i, t) in [0.01, 0.01, 0.01, 0.01, 1.0, 1.0, 1.0].into_iter().enumerate() {
+        w.end_of_update(i as u64 + 1, t, None, 0.0);
+    }
+    assert_eq!(w.median(), 1.0, "[0.01, 1, 1, 1]");
+}
+
+#[test]
+fn non_finite_fires_once_until_finite_again_and_the_user_comes_first() {
+    let mut e = Evaluator::new(Triggers { slow: None, ..Default::default() }).unwrap();
+    assert_eq!(e.end_of_update(1, 0.01, Some(1.0), 0.0), None);
+    assert_eq!(e.end_of_update(2, 0.01, Some(f64::INFINITY), 0.0).map(|f| (f.trigger, f.detail)), Some((Trigger::NonFinite, "loss inf".into())));
+    assert_eq!(e.end_of_update(3, 0.01, Some(f64::NAN), 0.0), None, "still not finite: not again");
+    assert_eq!(e.end_of_update(4, 0.01, Some(0.5), 0.0), None);
+    e.ask("mine");
+    let f = e.end_of_update(5, 0.01, Some(f64::NAN), 0.0).unwrap();
+    assert_eq!((f.trigger, f.detail.as_str(), f.value), (Trigger::User, "mine", 0.01));
+    assert_eq!(e.end_of_update(6, 0.01, Some(f64::NAN), 0.0), None, "the NaN of 5 was seen");
+}
