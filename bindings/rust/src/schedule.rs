@@ -726,12 +726,15 @@ impl<'a> Update<'a> {
             }
         }
         self.fold_loss(loss, None)?;
-        let Some(capture) = self.capture.take() else { return Ok(()) };
+        if self.capture.is_none() {
+            return Ok(());
+        }
         if let Some(reason) = failure {
             self.active.take();
-            return capture.finish_failed(&reason);
+            return self.capture.take().expect("checked").finish_failed(&reason);
         }
         let measured = self.end_measured();
+        let capture = self.capture.take().expect("checked");
         // Kept for Schedule::finish, also when the span failed: the capture
         // is a file the caller may still want.
         let outcome = capture.finish();

@@ -159,3 +159,82 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
     assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![] });
     assert!(!trace.exists(), "no capture was opened before update 3");
 }
+
+#[test]
+fn the_closure_form_runs_one_body_and_opens_the_measured_region_on_the_capture_step() {
+    let dir = fresh_dir("schedule-closure");
+    let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
+    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    for i in 0..6u64 {
+        let n = schedule
+            .update(|u| {
+                {
+                    let _f = u.span_kind("train/forward", SpanKind::Module, Step::Forward)?;
+                    // In the trace only on the capture step.
+                    assert_eq!(_f.id().is_some(), u.number() == 3);
+                }
+                u.loss(i as f64);
+                Ok::<_, Error>(u.number())
+            })
+            .unwrap();
+        assert_eq!(n, i + 1);
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(done.trace.as_deref(), Some(trace.as_path()));
+    assert_valid_complete(&trace);
+    let lines = lines(&trace);
+    let measured = lines.iter().find(|l| l["kind"] == "span_start" && l["measured"] == true).unwrap();
+    assert_eq!(measured["name"], DEFAULT_UPDATE_SPAN);
+    assert_eq!(span_named(&lines, "train/forward")["parent_id"], measured["id"]);
+    let loss = of_kind(&lines, "tensor_stats").into_iter().find(|s| s["label"] == "loss").unwrap();
+    assert_eq!(loss["mean"], 2.0, "update 3's loss in its measured region");
+    let doc = read_summary(&summary);
+    assert_eq!(span_count(&doc, "train/forward", Some("forward")), 6, "every update in the statistics");
+    let loss = &doc["scalars"][0];
+    assert_eq!((loss["label"].as_str(), loss["count"].as_u64(), loss["last"].as_f64()), (Some("loss"), Some(6), Some(5.0)));
+}
+
+#[test]
+fn an_err_from_the_closure_on_the_capture_step_fails_the_capture_with_it() {
+    let dir = fresh_dir("schedule-closure-err");
+    let trace = dir.path().join("t.jsonl");
+    let schedule = Schedule::new(&trace, run());
+    for _ in 0..3 {
+        let r = schedule.update(|u| {
+            let _f = u.span("train/forward", Step::Forward)?;
+            if u.number() == 3 {
+                return Err(Error::Trace { status: Status::Internal, message: "the loader died".into() });
+            }
+            Ok(())
+        });
+        assert_eq!(r.is_err(), schedule.updates() == 3);
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(done.trace, None);
+    let last = lines(&trace).pop().unwrap();
+    assert_eq!((last["outcome"].as_str(), last["reason"].as_str()), (Some("failed"), Some("the loader died [CT_ERR_INTERNAL]")));
+}
+
+#[test]
+fn reopen_refuses_a_bad_step_and_keeps_the_session() {
+    let dir = fresh_dir("schedule-reopen");
+    let run = Run::training("rust::reopen", 1, "cpu").buffered(1 << 20);
+    let s = Session::open(dir.path().join("a.jsonl"), run).unwrap();
+    let (kept, err) = s.reopen(dir.path().join("b.jsonl"), 0).unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidArgument));
+    assert!(err.message().contains("capture_step"), "{err}");
+    let s = kept.expect("refused before the discard: still open").reopen(dir.path().join("b.jsonl"), 2).unwrap();
+    assert_eq!(s.path(), dir.path().join("b.jsonl"));
+    {
+        let _m = s.measure("update").unwrap();
+    }
+    let path = s.finish().unwrap();
+    assert_eq!(lines(&path)[0]["capture_step"], 2);
+    assert_valid_complete(&path);
+    assert!(!dir.path().join("a.jsonl").exists(), "the first one was discarded unwritten");
+    // A session that writes as it records is refused, and stays open.
+    let plain = Session::open(dir.path().join("c.jsonl"), Run::training("rust::reopen", 1, "cpu")).unwrap();
+    let (kept, err) = plain.reopen(dir.path().join("d.jsonl"), 2).unwrap_err();
+    assert_eq!(err.status(), Some(Status::State), "{err}");
+    kept.unwrap().finish_failed("done").unwrap();
+}
