@@ -218,8 +218,9 @@ impl Schedule {
 
     /// Watches every update and keeps the ones that go wrong in `folder`
     /// (see the module's doc), with the default [`WatchOptions`]. `run`'s
-    /// capture step is replaced by each trace's update; leave its warm-up
-    /// steps and correlation id unset.
+    /// capture step is replaced by each trace's update, and its warm-up steps
+    /// and correlation id by the defaults that update gives them
+    /// (`<N> - 1`, `<entrypoint>/update-<N>`).
     pub fn watch(folder: impl AsRef<Path>, run: Run) -> Schedule {
         Self::watch_with(folder, run, WatchOptions::default()).expect("the default options are valid")
     }
@@ -232,7 +233,12 @@ impl Schedule {
         if opts.flight_recorder == Some(0) {
             return Err(Error::invalid("watch: the flight recorder's bound must be at least 1 byte (None turns it off)"));
         }
-        let full: Value = serde_json::from_str(&run.to_json()).map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
+        let mut full: Value = serde_json::from_str(&run.to_json()).map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
+        if let Value::Object(m) = &mut full {
+            // Each trace's update decides them (ct_open's defaults from its capture step).
+            m.remove("warmup_steps");
+            m.remove("correlation_id");
+        }
         let mut flight = full.clone();
         if let (Value::Object(m), Some(bytes)) = (&mut flight, opts.flight_recorder) {
             m.insert("buffer".into(), serde_json::json!({ "max_bytes": bytes }));
@@ -784,7 +790,7 @@ impl<'a> Update<'a> {
                     }
                     None => None,
                 };
-                w.opts.triggers.exception.then(|| Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
+                w.opts.triggers.exception.then_some(Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
             }
             None => {
                 let mut fired = st.eval.end_of_update(n, seconds, loss, waited);

@@ -7,7 +7,11 @@
 //! - `slow`: the update took more than [`Triggers::slow`] times the median of
 //!   the last [`Triggers::window`] updates (and at least
 //!   [`Triggers::slow_min_excess`] more than it), once [`Triggers::warmup`]
-//!   updates have been seen. With the system clock an update's time leaves
+//!   updates have been seen. An update's time runs from its beginning (the
+//!   start of the `Schedule::update` closure, or `begin_update`) to its end:
+//!   the data step belongs inside it (Python's runs from one `step()` to the
+//!   next, so there the loop's whole iteration counts). With the system clock
+//!   an update's time leaves
 //!   out the capture's own work (the session's tracer time, see
 //!   [`crate::SessionRef::tracer_work`]: a full capture after a trigger would
 //!   otherwise fire the trigger again for its own cost) and, on Linux, what

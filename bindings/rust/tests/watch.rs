@@ -269,7 +269,9 @@ fn the_flight_recorder_bound_drops_records_and_says_so() {
 fn the_guard_form_runs_the_same_schedule_and_fail_is_the_exception_trigger() {
     let dir = fresh_dir("watch-guard");
     let clock = ManualClock::new();
-    let schedule = Schedule::watch(dir.path(), Run::training("rust::guard", 1, "cpu")).with_clock(clock.clone());
+    // The run's own warm-up and correlation id give way to each update's.
+    let run = Run::training("rust::guard", 1, "cpu").warmup_steps(0).correlation_id("mine");
+    let schedule = Schedule::watch(dir.path(), run).with_clock(clock.clone());
     for n in 1..=4u64 {
         let u = schedule.begin_update().unwrap();
         assert!(u.recorder().is_some() && u.capture().is_none(), "flight-recorded");
@@ -285,8 +287,11 @@ fn the_guard_form_runs_the_same_schedule_and_fail_is_the_exception_trigger() {
     }
     let done = schedule.finish().unwrap();
     assert_eq!(fired_of(&done.fired), [(3, Trigger::Exception)]);
-    let (_, reason) = judged_failed(&dir.path().join("update-000003-exception.jsonl"));
+    let (lines, reason) = judged_failed(&dir.path().join("update-000003-exception.jsonl"));
     assert_eq!(reason, "the loader died");
+    let meta = &lines[0];
+    assert_eq!((meta["capture_step"].as_u64(), meta["warmup_steps"].as_u64()), (Some(3), Some(2)));
+    assert_eq!(meta["correlation_id"], "rust::guard/update-3");
     assert_eq!(listing(dir.path()), ["update-000003-exception.jsonl"], "nothing but the failed one, and no spare left behind");
 }
 
