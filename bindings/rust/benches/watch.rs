@@ -16,7 +16,9 @@
 //!     cargo bench --features candle --bench watch
 //!
 //! Each kind has its own model, schedule and aggregate session; the body is
-//! one closure for all. Medians over ROUNDS updates of each.
+//! one closure for all. Medians over ROUNDS updates of each. Then 10,000
+//! more flight-recorded updates alone, the resident set sampled every 1,000
+//! (the recorder's memory must not grow with the run).
 #[path = "../examples/common/mlp.rs"]
 mod mlp;
 
@@ -27,6 +29,7 @@ use candle_trace::{Run, Schedule, SpanKind, Step, Triggers, WatchOptions};
 
 const WARMUP: usize = 30;
 const ROUNDS: usize = 800;
+const LONG_RUN: u64 = 10_000;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -91,6 +94,19 @@ fn main() {
             }
         }
     }
+    // The flight recorder's memory over a long run: 10,000 more updates of
+    // the flight kind alone, the process's resident set every 1,000.
+    let mut rss = vec![rss_kib()];
+    {
+        let (_, s, schedule) = &mut kinds[3];
+        let sc = schedule.as_ref().unwrap();
+        for n in 1..=LONG_RUN {
+            update(sc, s).unwrap();
+            if n % 1000 == 0 {
+                rss.push(rss_kib());
+            }
+        }
+    }
     let mut written = 0;
     for (_, _, schedule) in kinds.iter_mut() {
         if let Some(sc) = schedule.take() {
@@ -109,4 +125,14 @@ fn main() {
     println!("aggregated / untraced: {:.3}x", a / u);
     println!("triggers   / aggregated: {:.3}x (+{:.2} us)", t / a, (t - a) / 1e3);
     println!("flight     / aggregated: {:.3}x (+{:.2} us)", f / a, (f - a) / 1e3);
+    let mib: Vec<String> = rss.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();
+    println!("flight recorder, {LONG_RUN} more updates: RSS MiB every 1,000: {}", mib.join(" "));
+}
+
+/// VmRSS of this process in KiB (0 where /proc has none).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
 }
