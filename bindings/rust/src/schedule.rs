@@ -10,7 +10,7 @@
 //! use candle_trace::{Run, Schedule, Step};
 //!
 //! # fn main() -> candle_trace::Result<()> {
-//! let schedule = Schedule::watch("traces/", Run::training("mlp::train", 1, "cpu"))
+//! let schedule = Schedule::watch("traces/", Run::training("mlp::train", 1, "cpu"))?
 //!     .with_aggregate("traces/stats.json", None)?;
 //! for _ in 0..10_000 {
 //!     schedule.update(|u| {
@@ -221,15 +221,20 @@ impl Schedule {
     /// capture step is replaced by each trace's update, and its warm-up steps
     /// and correlation id by the defaults that update gives them
     /// (`<N> - 1`, `<entrypoint>/update-<N>`).
-    pub fn watch(folder: impl AsRef<Path>, run: Run) -> Schedule {
-        Self::watch_with(folder, run, WatchOptions::default()).expect("the default options are valid")
+    /// Refuses a run with `measured_root()` ([`Status::InvalidArgument`]):
+    /// the schedule opens each update's measured region itself.
+    pub fn watch(folder: impl AsRef<Path>, run: Run) -> Result<Schedule> {
+        Self::watch_with(folder, run, WatchOptions::default())
     }
 
     /// [`Schedule::watch`] with options of your choice; refuses
-    /// ([`Status::InvalidArgument`]) bad triggers ([`Triggers::check`]) and a
-    /// flight recorder bound of 0.
+    /// ([`Status::InvalidArgument`]) bad triggers ([`Triggers::check`]), a
+    /// flight recorder bound of 0 and a measured root.
     pub fn watch_with(folder: impl AsRef<Path>, run: Run, opts: WatchOptions) -> Result<Schedule> {
         let eval = Evaluator::new(opts.triggers.clone())?;
+        if run.is_measured_root() {
+            return Err(Error::invalid("watch: the schedule opens each update's measured region; a run with measured_root() has none to open"));
+        }
         if opts.flight_recorder == Some(0) {
             return Err(Error::invalid("watch: the flight recorder's bound must be at least 1 byte (None turns it off)"));
         }
@@ -394,7 +399,8 @@ impl Schedule {
             if let Some(a) = &self.aggregate {
                 u.span = Some(a.try_span(&self.update_span, SpanKind::Function, Step::None)?);
             }
-            if let (Some(c), true) = (&u.capture, measure || kind != Kind::Step) {
+            // A measured root is the region already (fixed capture step only).
+            if let (Some(c), true) = (&u.capture, (measure || kind != Kind::Step) && !self.run.is_measured_root()) {
                 let mut id: ffi::ct_span = 0;
                 let name = std::ffi::CString::new(self.update_span.as_str()).map_err(|_| Error::invalid("the update span's name has a NUL"))?;
                 // SAFETY: the name is NUL-terminated and lives across the call.

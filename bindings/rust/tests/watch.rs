@@ -199,6 +199,7 @@ fn triggers_fold_into_the_summary_and_the_cap_bounds_the_traces() {
     let wait = Wait::Clock(ManualClock::new());
     let Wait::Clock(clock) = &wait else { unreachable!() };
     let schedule = Schedule::watch(&folder, Run::training("rust::cap", 1, "cpu"))
+        .unwrap()
         .with_clock(clock.clone())
         .with_aggregate(&summary_path, None)
         .unwrap();
@@ -271,7 +272,7 @@ fn the_guard_form_runs_the_same_schedule_and_fail_is_the_exception_trigger() {
     let clock = ManualClock::new();
     // The run's own warm-up and correlation id give way to each update's.
     let run = Run::training("rust::guard", 1, "cpu").warmup_steps(0).correlation_id("mine");
-    let schedule = Schedule::watch(dir.path(), run).with_clock(clock.clone());
+    let schedule = Schedule::watch(dir.path(), run).unwrap().with_clock(clock.clone());
     for n in 1..=4u64 {
         let u = schedule.begin_update().unwrap();
         assert!(u.recorder().is_some() && u.capture().is_none(), "flight-recorded");
@@ -308,6 +309,9 @@ fn bad_options_and_a_trigger_without_watch_are_refused() {
         assert_eq!(err.status(), Some(Status::InvalidArgument));
         assert!(err.message().contains(needle), "{err}");
     }
+    let err = Schedule::watch("unused", run().measured_root()).unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidArgument));
+    assert!(err.message().contains("a run with measured_root() has none to open"), "{err}");
     let plain = Schedule::new("unused.jsonl", run());
     let err = plain.trigger("why").unwrap_err();
     assert_eq!(err.status(), Some(Status::State));
