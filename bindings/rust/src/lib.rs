@@ -28,6 +28,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod ffi;
+pub mod heap;
 
 mod device;
 mod error;
