@@ -5,9 +5,10 @@
 //! passes through: the global allocator. Install [`TracingAllocator`] in the
 //! program (opt-in):
 //!
-//! ```ignore
+//! ```no_run
 //! #[global_allocator]
 //! static HEAP: candle_trace::heap::TracingAllocator = candle_trace::heap::TracingAllocator::system();
+//! # fn main() {}
 //! ```
 //!
 //! Outside a capture it costs one relaxed atomic load per allocation. While a

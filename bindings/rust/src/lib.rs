@@ -24,7 +24,8 @@
 //! (README.md says how and why; its C ABI is `include/candle_trace.h`, which
 //! [`ffi`] mirrors). Features: `candle` (capture helpers for candle-core
 //! and candle-nn: [`candle`]), `tracing` (a `tracing_subscriber::Layer`:
-//! [`layer`]).
+//! [`layer`]). Host heap memory of a captured update comes from an opt-in
+//! global allocator: [`heap`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod ffi;

@@ -6,7 +6,7 @@
 //! so no wrapper can be put around them from outside; the code that calls
 //! them can name its ops instead:
 //!
-//! ```ignore
+//! ```text
 //! let q = trace_op("layers.0.attn.q_proj", &[&x], || self.q_proj.forward(&x))?;
 //! let att = q.traced_matmul("layers.0.attn.scores", &k.t()?)?;
 //! ```
