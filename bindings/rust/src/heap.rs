@@ -385,9 +385,10 @@ impl<'a> HeapCapture<'a> {
                 }
             } else {
                 seq += 1;
-                if let Some((_, b, _)) = live.insert(addr, (seq, bytes, category_of(meta))) {
-                    // The free of the earlier block was lost (a full log).
-                    live_bytes -= b as u64;
+                if let Some((_, b, _)) = live.remove(&addr) {
+                    // The free of the earlier block was lost (a full log):
+                    // the trace keeps it live, the count here lets it go.
+                    live_bytes = live_bytes.saturating_sub(b as u64);
                 }
                 (seq, bytes, category_of(meta), MemoryAction::Alloc)
             };
@@ -410,10 +411,11 @@ impl<'a> HeapCapture<'a> {
             match recorded {
                 Ok(()) if free => {
                     sum.frees += 1;
-                    live_bytes -= size as u64;
+                    live_bytes = live_bytes.saturating_sub(size as u64);
                 }
                 Ok(()) => {
                     sum.allocations += 1;
+                    live.insert(addr, (storage, size, category));
                     live_bytes += size as u64;
                     if live_bytes > sum.peak_bytes {
                         sum.peak_bytes = live_bytes;
