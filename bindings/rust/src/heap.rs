@@ -309,6 +309,9 @@ impl<'a> HeapCapture<'a> {
     /// [`HeapCapture::start`] logging allocations of at least `min_bytes`.
     pub fn start_with(session: &'a SessionRef, span: impl Into<SpanId>, min_bytes: usize) -> Result<HeapCapture<'a>> {
         let span = span.into();
+        // The probe and the log's reset are the tracer's work (an aggregate
+        // session keeps none apart: then it is not bracketed).
+        let _work = session.tracer_work().ok();
         if OPEN.swap(true, Ordering::AcqRel) {
             return Err(Error::state("heap capture: another capture is open in this process"));
         }
