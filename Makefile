@@ -219,7 +219,7 @@ test-aggregate-demo: setup $(LIB) $(CLI) test-rust
 	TORCH_PYTHON=$(PYTHON) ./tests/aggregate_demo.sh --check
 
 bench-rust: $(LIB)
-	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead && cargo bench --features candle --bench stats && cargo bench --features candle --bench watch
+	cd bindings/rust && cargo bench --features tracing --bench spans && cargo bench --features candle --bench step_overhead && cargo bench --features candle --bench stats && cargo bench --features candle --bench watch && cargo bench --features candle --bench llama_overhead
 
 # Every benchmark: Go packages, the C span path (burst + 50 M events
 # sustained) and both bindings. Figures go into BENCHMARKS.md.

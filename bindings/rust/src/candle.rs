@@ -11,7 +11,14 @@
 //! - [`Traced`]: a `Module` wrapper that spans the forward, records it as an
 //!   op and records its output's metadata and stats;
 //! - [`backward_step`]: `Optimizer::backward_step` split in two spans, with the
-//!   gradients recorded in between.
+//!   gradients recorded in between;
+//! - [`trace_op`], [`TraceOps`] and [`phase`]: ops and phases of a model that
+//!   is no `Module` to the tracer (private submodules, as candle's own
+//!   `llama2_c::Llama`), with their heap memory ([`crate::heap`]).
+//!
+//! What these helpers do for the tracer (statistics, gradient norms, encoding
+//! records) is bracketed as the tracer's own work (`ct_tracer_begin`/`end`),
+//! so span durations count the model alone.
 //!
 //! The wrappers record into the thread's [`crate::current`] session (set while
 //! a measured region is open) and cost one thread-local read otherwise.
@@ -24,7 +31,11 @@ use crate::error::Result;
 use crate::run::GradientContract;
 use crate::session::{current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta, TensorStats};
 
+mod ops;
 mod reduce;
+
+pub use ops::{phase, phase_category, trace_op, Phase, TraceOps};
+use ops::tracer_work;
 
 /// The trace's name of a candle device: `cpu`, `cuda:N`, `metal:N`.
 pub fn device_name(device: &Device) -> String {
@@ -120,6 +131,23 @@ fn dims(t: &Tensor) -> &[usize] {
     t.dims()
 }
 
+fn record_tensor_meta(session: &SessionRef, span: SpanId, t: &Tensor, id: &str, label: Option<&str>, category: Category) -> Result<()> {
+    let device = device_name(t.device());
+    session.tensor(
+        span,
+        &TensorMeta {
+            tensor_id: id,
+            dtype: t.dtype().as_str(),
+            device: &device,
+            label,
+            shape: dims(t),
+            requires_grad: t.is_variable(),
+            category,
+            dense_bytes: None,
+        },
+    )
+}
+
 impl SessionRef {
     /// Records `t`'s metadata in `span`: identity `t<N>`, dtype, device,
     /// shape; a variable is a `parameter` (requires_grad), anything else an
@@ -131,26 +159,14 @@ impl SessionRef {
 
     /// [`SessionRef::record_tensor`] with a label and category of your choice.
     pub fn record_tensor_as(&self, span: impl Into<SpanId>, t: &Tensor, label: Option<&str>, category: Category) -> Result<()> {
-        let id = tensor_id(t);
-        let device = device_name(t.device());
-        self.tensor(
-            span,
-            &TensorMeta {
-                tensor_id: &id,
-                dtype: t.dtype().as_str(),
-                device: &device,
-                label,
-                shape: dims(t),
-                requires_grad: t.is_variable(),
-                category,
-                dense_bytes: None,
-            },
-        )
+        let _w = tracer_work(self);
+        record_tensor_meta(self, span.into(), t, &tensor_id(t), label, category)
     }
 
     /// Reduces `t` on its device ([`tensor_stats`]) and records the result
     /// under `label`. Returns the statistics.
     pub fn record_tensor_stats(&self, span: impl Into<SpanId>, label: &str, t: &Tensor) -> Result<Stats> {
+        let _w = tracer_work(self);
         let s = tensor_stats(t)?;
         self.tensor_stats(
             span,
@@ -173,6 +189,7 @@ impl SessionRef {
     /// first, one transfer per device: [`gradient_norms`]). Pair it with
     /// [`gradient_contract`] in the run's capture contract. Returns the facts.
     pub fn record_gradients(&self, root: &str, grads: &GradStore, varmap: &VarMap) -> Result<Vec<(String, Gradient)>> {
+        let _w = tracer_work(self);
         let vars = named_vars(varmap);
         let present: Vec<&Tensor> = vars.iter().filter_map(|(_, var)| grads.get(var)).collect();
         let mut norms = gradient_norms(&present)?.into_iter();
@@ -235,26 +252,34 @@ impl<M: Module> Module for Traced<M> {
             return self.inner.forward(xs);
         };
         let span = session.span_with(&self.name, SpanKind::Module, Step::Forward);
+        let id = span.id();
+        let attribution = (id.0 != 0).then(|| crate::heap::attribute(id, Category::Activation));
         let start = session.now_ns();
         let ys = self.inner.forward(xs)?;
         let end = session.now_ns();
-        let id = span.id();
         if id.0 != 0 {
-            // The op must lie inside the open span; metadata and stats (the
-            // costly part) are recorded once it closed, so they do not
-            // inflate the module's time.
-            let recorded = record_forward_op(&session, id, &self.name, xs, &ys, start, end);
-            drop(span);
-            if let Err(e) = recorded.and_then(|(i, o)| record_forward_output(&session, id, &self.name, &i, &o, &ys)) {
+            // The op must lie inside the open span; recording it, the
+            // output's metadata and stats is the tracer's work, left out of
+            // the module's time.
+            let _w = tracer_work(&session);
+            let recorded = record_op_of(&session, id, &self.name, &[xs], &ys, start, end)
+                .and_then(|o| record_forward_output(&session, id, &self.name, &tensor_id(xs), &o, &ys));
+            if let Err(e) = recorded {
                 session.defer(e);
             }
+            drop(attribution);
+            drop(span);
         }
         Ok(ys)
     }
 }
 
-fn record_forward_op(session: &SessionRef, span: SpanId, name: &str, xs: &Tensor, ys: &Tensor, start: u64, end: u64) -> Result<(String, String)> {
-    let (in_id, out_id) = (tensor_id(xs), tensor_id(ys));
+/// Records `ys = name(inputs)`, timed from `start` to `end` on the session
+/// clock, as an op of `span`. Returns the output's tensor id.
+pub(crate) fn record_op_of(session: &SessionRef, span: SpanId, name: &str, inputs: &[&Tensor], ys: &Tensor, start: u64, end: u64) -> Result<String> {
+    let ids: Vec<String> = inputs.iter().map(|t| tensor_id(t)).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let out_id = tensor_id(ys);
     let device = device_name(ys.device());
     session.op(
         span,
@@ -262,20 +287,20 @@ fn record_forward_op(session: &SessionRef, span: SpanId, name: &str, xs: &Tensor
             name,
             dtype: ys.dtype().as_str(),
             device: &device,
-            inputs: &[&in_id],
+            inputs: &refs,
             output: Some(&out_id),
             shape: ys.dims(),
             duration_ns: end.saturating_sub(start).max(1),
             timestamp_ns: start.max(1),
             output_dense_bytes: None,
-            input_dense_bytes: (xs.elem_count() * xs.dtype().size_in_bytes()) as u64,
+            input_dense_bytes: inputs.iter().map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum(),
         },
     )?;
-    Ok((in_id, out_id))
+    Ok(out_id)
 }
 
 fn record_forward_output(session: &SessionRef, span: SpanId, name: &str, in_id: &str, out_id: &str, ys: &Tensor) -> Result<()> {
-    session.record_tensor_as(span, ys, Some(name), Category::Activation)?;
+    record_tensor_meta(session, span, ys, out_id, Some(name), Category::Activation)?;
     session.data_edge(in_id, out_id)?;
     if session.records_stats() {
         session.record_tensor_stats(span, &format!("{name}/output"), ys)?;
@@ -321,12 +346,12 @@ pub fn backward_step_named<O: Optimizer>(
     names: UpdateSpans<'_>,
 ) -> Result<(GradStore, Vec<(String, Gradient)>)> {
     let grads = {
-        let _bwd = session.try_span(names.backward, SpanKind::Function, Step::Backward)?;
+        let _bwd = phase(session, names.backward, Step::Backward)?;
         loss.backward()?
     };
     let facts = session.record_gradients(root, &grads, varmap)?;
     {
-        let _opt = session.try_span(names.optimizer, SpanKind::Function, Step::Optimizer)?;
+        let _opt = phase(session, names.optimizer, Step::Optimizer)?;
         optimizer.step(&grads)?;
     }
     Ok((grads, facts))

@@ -130,6 +130,10 @@ impl Error {
         Error::Trace { status: Status::InvalidArgument, message: format!("candle-trace: {}", message.into()) }
     }
 
+    pub(crate) fn state(message: impl Into<String>) -> Error {
+        Error::Trace { status: Status::State, message: format!("candle-trace: {}", message.into()) }
+    }
+
     /// Reads `ct_last_error()` of this thread for a failed `code`.
     pub(crate) fn last(code: ffi::ct_status) -> Error {
         // SAFETY: ct_last_error never returns NULL and the string lives until

@@ -26,9 +26,12 @@
 //! and candle-nn: [`candle`]), `tracing` (a `tracing_subscriber::Layer`:
 //! [`layer`]). A [`Schedule`] runs a training loop's updates: aggregate
 //! statistics of all, traces of the ones that go wrong ([`triggers`]).
+//! Host heap memory of a captured update comes from an opt-in global
+//! allocator: [`heap`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod ffi;
+pub mod heap;
 
 mod device;
 mod error;

@@ -286,3 +286,52 @@ fn aggregate_schedule_counts_every_update_and_keeps_the_capture() {
     assert_eq!(scalars[0]["label"], "loss");
     assert_eq!(scalars[0]["count"], 200);
 }
+
+#[test]
+fn heap_capture_refuses_without_the_tracing_allocator() {
+    // This binary keeps the system allocator.
+    let dir = fresh_dir("heap-none");
+    let session = Session::open(dir.path().join("t.jsonl"), Run::inference("rust::heap", 1, "cpu").measured_root()).unwrap();
+    let err = candle_trace::heap::HeapCapture::start(&session, SpanId::ROOT).unwrap_err();
+    assert_eq!(err.status(), Some(Status::State));
+    assert!(err.message().contains("TracingAllocator is not the global allocator"), "{}", err.message());
+    assert!(!candle_trace::heap::capturing());
+    session.finish().unwrap();
+}
+
+#[test]
+fn capture_helpers_count_as_the_tracers_work() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let w = varmap.get((4, 4), "lin.weight", candle_nn::Init::Const(0.5), DType::F32, &dev).unwrap();
+    let traced = Traced::new("lin", candle_nn::Linear::new(w.clone(), None));
+    let x = Tensor::ones((2, 4), DType::F32, &dev).unwrap();
+    let dir = fresh_dir("tracer-work");
+    let path = dir.path().join("t.jsonl");
+    let run = Run::training("rust::tracer_work", 1, "cpu").capture_contract(CaptureContract::new().gradient_contract(gradient_contract("vb", &varmap)));
+    let session = Session::open(&path, run).unwrap();
+    {
+        let _m = session.measure("update").unwrap();
+        let grew = |what: &str, f: &mut dyn FnMut()| {
+            let before = session.tracer_ns();
+            f();
+            assert!(session.tracer_ns() > before, "{what} is not bracketed as the tracer's work");
+        };
+        let mut y = None;
+        grew("Traced::forward", &mut || y = Some(traced.forward(&x).unwrap()));
+        let y = y.unwrap();
+        grew("record_tensor_stats", &mut || {
+            session.record_tensor_stats(SpanId::ROOT, "y", &y).unwrap();
+        });
+        grew("record_tensor", &mut || session.record_tensor(SpanId::ROOT, &y).unwrap());
+        grew("trace_op", &mut || {
+            candle_trace::candle::trace_op("sum", &[&y], || y.sum_all()).unwrap();
+        });
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        grew("record_gradients", &mut || {
+            session.record_gradients("vb", &grads, &varmap).unwrap();
+        });
+    }
+    session.finish().unwrap();
+    assert_valid_complete(&path);
+}

@@ -23,25 +23,9 @@ pub const CAPTURE_STEP: u64 = 3;
 pub const ROOT: &str = "mlp";
 pub const LABELS: [&str; 3] = ["train/forward", "train/backward", "train/optimizer"];
 
-/// splitmix64: the one random stream of the example.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+#[path = "rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 pub struct Mlp {
     pub fc1: Traced<Linear>,
