@@ -25,11 +25,11 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 	start := s.Now()
 	if s.aggr != nil {
 		s.naiveKeys = append(s.naiveKeys, s.spanKey(name, uint32(step)))
-		s.open[id] = openSpan{parent: parent, start: start}
+		s.open.begin(id, openSpan{parent: parent, start: start})
 		return id, nil
 	}
 	s.buf = events.AppendSpanStart(s.buf, id, parent, name, start, kind, false, step, 0)
-	s.open[id] = openSpan{parent: parent, start: start}
+	s.open.begin(id, openSpan{parent: parent, start: start})
 	s.maybeWrite()
 	return id, nil
 }
@@ -45,14 +45,14 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 		return errorf(SpanMismatch, "naive_span_end: s%d is not the innermost span", id)
 	}
 	s.naiveStack = s.naiveStack[:n-1]
-	o := s.open[id]
 	if s.aggr != nil {
-		delete(s.open, id)
+		o, _ := s.open.end(id)
 		k := s.naiveKeys[n-1]
 		s.naiveKeys = s.naiveKeys[:n-1]
 		s.aggr.agg.Observe(k, s.Now()-o.start)
 		return nil
 	}
-	s.onSpanEnd(id, s.Now()-o.start, false, 0)
+	o, _ := s.open.end(id)
+	s.spanEnded(o, id, s.Now()-o.start, false, 0)
 	return nil
 }
