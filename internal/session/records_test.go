@@ -2,6 +2,7 @@ package session
 
 import (
 	"math"
+	"runtime"
 	"testing"
 	"time"
 
@@ -272,4 +273,54 @@ func TestFullDiskPoisonsBeforeAnyOtherError(t *testing.T) {
 	requireCode(t, s.RecordOp(inner, op("matmul", 0, 1)), Poisoned, "disk full (fake)")
 	requireCode(t, s.EndSpan(inner), Poisoned, "disk full (fake)")
 	requireCode(t, s.FinishFailed("disk full"), IO, "disk full (fake)")
+}
+
+// A record call drains its own thread's ring only: another thread's spans
+// stay in that thread's ring for the drainer, until a record names one of
+// them (then that ring is drained, so the record sees it).
+func TestRecordCallsDrainOnlyTheirOwnThreadsRing(t *testing.T) {
+	s, _ := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	mu.Lock()
+	others := len(live) - 1
+	mu.Unlock()
+	// Another live session's flusher drains every ring on its tick.
+	require.Zero(t, others, "sessions of earlier tests still open")
+	type report struct {
+		span    uint64
+		backlog uint64
+	}
+	reports, ask := make(chan report), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		id, err := s.BeginSpan("other thread", events.SpanFunction, events.StepNone)
+		if err != nil {
+			close(reports)
+			return
+		}
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		s.EndSpan(id)
+		close(reports)
+	}()
+	first, ok := <-reports
+	require.True(t, ok, "the other thread's span did not begin")
+	require.NotZero(t, first.backlog)
+
+	mine := begin(t, s, "mine")
+	require.NoError(t, s.RecordOp(mine, op("matmul", 0, 1)))
+	assert.Zero(t, ownRingBacklog(), "the calling thread's ring is drained")
+	ask <- struct{}{}
+	assert.Equal(t, first.backlog, (<-reports).backlog, "the other thread's ring is left to the drainer")
+
+	require.NoError(t, s.RecordOp(first.span, op("on the other thread's span", 0, 1)))
+	ask <- struct{}{}
+	assert.Zero(t, (<-reports).backlog, "a record naming its span drains that ring")
+	ask <- struct{}{}
+	<-reports
+	end(t, s, mine)
 }

@@ -3,8 +3,10 @@
 // The span hot path lives in C (fastpath.c): a per-OS-thread span stack and a
 // per-thread ring. This package drains the rings, checks every other record
 // against the trace format's rules as it arrives, encodes JSON with the
-// appenders of internal/events, and writes the file from a background
-// flusher, so a killed process leaves whole lines.
+// appenders of internal/events, and writes whole lines from the drainer and
+// a background flusher: a killed process leaves its events older than a
+// flush on disk (a SIGKILL inside a write may cut its last line at a page
+// boundary; our readers drop that line).
 package session
 
 import (
