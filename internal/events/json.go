@@ -2,6 +2,7 @@ package events
 
 import (
 	"math"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 )
@@ -126,17 +127,18 @@ const digitPairs = "00010203040506070809" + "10111213141516171819" + "2021222324
 
 // decimalLen is how many digits v has in base 10.
 func decimalLen(v uint64) int {
-	n := 1
-	for v >= 10000 {
-		v /= 10000
-		n += 4
-	}
-	for v >= 10 {
-		v /= 10
+	// log10(2) ~ 1233/4096: a guess from the bit length, off by at most one.
+	n := (bits.Len64(v) * 1233) >> 12
+	if n < len(pow10) && v >= pow10[n] {
 		n++
+	}
+	if n == 0 {
+		return 1
 	}
 	return n
 }
+
+var pow10 = [...]uint64{1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19}
 
 // appendShape writes a [u64] array; a nil shape is written as [] because null is rejected.
 func appendShape(b []byte, shape []uint64) []byte {

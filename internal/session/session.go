@@ -628,6 +628,7 @@ func (s *Session) FinishFailed(reason string) error {
 
 // releaseLocked forgets the session and stops its flusher.
 func (s *Session) releaseLocked() {
+	s.closed.release()
 	delete(live, s.handle)
 	slotRelease(s.handle)
 	close(s.done)

@@ -34,24 +34,56 @@ type closedTable struct {
 	slots []closedSpan
 }
 
+// spareClosed is the slots of a finished session's table, kept (with its
+// pages) for the next session: a session opened and finished again and
+// again (a flight recorder's) grows its table into memory already mapped
+// instead of faulting in up to 10 MiB each time. Guarded by mu.
+var spareClosed []closedSpan
+
 func (t *closedTable) put(s closedSpan) {
 	if s.id >= uint64(len(t.slots)) && len(t.slots) < MaxClosedSpans {
-		n := len(t.slots) * 2
-		if n == 0 {
-			n = 1024
-		}
-		for uint64(n) <= s.id && n < MaxClosedSpans {
-			n *= 2
-		}
-		grown := make([]closedSpan, n)
-		for _, old := range t.slots {
-			if old.id != 0 {
-				grown[old.id&uint64(n-1)] = old
-			}
-		}
-		t.slots = grown
+		t.grow(s.id)
 	}
 	t.slots[s.id&uint64(len(t.slots)-1)] = s
+}
+
+// grow doubles the table until id has a slot of its own or the table is
+// full size. It grows in place, inside one array of the full size whose
+// pages are touched only as the table reaches them: an entry at slot i of a
+// table of n either stays or moves to slot i+n.
+func (t *closedTable) grow(id uint64) {
+	if cap(t.slots) < MaxClosedSpans {
+		if cap(spareClosed) == MaxClosedSpans {
+			t.slots, spareClosed = spareClosed[:0], nil
+		} else {
+			t.slots = make([]closedSpan, 0, MaxClosedSpans)
+		}
+	}
+	for uint64(len(t.slots)) <= id && len(t.slots) < MaxClosedSpans {
+		n := len(t.slots)
+		if n == 0 {
+			t.slots = t.slots[:1024]
+			clear(t.slots)
+			continue
+		}
+		t.slots = t.slots[:2*n]
+		clear(t.slots[n:])
+		mask := uint64(2*n - 1)
+		for i := 0; i < n; i++ {
+			if e := t.slots[i]; e.id != 0 && e.id&mask != uint64(i) {
+				t.slots[i+n] = e
+				t.slots[i] = closedSpan{}
+			}
+		}
+	}
+}
+
+// release gives the table's memory to the next session; mu is held.
+func (t *closedTable) release() {
+	if cap(t.slots) == MaxClosedSpans {
+		spareClosed = t.slots[:0]
+	}
+	t.slots = nil
 }
 
 func (t *closedTable) get(id uint64) (closedSpan, bool) {
