@@ -13,6 +13,7 @@ import (
 func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
 	mu.Lock()
 	defer mu.Unlock()
+	defer naiveWrites()()
 	if err := s.usableLocked("naive_span_begin"); err != nil {
 		return 0, err
 	}
@@ -37,6 +38,7 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 func (s *Session) NaiveEndSpan(id uint64) error {
 	mu.Lock()
 	defer mu.Unlock()
+	defer naiveWrites()()
 	if err := s.usableLocked("naive_span_end"); err != nil {
 		return err
 	}
@@ -55,4 +57,12 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 	o, _ := s.open.end(id)
 	s.spanEnded(o, id, s.Now()-o.start, false, 0)
 	return nil
+}
+
+// naiveWrites lets the naive design write on the calling thread, as it
+// always did (the fast path's callers never do: maybeWrite); it returns the
+// undo. mu is held.
+func naiveWrites() func() {
+	drainerWrites = true
+	return func() { drainerWrites = false }
 }
