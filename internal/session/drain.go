@@ -110,7 +110,18 @@ func drainRing(r *C.ct_ring) {
 	mask := uint64(r.cap) - 1
 	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
 	tid := int64(r.tid)
+	waiting := (*uint32)(unsafe.Pointer(&r.waiting))
+	published := tail
 	for tail < head {
+		if tail-published >= drainStep {
+			// A producer waiting for room gets it now, not once the whole
+			// ring is drained: it goes on filling while this goes on.
+			published = tail
+			if atomic.LoadUint32(waiting) != 0 {
+				atomic.StoreUint64(tailp, tail)
+				C.ct__ring_consumed(r, C.uint64_t(tail))
+			}
+		}
 		off := tail & mask
 		h := (*C.ct_rec_hdr)(unsafe.Pointer(&data[off]))
 		size := uint64(h.size)
@@ -148,10 +159,14 @@ func drainRing(r *C.ct_ring) {
 	// As ct__ring_consumed: tail, then whether a producer waits for room
 	// (both sequentially consistent, against the producer's waiting-then-tail).
 	atomic.StoreUint64(tailp, tail)
-	if atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.waiting))) != 0 {
+	if atomic.LoadUint32(waiting) != 0 {
 		C.ct__ring_consumed(r, C.uint64_t(tail))
 	}
 }
+
+// drainStep is how much of a ring the drainer reads before it hands the
+// room to a producer waiting for it.
+const drainStep = 32 << 10
 
 // folder batches one drain's aggregate records per session, converting
 // ticks to nanoseconds at the rate measured at this drain; guarded by mu.
