@@ -111,9 +111,9 @@ func drainRing(r *C.ct_ring) {
 	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
 	tid := int64(r.tid)
 	waiting := (*uint32)(unsafe.Pointer(&r.waiting))
-	published := tail
+	published, step := tail, uint64(r.cap)/drainSteps
 	for tail < head {
-		if tail-published >= drainStep {
+		if tail-published >= step {
 			// A producer waiting for room gets it now, not once the whole
 			// ring is drained: it goes on filling while this goes on.
 			published = tail
@@ -164,9 +164,10 @@ func drainRing(r *C.ct_ring) {
 	}
 }
 
-// drainStep is how much of a ring the drainer reads before it hands the
-// room to a producer waiting for it.
-const drainStep = 32 << 10
+// drainSteps: the drainer hands room to a producer waiting for it each
+// time it has read this fraction of the ring. More often would cost a futex
+// wake and a sleep per step while the producer outruns the drainer.
+const drainSteps = 4
 
 // folder batches one drain's aggregate records per session, converting
 // ticks to nanoseconds at the rate measured at this drain; guarded by mu.
