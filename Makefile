@@ -234,6 +234,7 @@ bench-view:
 bench-core: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 	./$(BUILD)/bench_spans /tmp 100000
+	./$(BUILD)/bench_spans /tmp 100000 trace
 	CANDLE_TRACE_AGG_CLOCK=monotonic ./$(BUILD)/bench_spans /tmp 100000 aggregate
 	./$(BUILD)/bench_spans /tmp 0 50000000
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate

@@ -66,7 +66,8 @@
  * - Events are written by a background flusher at most
  *   CT_DEFAULT_FLUSH_INTERVAL_MS after they are recorded (environment
  *   CANDLE_TRACE_FLUSH_MS changes it), so a killed process leaves a readable
- *   partial trace of whole lines.
+ *   partial trace of whole lines (a SIGKILL that stops a write halfway may
+ *   cut its last line at a page boundary; candle-trace's readers drop it).
  */
 #ifndef CANDLE_TRACE_H
 #define CANDLE_TRACE_H
@@ -242,11 +243,12 @@ typedef struct ct_device_interval {
  * Parent folders of `path` are created. Nothing but the library's own files
  * is ever truncated or replaced: a final symbolic link is never followed
  * (refused, also when it points at a trace); an existing regular file is
- * reused, truncated, only when it is empty or one of candle-trace's traces
+ * reused only when it is empty or one of candle-trace's traces
  * or aggregate summaries (told by its first bytes: a trace's meta line
  * `{"kind":"meta","schema":"candle-graph/trace/10"`, a summary's "schema"
  * "candle-trace/aggregate/1"), so a rerun overwrites its previous output
- * and any other file (a mistyped `train.py`) is refused with CT_ERR_IO, the
+ * (a trace is replaced by a new file renamed over it at its first write: a
+ * process killed inside ct_open leaves the old one whole) and any other file (a mistyped `train.py`) is refused with CT_ERR_IO, the
  * message naming the path and why. A character device or a FIFO is written
  * into as it is (a trace session only: an aggregate summary needs a regular
  * file, see aggregate mode); a directory, a socket or a block device is
@@ -287,8 +289,9 @@ ct_status ct_open(const char *path, const char *run_json, ct_session *out);
 
 /* Opens a span nested in the calling thread's innermost open span (the root
  * when it has none). `step` tags a training phase (CT_STEP_NONE for none).
- * Costs tens of nanoseconds: it never blocks on I/O, except that a thread
- * whose event ring is full drains it synchronously (nothing is dropped).
+ * Costs tens of nanoseconds: it never blocks on I/O and never encodes or
+ * writes; a thread whose event ring is full waits for the library's drainer
+ * thread to make room (nothing is dropped).
  * Thread-safe. Returns CT_OK and the span in *out. */
 ct_status ct_span_begin(ct_session session, const char *name, ct_span_kind kind, ct_step step,
                         ct_span *out);

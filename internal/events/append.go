@@ -23,7 +23,7 @@ func AppendSpanStart(b []byte, id, parent uint64, name string, startNs uint64, k
 	b = append(b, `,"name":`...)
 	b = appendString(b, name)
 	b = append(b, `,"start_ns":`...)
-	b = strconv.AppendUint(b, startNs, 10)
+	b = appendUint(b, startNs)
 	b = append(b, `,"span_kind":"`...)
 	b = append(b, kind.String()...)
 	b = append(b, '"')
@@ -39,7 +39,7 @@ func AppendSpanStart(b []byte, id, parent uint64, name string, startNs uint64, k
 	}
 	if tid > 0 {
 		b = append(b, `,"tid":`...)
-		b = strconv.AppendInt(b, tid, 10)
+		b = appendUint(b, uint64(tid))
 	}
 	return append(b, "}\n"...)
 }
@@ -49,7 +49,7 @@ func AppendSpanEnd(b []byte, id, durationNs uint64) []byte {
 	b = append(b, `{"kind":"span_end","id":`...)
 	b = appendSpanRef(b, id)
 	b = append(b, `,"duration_ns":`...)
-	b = strconv.AppendUint(b, durationNs, 10)
+	b = appendUint(b, durationNs)
 	return append(b, "}\n"...)
 }
 

@@ -156,6 +156,39 @@ func checkFolder(dir string) error {
 type File struct {
 	*os.File
 	created bool
+	// replace: the path of an own file (a trace) that this one, a new file
+	// beside it, replaces at its first write, by a rename: a process killed
+	// before that (inside ct_open) leaves the old file as it was, never an
+	// emptied one. orig is that file as checked; "" once replaced.
+	replace string
+	orig    fs.FileInfo
+}
+
+// Write writes b and, at the first write of a file that replaces an own
+// one, puts it in that file's place.
+func (f *File) Write(b []byte) (int, error) {
+	n, err := f.File.Write(b)
+	if err == nil && f.replace != "" {
+		err = f.commit()
+	}
+	return n, err
+}
+
+// WriteString is Write of s (os.File's would bypass the replacement).
+func (f *File) WriteString(s string) (int, error) { return f.Write([]byte(s)) }
+
+// commit renames the new file over the one it replaces, if that is still
+// the file checked (else errChanged, and the new file stays unnamed there).
+func (f *File) commit() error {
+	now, err := os.Lstat(f.replace)
+	if err != nil || !os.SameFile(f.orig, now) {
+		return fmt.Errorf("%s: %w", f.replace, errChanged)
+	}
+	if err := os.Rename(f.File.Name(), f.replace); err != nil {
+		return err
+	}
+	f.replace = ""
+	return nil
 }
 
 // Discard closes f and removes it when Create made it (and it is still the
@@ -164,6 +197,12 @@ type File struct {
 // (empty or own's, so truncated then) is emptied again: what was written
 // since goes, and an empty file claims nothing.
 func (f *File) Discard() {
+	if f.replace != "" {
+		// Never put in place: the file it would replace is untouched.
+		f.Close()
+		os.Remove(f.File.Name())
+		return
+	}
 	st, err := f.Stat()
 	if err == nil && !f.created && st.Mode().IsRegular() {
 		_ = f.Truncate(0)
@@ -178,8 +217,10 @@ func (f *File) Discard() {
 }
 
 // Create opens path for writing a stream (a trace) from its start. A new
-// file is created (0644); an existing regular file is truncated only when it
-// is empty or own's, anyone else's is refused. A character device or a FIFO
+// file is created (0644); an existing regular file is replaced only when it
+// is empty or own's, anyone else's is refused: an empty one is written in
+// place, an own one is replaced by a new file beside it that takes its name
+// at the first write (File.Write), so that a kill before leaves it whole. A character device or a FIFO
 // is written as it is (nothing to truncate or replace). A final symbolic
 // link is never followed; it, a directory, a socket or a block device is
 // refused.
@@ -192,7 +233,7 @@ func Create(path string, own Own) (*File, error) {
 		if !errors.Is(err, fs.ErrExist) {
 			return nil, err
 		}
-		f, err = openExisting(path, own)
+		nf, err := openExisting(path, own)
 		// Removed or replaced while it was looked at: look again.
 		if (errors.Is(err, fs.ErrNotExist) || errors.Is(err, errChanged)) && attempt < 3 {
 			continue
@@ -200,13 +241,13 @@ func Create(path string, own Own) (*File, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &File{File: f}, nil
+		return nf, nil
 	}
 }
 
 var errChanged = errors.New("it changed while it was opened")
 
-func openExisting(path string, own Own) (*os.File, error) {
+func openExisting(path string, own Own) (*File, error) {
 	st, err := os.Lstat(path)
 	if err != nil {
 		return nil, err
@@ -231,16 +272,22 @@ func openExisting(path string, own Own) (*os.File, error) {
 		f.Close()
 		return nil, errChanged
 	}
-	if stream {
-		return f, nil
+	if stream || st.Size() == 0 {
+		return &File{File: f}, nil
 	}
 	if err := checkOwn(f, own, "overwrite"); err != nil {
 		f.Close()
 		return nil, err
 	}
-	if err := f.Truncate(0); err != nil {
-		f.Close()
+	f.Close()
+	nf, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.new")
+	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	if err := nf.Chmod(m.Perm()); err != nil {
+		nf.Close()
+		os.Remove(nf.Name())
+		return nil, err
+	}
+	return &File{File: nf, replace: path, orig: st}, nil
 }

@@ -223,3 +223,48 @@ func listTree(t *testing.T, dir string) []string {
 	}))
 	return out
 }
+
+// An own file being replaced stays whole until the new one's first write:
+// a process killed inside ct_open (after Create, before the meta line)
+// leaves the old trace, never an empty file; a Discard before that write
+// leaves it too, and nothing beside it.
+func TestReplacingKeepsTheOldFileUntilTheFirstWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "trace.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte("OURS old\n"), 0o640))
+	names := func() []string {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+
+	f, err := Create(path, ours)
+	require.NoError(t, err)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "OURS old\n", string(data), "killed here, the old trace is still there")
+	f.Discard()
+	data, err = os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "OURS old\n", string(data))
+	assert.Equal(t, []string{"trace.jsonl"}, names())
+
+	f, err = Create(path, ours)
+	require.NoError(t, err)
+	_, err = f.Write([]byte("OURS new\n"))
+	require.NoError(t, err)
+	_, err = f.Write([]byte("more\n"))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	data, err = os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "OURS new\nmore\n", string(data))
+	assert.Equal(t, []string{"trace.jsonl"}, names())
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), st.Mode().Perm(), "the replaced file's permissions are kept")
+}

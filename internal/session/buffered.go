@@ -173,7 +173,7 @@ func (s *Session) keepSpanStart(o *openSpan, mark int, name []byte, measured boo
 		return
 	}
 	if n, req := s.required[string(name)]; measured || (req && n == 1) {
-		if p, ok := s.open[o.parent]; ok && p.line != nil {
+		if p, ok := s.open.get(o.parent); ok && p.line != nil {
 			line := append([]byte(nil), s.buf[mark:]...)
 			s.buf = append(s.reviveLocked(s.buf[:mark], o.parent), line...)
 		}
@@ -189,14 +189,13 @@ func (s *Session) keepSpanStart(o *openSpan, mark int, name []byte, measured boo
 // reviveLocked appends the span_start lines of id and its open ancestors
 // that were dropped, outermost first, so a needed span has its parents.
 func (s *Session) reviveLocked(b []byte, id uint64) []byte {
-	o, ok := s.open[id]
+	o, ok := s.open.get(id)
 	if !ok || o.line == nil {
 		return b
 	}
 	b = s.reviveLocked(b, o.parent)
 	b = append(b, o.line...)
-	o.line = nil
-	s.open[id] = o
+	s.open.setLine(id, nil)
 	return b
 }
 
@@ -326,10 +325,10 @@ func (s *Session) appendTerminalLocked(complete bool, now uint64, reason string,
 		s.buf = events.AppendTerminal(s.buf, complete, now, reason, tt)
 		return
 	}
-	for _, o := range s.open {
+	s.open.each(func(_ uint64, o openSpan) {
 		if o.line != nil {
 			s.bound.drop(1, len(o.line))
 		}
-	}
+	})
 	s.buf = events.AppendBufferedTerminal(s.buf, complete, now, reason, tt, s.bound.dropped)
 }

@@ -205,3 +205,13 @@ func (s *Session) InnermostSpan() uint64 { return uint64(C.ct__innermost_span(C.
 func (s *Session) MonotonicStart() uint64 { return slotT0(s.slot) }
 
 type cSlot = C.ct_slot
+
+// ownRingBacklog is how many bytes of the calling thread's ring wait for
+// the drainer (tests: who drained what).
+func ownRingBacklog() uint64 {
+	r := C.ct__own_ring()
+	if r == nil {
+		return 0
+	}
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head))) - atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.tail)))
+}

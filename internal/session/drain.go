@@ -22,66 +22,17 @@ var mu sync.Mutex
 // live maps handles to open sessions; guarded by mu.
 var live = map[uint64]*Session{}
 
-// ctgo_drain_rings is called by the C fast path when a thread's ring is full.
-//
-//export ctgo_drain_rings
-func ctgo_drain_rings() {
-	mu.Lock()
-	drainLocked()
-	mu.Unlock()
-}
-
 var recHdrSize = uint64(unsafe.Sizeof(C.ct_rec_hdr{}))
 
 // drainLocked moves every record out of every ring into its session's
 // encode buffer. Records of sessions that no longer exist (a call that raced
-// with finish) are dropped.
+// with finish) are dropped. Only the drainer goroutine, the flushers and the
+// rare calls that must see every thread's spans (finish, flush) run it: a
+// producer whose ring is full waits for it (fastpath.c) rather than drain.
 func drainLocked() {
-	var last *Session
-	var lastHandle uint64
 	dead := false
-	for r := (*C.ct_ring)(atomic.LoadPointer((*unsafe.Pointer)(unsafe.Pointer(&C.ct__rings)))); r != nil; r = r.next {
-		head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
-		tailp := (*uint64)(unsafe.Pointer(&r.tail))
-		tail := *tailp
-		if tail != head {
-			mask := uint64(r.cap) - 1
-			data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
-			tid := int64(r.tid)
-			for tail < head {
-				off := tail & mask
-				h := (*C.ct_rec_hdr)(unsafe.Pointer(&data[off]))
-				size := uint64(h.size)
-				switch h._type {
-				case C.CT_REC_PAD:
-				case C.CT_REC_AGG_SESSION:
-					r.agg_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
-				case C.CT_REC_AGG:
-					a := (*C.ct_rec_agg)(unsafe.Pointer(h))
-					folder.add(uint64(r.agg_cur), uint32(a.type_key)>>8, uint64(a.val))
-				case C.CT_REC_AGG_SCALAR:
-					a := (*C.ct_rec_agg)(unsafe.Pointer(h))
-					folder.scalar(uint64(r.agg_cur), uint32(a.type_key)>>8, math.Float64frombits(uint64(a.val)))
-				default:
-					handle := uint64(h.session)
-					if handle != lastHandle {
-						last, lastHandle = live[handle], handle
-					}
-					if last != nil && last.poison == nil {
-						switch h._type {
-						case C.CT_REC_SPAN_START:
-							name := data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)]
-							last.onSpanStart(uint64(h.id), uint64(h.parent), name, uint64(h.ts),
-								uint32(h.kind), uint32(h.step), h.measured != 0, tid)
-						case C.CT_REC_SPAN_END:
-							last.onSpanEnd(uint64(h.id), uint64(h.ts), h.measured != 0, uint64(h.parent))
-						}
-					}
-				}
-				tail += size
-			}
-			atomic.StoreUint64(tailp, tail)
-		}
+	for r := firstRing(); r != nil; r = r.next {
+		drainRing(r)
 		if atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.dead))) != 0 {
 			dead = true
 		}
@@ -91,6 +42,132 @@ func drainLocked() {
 		C.ct__ring_unlink_dead()
 	}
 }
+
+// drainRingsOfLocked drains the rings of the threads with id tid (a thread
+// id is on one live ring; one of an exited thread may linger beside it).
+func drainRingsOfLocked(tid int64) {
+	for r := firstRing(); r != nil; r = r.next {
+		if int64(r.tid) == tid {
+			drainRing(r)
+		}
+	}
+	folder.done()
+}
+
+// drainOwnRingLocked drains the calling thread's ring only: what a record
+// call needs so that its own thread's spans are current (beginRecord).
+func drainOwnRingLocked() {
+	if r := C.ct__own_ring(); r != nil {
+		drainRing(r)
+		folder.done()
+	}
+}
+
+// recordSpan finds span id for a record call, which drained only its own
+// thread's ring: a span open on the calling thread (or opened in Go) is
+// current; one open on another thread may have ended in that thread's ring,
+// which is drained first; a span found nowhere may have begun in a ring not
+// drained yet, so every ring is, and it is looked up again. mu is held.
+func (s *Session) recordSpan(id uint64) (o openSpan, open bool, c closedSpan, closed bool) {
+	ts, p := s.open.locate(id)
+	switch {
+	case p != nil && (ts == nil || ts.ring == C.ct__own_ring()):
+		return *p, true, c, false
+	case p != nil:
+		drainRing(ts.ring)
+		folder.done()
+	default:
+		if c, ok := s.closed.get(id); ok {
+			return o, false, c, true
+		}
+		if s.aggr != nil {
+			return // its spans never reach the tables (spanBounds)
+		}
+		drainLocked()
+	}
+	if o, ok := s.open.get(id); ok {
+		return o, true, c, false
+	}
+	c, closed = s.closed.get(id)
+	return o, false, c, closed
+}
+
+func firstRing() *C.ct_ring {
+	return (*C.ct_ring)(atomic.LoadPointer((*unsafe.Pointer)(unsafe.Pointer(&C.ct__rings))))
+}
+
+// drainRing applies r's records up to its head; mu is held.
+func drainRing(r *C.ct_ring) {
+	var last *Session
+	var lastHandle uint64
+	var stack *threadSpans // last's open spans on this thread
+	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
+	tailp := (*uint64)(unsafe.Pointer(&r.tail))
+	tail := *tailp
+	if tail == head {
+		return
+	}
+	mask := uint64(r.cap) - 1
+	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
+	tid := int64(r.tid)
+	waiting := (*uint32)(unsafe.Pointer(&r.waiting))
+	published, step := tail, uint64(r.cap)/drainSteps
+	for tail < head {
+		if tail-published >= step {
+			// A producer waiting for room gets it now, not once the whole
+			// ring is drained: it goes on filling while this goes on.
+			published = tail
+			if atomic.LoadUint32(waiting) != 0 {
+				atomic.StoreUint64(tailp, tail)
+				C.ct__ring_consumed(r, C.uint64_t(tail))
+			}
+		}
+		off := tail & mask
+		h := (*C.ct_rec_hdr)(unsafe.Pointer(&data[off]))
+		size := uint64(h.size)
+		switch h._type {
+		case C.CT_REC_PAD:
+		case C.CT_REC_AGG_SESSION:
+			r.agg_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
+		case C.CT_REC_AGG:
+			a := (*C.ct_rec_agg)(unsafe.Pointer(h))
+			folder.add(uint64(r.agg_cur), uint32(a.type_key)>>8, uint64(a.val))
+		case C.CT_REC_AGG_SCALAR:
+			a := (*C.ct_rec_agg)(unsafe.Pointer(h))
+			folder.scalar(uint64(r.agg_cur), uint32(a.type_key)>>8, math.Float64frombits(uint64(a.val)))
+		default:
+			handle := uint64(h.session)
+			if handle != lastHandle {
+				last, lastHandle = live[handle], handle
+				if last != nil {
+					stack = last.open.thread(r)
+				}
+			}
+			if last != nil && last.poison == nil {
+				switch h._type {
+				case C.CT_REC_SPAN_START:
+					name := data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)]
+					last.onSpanStart(stack, uint64(h.id), uint64(h.parent), name, uint64(h.ts),
+						uint32(h.kind), uint32(h.step), h.measured != 0, tid)
+				case C.CT_REC_SPAN_END:
+					last.onSpanEnd(stack, uint64(h.id), uint64(h.ts), h.measured != 0, uint64(h.parent))
+				}
+			}
+		}
+		tail += size
+	}
+	// As ct__ring_consumed: tail, then whether a producer waits for room
+	// (both sequentially consistent, against the producer's waiting-then-tail).
+	atomic.StoreUint64(tailp, tail)
+	if atomic.LoadUint32(waiting) != 0 {
+		C.ct__ring_consumed(r, C.uint64_t(tail))
+	}
+}
+
+// drainSteps: the drainer hands room to a producer waiting for it each
+// time it has read this fraction of the ring. More often would cost a futex
+// wake and a sleep per step while the producer outruns the drainer.
+const drainSteps = 4
 
 // folder batches one drain's aggregate records per session, converting
 // ticks to nanoseconds at the rate measured at this drain; guarded by mu.

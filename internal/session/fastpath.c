@@ -14,13 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <linux/futex.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-/* Implemented in Go (drain.go): drains every ring into its session. */
-extern void ctgo_drain_rings(void);
 
 ct_slot ct__slots[CT_MAX_SESSIONS];
 ct_ring *ct__rings;
@@ -461,14 +460,27 @@ static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
 
 /* ---- ring writes -------------------------------------------------------- */
 
+static void wake_drainer(void);
+
+/* Sleeps until the drainer bumps r->room_seq past seq (or 2 ms pass: the
+ * wake is asked for again then, in case the drainer was not running yet). */
+static void wait_for_room(ct_ring *r, uint32_t seq) {
+    struct timespec ts = {0, 2000000};
+    long rc = syscall(SYS_futex, &r->room_seq, FUTEX_WAIT_PRIVATE, seq, &ts, NULL, 0);
+    if (rc != 0 && errno == ETIMEDOUT) wake_drainer();
+}
+
 static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t size) {
-    for (int attempt = 0;; attempt++) {
-        uint64_t head = LOAD(&r->head);
-        uint64_t tail = LOAD(&r->tail);
+    int waiting = 0;
+    uint32_t seq = 0;
+    for (;;) {
+        uint64_t head = r->head;
+        uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_SEQ_CST);
         uint64_t off = head & (r->cap - 1);
         uint64_t to_end = r->cap - off;
         uint64_t need = size <= to_end ? size : to_end + size;
         if (r->cap - (head - tail) >= need) {
+            if (waiting) STORE_RLX(&r->waiting, 0);
             if (size > to_end) {
                 ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
                 pad->size = (uint32_t)to_end;
@@ -478,14 +490,30 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
             }
             return r->data + off;
         }
-        if (attempt > 0) {
-            /* Another thread holds the drain; it will get to our ring. */
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
+        if (!waiting) {
+            /* Full: wait for the drainer rather than drop or drain here.
+             * seq before waiting, waiting before the tail is read again:
+             * a drainer that moves tail after that read sees waiting and
+             * bumps room_seq past seq, so the futex wait cannot miss it. */
+            seq = __atomic_load_n(&r->room_seq, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&r->waiting, 1, __ATOMIC_SEQ_CST);
+            waiting = 1;
+            r->wake_mark = head;
+            wake_drainer();
+            continue;
         }
-        /* Full: drain now rather than drop. The cost is amortised over the
-         * whole ring. */
-        ctgo_drain_rings();
+        wait_for_room(r, seq);
+        seq = __atomic_load_n(&r->room_seq, __ATOMIC_SEQ_CST);
+    }
+}
+
+ct_ring *ct__own_ring(void) { return tls.ring; }
+
+void ct__ring_consumed(ct_ring *r, uint64_t tail) {
+    __atomic_store_n(&r->tail, tail, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->waiting, __ATOMIC_SEQ_CST)) {
+        __atomic_fetch_add(&r->room_seq, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, &r->room_seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
     }
 }
 

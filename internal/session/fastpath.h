@@ -87,12 +87,18 @@ typedef struct ct_tls_sess {
 } ct_tls_sess;
 
 /* A single-producer single-consumer byte ring: the owning thread writes, the
- * Go drainer (under its mutex) reads. head/tail count bytes ever written/read. */
+ * Go drainer (under its mutex) reads. head/tail count bytes ever written/read.
+ * A producer that finds its ring full never drains it itself (that would run
+ * the Go encoder and the file write on the application's thread): it sets
+ * waiting, wakes the drainer and sleeps on a futex on room_seq, which the
+ * drainer bumps after moving tail while waiting is set (ct__ring_consumed). */
 typedef struct ct_ring {
     uint64_t head;
     char pad0[56];
     uint64_t tail;
-    char pad1[56];
+    uint32_t waiting;     /* producer: 1 while it waits for room */
+    uint32_t room_seq;    /* consumer: bumped (and futex-woken) when room appears for a waiter */
+    char pad1[48];
     uint32_t dead;        /* owning thread exited */
     uint32_t cap;                 /* power of two */
     int64_t tid;
@@ -217,6 +223,14 @@ uint64_t ct__launch_span(ct_session h, int *borrowed);
  * Started while the main thread has spans open, it is known from that
  * thread's next span begin or end. */
 void ct__track_main_thread(ct_session h, int on);
+
+/* The calling thread's ring; NULL before its first span. */
+ct_ring *ct__own_ring(void);
+
+/* The drainer has read r up to tail: publishes it and wakes a producer
+ * waiting for room. Go does the same inline (drain.go) and calls this only
+ * when waiting is set. */
+void ct__ring_consumed(ct_ring *r, uint64_t tail);
 
 /* Frees the rings of exited threads once drained (and once no live session
  * has spans left open on them). Called by Go under the drain mutex. */

@@ -13,6 +13,7 @@ import (
 func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
 	mu.Lock()
 	defer mu.Unlock()
+	defer naiveWrites()()
 	if err := s.usableLocked("naive_span_begin"); err != nil {
 		return 0, err
 	}
@@ -25,11 +26,11 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 	start := s.Now()
 	if s.aggr != nil {
 		s.naiveKeys = append(s.naiveKeys, s.spanKey(name, uint32(step)))
-		s.open[id] = openSpan{parent: parent, start: start}
+		s.open.begin(id, openSpan{parent: parent, start: start})
 		return id, nil
 	}
 	s.buf = events.AppendSpanStart(s.buf, id, parent, name, start, kind, false, step, 0)
-	s.open[id] = openSpan{parent: parent, start: start}
+	s.open.begin(id, openSpan{parent: parent, start: start})
 	s.maybeWrite()
 	return id, nil
 }
@@ -37,6 +38,7 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 func (s *Session) NaiveEndSpan(id uint64) error {
 	mu.Lock()
 	defer mu.Unlock()
+	defer naiveWrites()()
 	if err := s.usableLocked("naive_span_end"); err != nil {
 		return err
 	}
@@ -45,14 +47,22 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 		return errorf(SpanMismatch, "naive_span_end: s%d is not the innermost span", id)
 	}
 	s.naiveStack = s.naiveStack[:n-1]
-	o := s.open[id]
 	if s.aggr != nil {
-		delete(s.open, id)
+		o, _ := s.open.end(id)
 		k := s.naiveKeys[n-1]
 		s.naiveKeys = s.naiveKeys[:n-1]
 		s.aggr.agg.Observe(k, s.Now()-o.start)
 		return nil
 	}
-	s.onSpanEnd(id, s.Now()-o.start, false, 0)
+	o, _ := s.open.end(id)
+	s.spanEnded(o, id, s.Now()-o.start, false, 0)
 	return nil
+}
+
+// naiveWrites lets the naive design write on the calling thread, as it
+// always did (the fast path's callers never do: maybeWrite); it returns the
+// undo. mu is held.
+func naiveWrites() func() {
+	drainerWrites = true
+	return func() { drainerWrites = false }
 }

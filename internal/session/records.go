@@ -11,26 +11,29 @@ import (
 // at the moment a record arrives, so a program cannot produce a trace that
 // candle-graph rejects; a refused record writes nothing.
 
-// beginRecord locks, checks the session is usable and drains the rings so
-// the span tables are current. On success the caller holds mu and must
-// unlock it; on failure mu is already released.
+// beginRecord locks, checks the session is usable and drains the calling
+// thread's ring, so its own spans are current (recordSpan looks further only
+// for a span of another thread): a record call never drains every thread's
+// rings. On success the caller holds mu and must unlock it; on failure mu is
+// already released.
 func (s *Session) beginRecord(fn string) error {
 	mu.Lock()
 	if err := s.usableLocked(fn); err != nil {
 		mu.Unlock()
 		return err
 	}
-	drainLocked()
+	drainOwnRingLocked()
 	return nil
 }
 
 // spanBounds returns the interval a record on span must lie in: [start, end]
 // for a closed span, [start, now] for an open one.
 func (s *Session) spanBounds(fn string, span uint64) (start, end uint64, closed bool, err error) {
-	if o, ok := s.open[span]; ok {
+	o, open, c, closed := s.recordSpan(span)
+	if open {
 		return o.start, s.Now(), false, nil
 	}
-	if c, ok := s.closed.get(span); ok {
+	if closed {
 		return c.start, c.start + c.dur, true, nil
 	}
 	if s.aggr != nil && span != 0 && span <= lastSpanID(s.slot) {
@@ -42,6 +45,11 @@ func (s *Session) spanBounds(fn string, span uint64) (start, end uint64, closed 
 }
 
 func (s *Session) unknownSpan(fn string, span uint64) error {
+	if s.poison != nil {
+		// Records drained after the failed write were dropped: the span
+		// may well exist, and the write error is the one to report.
+		return s.poisonedErr(fn)
+	}
 	if span == 0 {
 		return errorf(InvalidHandle, "%s: span 0 is never valid", fn)
 	}
@@ -333,9 +341,9 @@ func (s *Session) RecordCallEdge(from, to, hostDurationNs uint64) error {
 	}
 	var parent, dur uint64
 	closed, dropped := false, false
-	if o, ok := s.open[to]; ok {
+	if o, open, c, isClosed := s.recordSpan(to); open {
 		parent, dropped = o.parent, o.line != nil
-	} else if c, ok := s.closed.get(to); ok {
+	} else if isClosed {
 		parent, dur, closed, dropped = c.parent, c.dur, true, c.dropped
 	} else {
 		return s.unknownSpan(fn, to)

@@ -2,6 +2,7 @@ package session
 
 import (
 	"math"
+	"runtime"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func TestOpMustLieInsideItsSpan(t *testing.T) {
 	span := begin(t, s, "forward")
 	time.Sleep(200 * time.Microsecond)
 	require.NoError(t, s.RecordOp(span, op("matmul", 0, 100_000)), "a zero timestamp means it just ended")
-	bounds := s.open[span]
+	bounds, _ := s.open.get(span)
 	requireCode(t, s.RecordOp(span, op("early", bounds.start-1, 1)), InvalidArgument, "lies outside span")
 	requireCode(t, s.RecordOp(span, op("future", s.Now()+1e9, 1)), InvalidArgument, "the span is open: records must not end in the future")
 	requireCode(t, s.RecordOp(span, op("overflow", math.MaxUint64, 2)), InvalidArgument, "overflows")
@@ -246,4 +247,80 @@ func TestMemoryMustBeInTimeOrderPerStorage(t *testing.T) {
 	end(t, s, span)
 	require.NoError(t, s.Finish())
 	testutil.RequireValid(t, path)
+}
+
+// On a disk that fills up, the first error a record call gets is
+// CT_ERR_POISONED: the write that fails never runs inside a record call's
+// drain, where it used to poison the session halfway and leave the
+// record's own span undrained ("span sN ... never opened").
+func TestFullDiskPoisonsBeforeAnyOtherError(t *testing.T) {
+	sink := &failingSink{budget: 1 << 20}
+	s, _ := openT(t, measuredRootRun, WithWriteChunk(1), WithFlushInterval(time.Hour),
+		WithOpener(func(string) (Sink, error) { return sink, nil }))
+	sink.mu.Lock()
+	sink.budget = 0 // the meta line and the root are on disk; now the disk is full
+	sink.mu.Unlock()
+	begin(t, s, "outer")
+	for i := 0; i < 10; i++ {
+		end(t, s, begin(t, s, "child"))
+	}
+	inner := begin(t, s, "inner")
+	err := s.RecordOp(inner, op("matmul", 0, 1))
+	if err != nil {
+		requireCode(t, err, Poisoned, "poisoned by an earlier write error")
+	}
+	drainAndWrite() // the drainer writes what is buffered, and fails
+	requireCode(t, s.RecordOp(inner, op("matmul", 0, 1)), Poisoned, "disk full (fake)")
+	requireCode(t, s.EndSpan(inner), Poisoned, "disk full (fake)")
+	requireCode(t, s.FinishFailed("disk full"), IO, "disk full (fake)")
+}
+
+// A record call drains its own thread's ring only: another thread's spans
+// stay in that thread's ring for the drainer, until a record names one of
+// them (then that ring is drained, so the record sees it).
+func TestRecordCallsDrainOnlyTheirOwnThreadsRing(t *testing.T) {
+	s, _ := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	mu.Lock()
+	others := len(live) - 1
+	mu.Unlock()
+	// Another live session's flusher drains every ring on its tick.
+	require.Zero(t, others, "sessions of earlier tests still open")
+	type report struct {
+		span    uint64
+		backlog uint64
+	}
+	reports, ask := make(chan report), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		id, err := s.BeginSpan("other thread", events.SpanFunction, events.StepNone)
+		if err != nil {
+			close(reports)
+			return
+		}
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		reports <- report{id, ownRingBacklog()}
+		<-ask
+		s.EndSpan(id)
+		close(reports)
+	}()
+	first, ok := <-reports
+	require.True(t, ok, "the other thread's span did not begin")
+	require.NotZero(t, first.backlog)
+
+	mine := begin(t, s, "mine")
+	require.NoError(t, s.RecordOp(mine, op("matmul", 0, 1)))
+	assert.Zero(t, ownRingBacklog(), "the calling thread's ring is drained")
+	ask <- struct{}{}
+	assert.Equal(t, first.backlog, (<-reports).backlog, "the other thread's ring is left to the drainer")
+
+	require.NoError(t, s.RecordOp(first.span, op("on the other thread's span", 0, 1)))
+	ask <- struct{}{}
+	assert.Zero(t, (<-reports).backlog, "a record naming its span drains that ring")
+	ask <- struct{}{}
+	<-reports
+	end(t, s, mine)
 }

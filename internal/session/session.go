@@ -3,8 +3,10 @@
 // The span hot path lives in C (fastpath.c): a per-OS-thread span stack and a
 // per-thread ring. This package drains the rings, checks every other record
 // against the trace format's rules as it arrives, encodes JSON with the
-// appenders of internal/events, and writes the file from a background
-// flusher, so a killed process leaves whole lines.
+// appenders of internal/events, and writes whole lines from the drainer and
+// a background flusher: a killed process leaves its events older than a
+// flush on disk (a SIGKILL inside a write may cut its last line at a page
+// boundary; our readers drop that line).
 package session
 
 import (
@@ -39,9 +41,11 @@ type Session struct {
 	// Everything below is guarded by mu.
 	buf          []byte
 	poison       error
-	open         map[uint64]openSpan
+	open         openSpans
 	closed       closedTable
 	names        map[string]string
+	lastName     string              // the name intern returned last
+	writeAsked   bool                // the drainer was woken to write buf (maybeWrite)
 	pendingEdges map[uint64][]uint64 // to -> from, written when `to` closes
 	required     map[string]int      // required semantic label -> spans seen
 	expected     map[gradKey]bool    // gradient contract keys -> recorded yet
@@ -115,7 +119,6 @@ func openRun(path string, run *events.Run, o options, reuse []byte) (*Session, e
 	}
 	s := &Session{
 		handle: h, slot: slotOf(h), path: path, run: run, opts: o, sink: sink, aggr: aggr,
-		open:    map[uint64]openSpan{},
 		names:   map[string]string{},
 		memory:  newLifetimes(),
 		bound:   asBufferSink(sink),
@@ -146,7 +149,7 @@ func openRun(path string, run *events.Run, o options, reuse []byte) (*Session, e
 		s.buf = run.AppendMeta(s.buf, s.metaExtras())
 	}
 	s.buf = events.AppendSpanStart(s.buf, 1, 0, run.Entrypoint, 0, events.SpanFunction, run.MeasuredRoot, events.StepNone, threadID())
-	s.open[1] = openSpan{start: 0, tid: threadID(), name: run.Entrypoint}
+	s.open.begin(1, openSpan{start: 0, tid: threadID(), name: run.Entrypoint})
 	s.countLabel(run.Entrypoint)
 	if err := s.writeOut(); err != nil {
 		slotRelease(h)
@@ -279,12 +282,16 @@ func (s *Session) usableLocked(fn string) error {
 		return errorf(InvalidHandle, "%s: session %d is unknown or already finished", fn, s.handle)
 	}
 	if s.poison != nil {
-		return errorf(Poisoned, "%s: session %d is poisoned by an earlier write error (%v); only ct_finish_failed works now", fn, s.handle, s.poison)
+		return s.poisonedErr(fn)
 	}
 	if slotState(s.slot) == slotFinishing {
 		return errorf(State, "%s: session %d is finishing", fn, s.handle)
 	}
 	return nil
+}
+
+func (s *Session) poisonedErr(fn string) error {
+	return errorf(Poisoned, "%s: session %d is poisoned by an earlier write error (%v); only ct_finish_failed works now", fn, s.handle, s.poison)
 }
 
 // BeginSpan opens a span on the calling OS thread through the C fast path.
@@ -302,27 +309,36 @@ func (s *Session) BeginMeasurement(name string) (uint64, error) {
 // EndSpan closes the calling thread's innermost span.
 func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
 
-// onSpanStart and onSpanEnd apply a drained ring record; mu is held.
-func (s *Session) onSpanStart(id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
+// onSpanStart and onSpanEnd apply a drained ring record of the thread whose
+// open spans are ts; mu is held.
+func (s *Session) onSpanStart(ts *threadSpans, id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
 	o := openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
 	mark := len(s.buf)
-	s.buf = events.AppendSpanStart(s.buf, id, parent, string(name), start, events.SpanKind(kind), measured, events.Step(step), tid)
+	str := o.name // interned: no string made per span
+	if str == "" {
+		str = string(name)
+	}
+	s.buf = events.AppendSpanStart(s.buf, id, parent, str, start, events.SpanKind(kind), measured, events.Step(step), tid)
 	if s.required != nil {
 		if _, ok := s.required[string(name)]; ok {
 			s.required[string(name)]++
 		}
 	}
 	s.keepSpanStart(&o, mark, name, measured)
-	s.open[id] = o
+	s.open.push(ts, id, o)
 	s.maybeWrite()
 }
 
-func (s *Session) onSpanEnd(id, dur uint64, measured bool, tracer uint64) {
-	o, ok := s.open[id]
+func (s *Session) onSpanEnd(ts *threadSpans, id, dur uint64, measured bool, tracer uint64) {
+	o, ok := s.open.pop(ts, id)
 	if !ok {
 		return
 	}
-	delete(s.open, id)
+	s.spanEnded(o, id, dur, measured, tracer)
+}
+
+// spanEnded writes the end of open span o (id) after dur ns; mu is held.
+func (s *Session) spanEnded(o openSpan, id, dur uint64, measured bool, tracer uint64) {
 	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur, dropped: o.line != nil})
 	mark := len(s.buf)
 	if measured {
@@ -330,8 +346,11 @@ func (s *Session) onSpanEnd(id, dur uint64, measured bool, tracer uint64) {
 	} else {
 		s.buf = events.AppendSpanEnd(s.buf, id, dur)
 	}
-	froms, ok := s.pendingEdges[id]
-	if ok {
+	var froms []uint64
+	if len(s.pendingEdges) > 0 {
+		froms = s.pendingEdges[id]
+	}
+	if froms != nil {
 		for _, from := range froms {
 			m := len(s.buf)
 			s.buf = events.AppendCallEdge(s.buf, from, id, dur)
@@ -355,12 +374,24 @@ func (s *Session) countLabel(name string) {
 	}
 }
 
-// maybeWrite writes once enough output is buffered; mu is held.
+// maybeWrite writes once enough output is buffered; mu is held. Only the
+// drainer and the flushers write here (drainerWrites); on an application
+// thread (a record call, a drain of its own ring) the drainer is woken to
+// write instead.
 func (s *Session) maybeWrite() {
-	if len(s.buf) >= s.opts.writeChunk {
+	if len(s.buf) < s.opts.writeChunk {
+		return
+	}
+	if drainerWrites {
 		s.writeLocked()
+	} else if !s.writeAsked {
+		s.writeAsked = true
+		wakeDrainer()
 	}
 }
+
+// drainerWrites is true while the drainer or a flusher holds mu.
+var drainerWrites bool
 
 // writeLocked writes the buffer; a failure poisons the session for good.
 func (s *Session) writeLocked() error {
@@ -385,6 +416,7 @@ func (s *Session) writeOut() error {
 		err = errors.New("short write")
 	}
 	s.buf = s.buf[:0]
+	s.writeAsked = false
 	if cap(s.buf) > 4*s.opts.writeChunk {
 		s.buf = make([]byte, 0, s.opts.writeChunk)
 	}
@@ -404,10 +436,12 @@ func (s *Session) flushLoop() {
 			return
 		case <-t.C:
 			mu.Lock()
+			drainerWrites = true
 			if live[s.handle] == s {
 				drainLocked()
 				s.writeLocked()
 			}
+			drainerWrites = false
 			mu.Unlock()
 		}
 	}
@@ -486,21 +520,20 @@ func (s *Session) Finish() error {
 }
 
 func (s *Session) finishCheckLocked() error {
-	if len(s.open) > 1 {
+	if s.open.count() > 1 {
 		var list []string
-		for id, o := range s.open {
-			if id == 1 {
-				continue
+		s.open.each(func(id uint64, o openSpan) {
+			if id != 1 {
+				list = append(list, fmt.Sprintf("s%d %q (thread %d)", id, o.name, o.tid))
 			}
-			list = append(list, fmt.Sprintf("s%d %q (thread %d)", id, o.name, o.tid))
-		}
+		})
 		sort.Strings(list)
 		more := ""
 		if len(list) > 5 {
 			more = fmt.Sprintf(" and %d more", len(list)-5)
 			list = list[:5]
 		}
-		return openSpansErr(len(s.open)-1, list, more)
+		return openSpansErr(s.open.count()-1, list, more)
 	}
 	if s.aggr != nil {
 		// A summary of a whole run has no measured region or contract, but
@@ -595,6 +628,7 @@ func (s *Session) FinishFailed(reason string) error {
 
 // releaseLocked forgets the session and stops its flusher.
 func (s *Session) releaseLocked() {
+	s.closed.release()
 	delete(live, s.handle)
 	slotRelease(s.handle)
 	close(s.done)

@@ -1,5 +1,12 @@
 package session
 
+/*
+#include "fastpath.h"
+*/
+import "C"
+
+import "unsafe"
+
 // openSpan is what the session needs of a span until it closes.
 type openSpan struct {
 	parent, start uint64
@@ -27,24 +34,56 @@ type closedTable struct {
 	slots []closedSpan
 }
 
+// spareClosed is the slots of a finished session's table, kept (with its
+// pages) for the next session: a session opened and finished again and
+// again (a flight recorder's) grows its table into memory already mapped
+// instead of faulting in up to 10 MiB each time. Guarded by mu.
+var spareClosed []closedSpan
+
 func (t *closedTable) put(s closedSpan) {
 	if s.id >= uint64(len(t.slots)) && len(t.slots) < MaxClosedSpans {
-		n := len(t.slots) * 2
-		if n == 0 {
-			n = 1024
-		}
-		for uint64(n) <= s.id && n < MaxClosedSpans {
-			n *= 2
-		}
-		grown := make([]closedSpan, n)
-		for _, old := range t.slots {
-			if old.id != 0 {
-				grown[old.id&uint64(n-1)] = old
-			}
-		}
-		t.slots = grown
+		t.grow(s.id)
 	}
 	t.slots[s.id&uint64(len(t.slots)-1)] = s
+}
+
+// grow doubles the table until id has a slot of its own or the table is
+// full size. It grows in place, inside one array of the full size whose
+// pages are touched only as the table reaches them: an entry at slot i of a
+// table of n either stays or moves to slot i+n.
+func (t *closedTable) grow(id uint64) {
+	if cap(t.slots) < MaxClosedSpans {
+		if cap(spareClosed) == MaxClosedSpans {
+			t.slots, spareClosed = spareClosed[:0], nil
+		} else {
+			t.slots = make([]closedSpan, 0, MaxClosedSpans)
+		}
+	}
+	for uint64(len(t.slots)) <= id && len(t.slots) < MaxClosedSpans {
+		n := len(t.slots)
+		if n == 0 {
+			t.slots = t.slots[:1024]
+			clear(t.slots)
+			continue
+		}
+		t.slots = t.slots[:2*n]
+		clear(t.slots[n:])
+		mask := uint64(2*n - 1)
+		for i := 0; i < n; i++ {
+			if e := t.slots[i]; e.id != 0 && e.id&mask != uint64(i) {
+				t.slots[i+n] = e
+				t.slots[i] = closedSpan{}
+			}
+		}
+	}
+}
+
+// release gives the table's memory to the next session; mu is held.
+func (t *closedTable) release() {
+	if cap(t.slots) == MaxClosedSpans {
+		spareClosed = t.slots[:0]
+	}
+	t.slots = nil
 }
 
 func (t *closedTable) get(id uint64) (closedSpan, bool) {
@@ -55,13 +94,149 @@ func (t *closedTable) get(id uint64) (closedSpan, bool) {
 	return s, s.id == id && id != 0
 }
 
+// openSpans are a session's open spans. Spans nest per thread and a thread's
+// records reach the drainer in order, so each thread's open spans are a
+// stack, keyed by its ring: a span_start is a push and its span_end a pop of
+// the top, with no map traffic per span (the drainer looks a thread's stack
+// up once per session change in its ring). Spans opened in Go (the root,
+// the naive benchmark path) live in other.
+type openSpans struct {
+	threads map[uintptr]*threadSpans
+	other   map[uint64]openSpan
+	n       int
+}
+
+// threadSpans is one thread's open spans in one session, innermost last.
+type threadSpans struct {
+	ring *C.ct_ring // the thread's ring: records may need it drained (recordSpan)
+	open []stackSpan
+}
+
+type stackSpan struct {
+	id uint64
+	openSpan
+}
+
+// thread is the stack of the thread owning ring (created empty). A ring
+// freed while a session is live held no open spans of it, so a new ring at
+// the same address finds an empty stack.
+func (t *openSpans) thread(ring *C.ct_ring) *threadSpans {
+	key := uintptr(unsafe.Pointer(ring))
+	ts := t.threads[key]
+	if ts == nil {
+		if t.threads == nil {
+			t.threads = map[uintptr]*threadSpans{}
+		}
+		ts = &threadSpans{ring: ring}
+		t.threads[key] = ts
+	}
+	return ts
+}
+
+func (t *openSpans) push(ts *threadSpans, id uint64, o openSpan) {
+	ts.open = append(ts.open, stackSpan{id, o})
+	t.n++
+}
+
+// pop ends span id of ts: the top, as the fast path only ends a thread's
+// innermost span.
+func (t *openSpans) pop(ts *threadSpans, id uint64) (openSpan, bool) {
+	n := len(ts.open)
+	if n == 0 || ts.open[n-1].id != id {
+		return openSpan{}, false
+	}
+	o := ts.open[n-1].openSpan
+	ts.open[n-1] = stackSpan{} // no stale name or line kept alive
+	ts.open = ts.open[:n-1]
+	t.n--
+	return o, true
+}
+
+// begin and end are for spans opened in Go.
+func (t *openSpans) begin(id uint64, o openSpan) {
+	if t.other == nil {
+		t.other = map[uint64]openSpan{}
+	}
+	t.other[id] = o
+	t.n++
+}
+
+func (t *openSpans) end(id uint64) (openSpan, bool) {
+	o, ok := t.other[id]
+	if ok {
+		delete(t.other, id)
+		t.n--
+	}
+	return o, ok
+}
+
+// find is open span id's place, or nil (records and finish: rare next to spans).
+func (t *openSpans) find(id uint64) *openSpan {
+	_, p := t.locate(id)
+	return p
+}
+
+// locate is open span id's place and its thread's stack (nil for a span
+// opened in Go), or nil.
+func (t *openSpans) locate(id uint64) (*threadSpans, *openSpan) {
+	if o, ok := t.other[id]; ok {
+		return nil, &o
+	}
+	for _, ts := range t.threads {
+		for i := len(ts.open) - 1; i >= 0; i-- {
+			if ts.open[i].id == id {
+				return ts, &ts.open[i].openSpan
+			}
+		}
+	}
+	return nil, nil
+}
+
+func (t *openSpans) get(id uint64) (openSpan, bool) {
+	if p := t.find(id); p != nil {
+		return *p, true
+	}
+	return openSpan{}, false
+}
+
+// setLine replaces the dropped start line kept for open span id (nil: it is
+// in the trace now).
+func (t *openSpans) setLine(id uint64, line []byte) {
+	if o, ok := t.other[id]; ok {
+		o.line = line
+		t.other[id] = o
+	} else if p := t.find(id); p != nil {
+		p.line = line
+	}
+}
+
+// count is how many spans are open, the root included.
+func (t *openSpans) count() int { return t.n }
+
+// each calls f on every open span, in no particular order.
+func (t *openSpans) each(f func(id uint64, o openSpan)) {
+	for id, o := range t.other {
+		f(id, o)
+	}
+	for _, ts := range t.threads {
+		for _, sp := range ts.open {
+			f(sp.id, sp.openSpan)
+		}
+	}
+}
+
 // maxInterned bounds the span-name table (names are kept for open spans only,
 // to name them in errors); programs that make a new name per span stop
 // being named in messages rather than growing memory.
 const maxInterned = 4096
 
 func (s *Session) intern(b []byte) string {
+	// Most spans repeat the name before them: no map lookup for those.
+	if string(b) == s.lastName {
+		return s.lastName
+	}
 	if name, ok := s.names[string(b)]; ok {
+		s.lastName = name
 		return name
 	}
 	if len(s.names) >= maxInterned {
@@ -69,5 +244,6 @@ func (s *Session) intern(b []byte) string {
 	}
 	name := string(b)
 	s.names[name] = name
+	s.lastName = name
 	return name
 }

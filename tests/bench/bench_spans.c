@@ -4,6 +4,8 @@
  *   bench_spans DIR PAIRS                 trace and aggregate sessions, side by side
  *   bench_spans DIR PAIRS aggregate       aggregate sessions only (run it again with
  *                                         CANDLE_TRACE_AGG_CLOCK=monotonic)
+ *   bench_spans DIR PAIRS trace           the trace fast path only (nothing else in the
+ *                                         process: its CPU per pair is its own)
  *   bench_spans DIR 0 EVENTS [aggregate]  sustained: EVENTS events through one session */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -24,6 +26,14 @@ static uint64_t now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Process CPU (user + system, every thread: the drainer's too) in ns. */
+static uint64_t cpu_ns(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ull +
+           ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
 }
 
 static int cmp(const void *a, const void *b) {
@@ -49,6 +59,7 @@ static void run(const char *label, const char *path, const char *run_json, begin
     long chunks = pairs / CHUNK;
     double *per = malloc(sizeof(double) * chunks);
     ct_span sp;
+    uint64_t cpu0 = cpu_ns();
     uint64_t total0 = now();
     for (long c = 0; c < chunks; c++) {
         uint64_t t0 = now();
@@ -66,9 +77,11 @@ static void run(const char *label, const char *path, const char *run_json, begin
         exit(1);
     }
     uint64_t fin = now() - total0;
+    double cpu = (double)(cpu_ns() - cpu0) / pairs; /* through ct_finish: all the drainer's work */
     qsort(per, chunks, sizeof *per, cmp);
-    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns events/s(incl. finish)=%.2fM\n", label, pairs,
-           per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, 2.0 * pairs / (fin / 1e9) / 1e6);
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM\n",
+           label, pairs, per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, cpu,
+           2.0 * pairs / (fin / 1e9) / 1e6);
     free(per);
 }
 
@@ -111,7 +124,8 @@ int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     long pairs = argc > 2 ? atol(argv[2]) : 100000;
     int agg_only = argc > 3 && strcmp(argv[3], "aggregate") == 0;
-    if (argc > 3 && !agg_only) {
+    int trace_only = argc > 3 && strcmp(argv[3], "trace") == 0;
+    if (argc > 3 && !agg_only && !trace_only) {
         char p[4096];
         int agg = argc > 4 && strcmp(argv[4], "aggregate") == 0;
         snprintf(p, sizeof p, "%s/bench-sustained.%s", dir, agg ? "json" : "jsonl");
@@ -127,6 +141,10 @@ int main(int argc, char **argv) {
     snprintf(p3, sizeof p3, "%s/bench-aggregate.json", dir);
     snprintf(p4, sizeof p4, "%s/bench-naive-aggregate.json", dir);
     for (int round = 0; round < 3; round++) {
+        if (trace_only) {
+            run("trace: fast path (C ring)", p1, TRACE_RUN, ct_span_begin, ct_span_end, pairs);
+            continue;
+        }
         if (!agg_only) {
             run("trace: fast path (C ring)", p1, TRACE_RUN, ct_span_begin, ct_span_end, pairs);
             run("trace: naive (Go per event)", p2, TRACE_RUN, ctbench_naive_span_begin, ctbench_naive_span_end, pairs);

@@ -2,11 +2,12 @@
  * UndefinedBehaviorSanitizer and under ThreadSanitizer.
  *
  * The Go library cannot run under the C sanitizers, so this program links
- * internal/session/{fastpath,aggkeys,ticks}.c with stand-ins for the two Go
- * functions they call (the drain and the key interning) and drives them hard:
+ * internal/session/{fastpath,aggkeys,ticks}.c with stand-ins for the Go side
+ * (the drainer, and the key interning they call) and drives them hard:
  * four threads, two aggregate sessions and a trace session at once, a name
  * buffer rewritten between spans, fresh heap copies of names, nested spans,
- * rings small enough to fill, a drainer thread racing the producers, and a
+ * rings small enough to fill (producers then wait for the drainer, which
+ * starts only once one does), a drainer thread racing the producers, and a
  * thread that exits inside a span. Every aggregate record drained must match
  * what the threads did, exactly, per (session, name, step).
  *
@@ -87,7 +88,7 @@ static const interned *by_key(uint64_t h, uint32_t key) {
     return NULL;
 }
 
-/* ---- stand-in for ctgo_drain_rings ------------------------------------------ */
+/* ---- stand-in for the Go drainer (drain.go) --------------------------------- */
 
 static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
 /* drained[session][name][step] */
@@ -140,13 +141,14 @@ static void drain_locked(void) {
             }
             tail += size;
         }
-        __atomic_store_n(&r->tail, tail, __ATOMIC_RELEASE);
+        /* As drain.go: publish tail and wake a producer waiting for room. */
+        ct__ring_consumed(r, tail);
         if (__atomic_load_n(&r->dead, __ATOMIC_ACQUIRE)) dead = 1;
     }
     if (dead) ct__ring_unlink_dead();
 }
 
-void ctgo_drain_rings(void) {
+static void drain_rings(void) {
     pthread_mutex_lock(&drain_mu);
     drain_locked();
     pthread_mutex_unlock(&drain_mu);
@@ -159,11 +161,25 @@ static unsigned long expected[THREADS][2][NAMES][STEPS];
 static unsigned long expected_scalars[THREADS][2][NAMES];
 static int stop_drainer;
 
+/* Set once the drainer has seen a producer waiting for room. */
+static int saw_waiting;
+
+static int any_waiting(void) {
+    for (ct_ring *r = __atomic_load_n(&ct__rings, __ATOMIC_ACQUIRE); r; r = r->next)
+        if (__atomic_load_n(&r->waiting, __ATOMIC_SEQ_CST)) return 1;
+    return 0;
+}
+
 static void *drainer(void *arg) {
     (void)arg;
     struct timespec ts = {0, 50000};
+    /* Nothing is drained until a producer's ring is full and it waits for
+     * room (each writes far more than its 64 KiB ring holds): every
+     * producer past that point depends on ct__ring_consumed waking it. */
+    while (!any_waiting()) nanosleep(&ts, NULL);
+    saw_waiting = 1;
     while (!__atomic_load_n(&stop_drainer, __ATOMIC_ACQUIRE)) {
-        ctgo_drain_rings();
+        drain_rings();
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -343,8 +359,8 @@ int main(void) {
           borrowed_launches);
     __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
     pthread_join(d, NULL);
-    ctgo_drain_rings();
-    ctgo_drain_rings(); /* unlinks the rings of exited threads */
+    drain_rings();
+    drain_rings(); /* unlinks the rings of exited threads */
 
     unsigned long mismatches = 0, total = 0;
     for (int s = 0; s < 2; s++)
@@ -374,6 +390,7 @@ int main(void) {
         }
     CHECK(scalars == want_scalars && scalar_sum == 0.5 * (double)scalars, "scalars: %lu drained, sum %g",
           scalars, scalar_sum);
+    CHECK(saw_waiting, "no producer ever waited for room");
     CHECK(bad_records == 0, "%lu malformed records", bad_records);
     CHECK(trace_starts == trace_ends && trace_starts == (unsigned long)THREADS * ((ITERS + 15) / 16),
           "trace records: %lu starts, %lu ends", trace_starts, trace_ends);

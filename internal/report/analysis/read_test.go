@@ -2,7 +2,10 @@ package analysis
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -211,4 +214,29 @@ func TestCoverageCounts(t *testing.T) {
 		ForwardSpans: 1, BackwardSpans: 1, OptimizerSpans: 1,
 	}, h.Coverage)
 	assert.Equal(t, 41, h.Lines)
+}
+
+// A SIGKILL can cut the trace's last write at a page boundary (the kernel
+// stops copying a write between pages for a fatal signal), so a killed
+// trace may end in a cut line. Our reader drops it and reads the trace as
+// incomplete; the real candle-graph refuses the file, naming the cut line
+// as unparsable (it refuses a trace with no terminal in any case).
+func TestAKilledTraceCutAtAPageBoundary(t *testing.T) {
+	data := testutil.Corpus(t, "valid-train.jsonl")
+	require.Greater(t, len(data), 4096)
+	cut := data[:4096]
+	require.NotEqual(t, byte('\n'), cut[len(cut)-1], "the cut falls inside a line")
+	cutLine := bytes.Count(cut, []byte("\n")) + 1
+
+	h := analyzeBytes(t, cut, Options{}).Health
+	assert.True(t, h.Incomplete)
+	assert.Equal(t, cutLine, h.CutLine)
+	assert.True(t, h.OK(true), "read tolerantly, the whole lines before the cut are a valid partial trace: %v", h.Issues)
+
+	path := filepath.Join(t.TempDir(), "killed.jsonl")
+	require.NoError(t, os.WriteFile(path, cut, 0o644))
+	err, _, out := testutil.Summarize(t, path)
+	require.Error(t, err, "candle-graph accepts no cut trace")
+	assert.Contains(t, out, fmt.Sprintf("parse trace JSONL line %d", cutLine))
+	assert.Contains(t, out, "EOF while parsing")
 }

@@ -1,0 +1,37 @@
+package session
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The closed-span table keeps every span through its in-place growth, and
+// a table built in the memory a finished session gave back sees none of
+// that session's spans.
+func TestClosedTableGrowsInPlaceAndForgetsTheLastSession(t *testing.T) {
+	mu.Lock()
+	defer mu.Unlock()
+	var a closedTable
+	for id := uint64(1); id <= 5000; id += 3 {
+		a.put(closedSpan{id: id, parent: id - 1, start: id * 10, dur: 7})
+	}
+	for id := uint64(1); id <= 5000; id++ {
+		c, ok := a.get(id)
+		require.Equal(t, id%3 == 1, ok, "s%d", id)
+		if ok {
+			assert.Equal(t, closedSpan{id: id, parent: id - 1, start: id * 10, dur: 7}, c)
+		}
+	}
+	a.release()
+
+	var b closedTable
+	b.put(closedSpan{id: 2, start: 1, dur: 1})
+	b.put(closedSpan{id: 6000, start: 1, dur: 1})
+	for id := uint64(1); id <= 5000; id++ {
+		_, ok := b.get(id)
+		assert.Equal(t, id == 2, ok, "s%d of the earlier session must be gone", id)
+	}
+	b.release()
+}
