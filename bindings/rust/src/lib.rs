@@ -33,8 +33,10 @@
 pub mod ffi;
 pub mod heap;
 
+mod contract;
 mod device;
 mod error;
+mod finding;
 mod run;
 mod schedule;
 mod session;
@@ -46,12 +48,11 @@ pub mod candle;
 #[cfg(feature = "tracing")]
 pub mod layer;
 
+pub use contract::{family_of, Expectation, ExpectedGradient, GradientContract, GradientFamily};
 pub use device::{Collector, DeviceOptions, UnspannedLaunches};
 pub use error::{Error, Result, Status};
-pub use run::{
-    family_of, CaptureContract, ComparisonIdentity, Expectation, ExpectedGradient, GradientContract, GradientFamily, Level,
-    MeasurementScope, Phase, Run, TimingMode,
-};
+pub use finding::{Completed, Finding, ParameterState, Severity};
+pub use run::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Phase, Run, TimingMode};
 pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES, DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN};
 pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};
 pub use session::{

@@ -4,6 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+// Kept reachable here: `crate::run::GradientContract` predates its module.
+pub(crate) use crate::contract::GradientContract;
+
 /// Training update or inference call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -38,95 +41,6 @@ pub enum MeasurementScope {
     Unknown,
     ProfiledWork,
     ProductionEquivalent,
-}
-
-/// What a gradient family is expected to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Expectation {
-    Active,
-    Inactive,
-    DataConditional,
-}
-
-/// One expected gradient of a [`GradientContract`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ExpectedGradient {
-    pub root: String,
-    pub key: String,
-    pub family: String,
-}
-
-/// One family of a [`GradientContract`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GradientFamily {
-    pub family: String,
-    pub expectation: Expectation,
-    pub min_present: u64,
-}
-
-/// The exact, ordered manifest of gradients a capture reports. The library
-/// computes `manifest_sha256` at open.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct GradientContract {
-    pub expected: Vec<ExpectedGradient>,
-    pub families: Vec<GradientFamily>,
-}
-
-impl GradientContract {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds `(root, key)` to the manifest, as a member of `family`.
-    pub fn expect(mut self, root: impl Into<String>, key: impl Into<String>, family: impl Into<String>) -> Self {
-        self.expected.push(ExpectedGradient { root: root.into(), key: key.into(), family: family.into() });
-        self
-    }
-
-    /// Declares (or redeclares) a family's expectation.
-    pub fn family(mut self, family: impl Into<String>, expectation: Expectation, min_present: u64) -> Self {
-        let family = family.into();
-        self.families.retain(|f| f.family != family);
-        self.families.push(GradientFamily { family, expectation, min_present });
-        self
-    }
-
-    /// Declares every family named by `expected` but not declared yet as
-    /// `active` with `min_present` 1.
-    pub fn with_default_families(mut self) -> Self {
-        for e in &self.expected {
-            if !self.families.iter().any(|f| f.family == e.family) {
-                self.families.push(GradientFamily { family: e.family.clone(), expectation: Expectation::Active, min_present: 1 });
-            }
-        }
-        self
-    }
-
-    /// A contract over `keys` under `root`, in the given order, each in the
-    /// family [`family_of`] gives it (`fc1.weight` → `fc1`), all families
-    /// `active` with `min_present` 1.
-    pub fn from_keys<I, K>(root: &str, keys: I) -> Self
-    where
-        I: IntoIterator<Item = K>,
-        K: AsRef<str>,
-    {
-        let mut c = Self::new();
-        for k in keys {
-            let k = k.as_ref();
-            c = c.expect(root, k, family_of(k));
-        }
-        c.with_default_families()
-    }
-}
-
-/// The family of a parameter key: the key without its last `.`-component
-/// (`encoder.layers.0.weight` → `encoder.layers.0`), or the key itself.
-pub fn family_of(key: &str) -> &str {
-    match key.rfind('.') {
-        Some(i) if i > 0 => &key[..i],
-        _ => key,
-    }
 }
 
 /// What the capture promises (`capture_contract`). Every level defaults to
@@ -379,6 +293,10 @@ impl Run {
     }
     pub fn is_device_synchronized(&self) -> bool {
         self.measured_region_device_synchronized == Some(true)
+    }
+    /// The gradient contract of the run's capture contract, if any.
+    pub fn gradient_contract_ref(&self) -> Option<&GradientContract> {
+        self.capture_contract.as_ref().and_then(|c| c.gradient_contract.as_ref())
     }
 
     /// The run JSON `ct_open` takes.

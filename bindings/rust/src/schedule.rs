@@ -446,7 +446,7 @@ impl Schedule {
         let updates = self.updates();
         let (fired, traces) = self.end_watch();
         let summary = match self.aggregate.take() {
-            Some(a) => Some(a.finish()?),
+            Some(a) => Some(a.finish()?.into_path()),
             None => None,
         };
         let trace = self.trace.borrow_mut().take().transpose()?;
@@ -749,7 +749,7 @@ impl<'a> Update<'a> {
         let capture = self.capture.take().expect("checked");
         // Kept for Schedule::finish, also when the span failed: the capture
         // is a file the caller may still want.
-        let outcome = capture.finish();
+        let outcome = capture.finish().map(PathBuf::from);
         let result = match &outcome {
             Ok(_) => measured,
             Err(e) => Err(Error::Trace { status: e.status().unwrap_or(Status::Internal), message: e.message() }),

@@ -1,4 +1,5 @@
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
@@ -9,8 +10,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
+use crate::contract::GradientContract;
 use crate::device::DeviceOptions;
 use crate::error::{check, Error, Result, Status};
+use crate::finding::{Completed, Finding};
 use crate::ffi;
 use crate::run::Run;
 
@@ -332,6 +335,10 @@ pub(crate) struct Inner {
     deferred: Mutex<(usize, Vec<Error>)>,
     /// Whether capture helpers record tensor statistics (off in a flight recorder).
     stats: AtomicBool,
+    /// The run's gradient contract, checked against `gradients` at finish.
+    contract: Option<GradientContract>,
+    /// The gradient facts recorded, kept only under a contract.
+    gradients: Mutex<BTreeMap<(String, String), Gradient>>,
 }
 
 /// A shared, non-owning reference to an open session: every record method
@@ -395,14 +402,28 @@ impl Session {
     /// summary, and a symbolic link is never followed: see `ct_open`) for
     /// `run`. Checks the library's ABI version first.
     pub fn open(path: impl AsRef<Path>, run: Run) -> Result<Session> {
-        Self::open_json(path, &run.to_json(), run.is_device_synchronized())
+        let contract = run.gradient_contract_ref().cloned();
+        if let Some(c) = &contract {
+            c.check_builders()?;
+        }
+        Self::open_with(path.as_ref(), &run.to_json(), run.is_device_synchronized(), contract)
     }
 
-    /// Opens with a run JSON written by the caller (see the header).
+    /// Opens with a run JSON written by the caller (see the header). Its
+    /// `capture_contract.gradient_contract`, when there is one, is what
+    /// `finish` checks the recorded gradients against (every family counts
+    /// as declared by the caller).
     pub fn open_json(path: impl AsRef<Path>, run_json: &str, device_synchronized: bool) -> Result<Session> {
+        let contract = serde_json::from_str::<serde_json::Value>(run_json)
+            .ok()
+            .and_then(|v| v.get("capture_contract")?.get("gradient_contract").cloned())
+            .and_then(|c| serde_json::from_value::<GradientContract>(c).ok());
+        Self::open_with(path.as_ref(), run_json, device_synchronized, contract)
+    }
+
+    fn open_with(path: &Path, run_json: &str, device_synchronized: bool, contract: Option<GradientContract>) -> Result<Session> {
         check_abi()?;
         install_panic_hook();
-        let path = path.as_ref();
         let cpath = cstring(
             "path",
             path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?,
@@ -422,6 +443,8 @@ impl Session {
                 device_synchronized,
                 deferred: Mutex::new((0, Vec::new())),
                 stats: AtomicBool::new(stats),
+                contract,
+                gradients: Mutex::new(BTreeMap::new()),
             })),
             ended: false,
         }
@@ -464,14 +487,20 @@ impl Session {
     }
 
     /// Closes the root, writes the `complete` terminal and returns the trace's
-    /// path.
+    /// path with the health issues the binding can check ([`Completed`]):
+    /// each family of the gradient contract whose recorded gradients break
+    /// its expectation, naming the parameters (the trace is still complete,
+    /// and candle-graph reports the same check as a health error); defaulted
+    /// families that got no gradient at all; spans the `tracing` layer could
+    /// not see. Findings nobody reads are written to stderr when the
+    /// [`Completed`] drops.
     ///
     /// When the library refuses (spans still open, no measured region, a
     /// required label not seen once, an unreported contract gradient) or an
     /// earlier deferred call failed ([`Error::Deferred`]), the capture cannot
     /// be complete: the trace is ended with a `failed` terminal naming the
     /// reason, and the error is returned.
-    pub fn finish(mut self) -> Result<PathBuf> {
+    pub fn finish(mut self) -> Result<Completed> {
         self.ended = true;
         if let Some(err) = self.r.take_deferred() {
             let _ = self.r.raw_finish_failed(&format!("candle-trace (rust): {err}"));
@@ -479,7 +508,7 @@ impl Session {
         }
         // SAFETY: plain handle.
         match check(unsafe { ffi::ct_finish(self.r.0.handle) }) {
-            Ok(()) => Ok(self.r.0.path.clone()),
+            Ok(()) => Ok(Completed::new(self.r.0.path.clone(), self.r.findings())),
             Err(err) => {
                 if err.status() != Some(Status::InvalidHandle) {
                     let _ = self.r.raw_finish_failed(&format!("ct_finish refused: {}", err.message()));
@@ -568,6 +597,17 @@ impl SessionRef {
         let c = CString::new(reason).expect("NULs replaced");
         // SAFETY: NUL-terminated string alive across the call.
         check(unsafe { ffi::ct_finish_failed(self.0.handle, c.as_ptr()) })
+    }
+
+    /// What `finish` reports besides the verdict: the contract's findings of
+    /// the gradients recorded so far, then the tracing layer's.
+    fn findings(&self) -> Vec<Finding> {
+        let mut out = match (&self.0.contract, self.0.gradients.lock()) {
+            (Some(c), Ok(g)) => c.findings(&g),
+            _ => Vec::new(),
+        };
+        out.sort_by_key(|f| f.severity);
+        out
     }
 
     /// Keeps an error of a call that could not return it; `finish` reports it.
@@ -907,7 +947,13 @@ impl SessionRef {
         };
         let norm_ptr = norm.as_ref().map_or(ptr::null(), |n| n as *const f64);
         // SAFETY: strings and norm live across the call.
-        check(unsafe { ffi::ct_record_gradient(self.0.handle, root.as_ptr(), key.as_ptr(), state, norm_ptr) })
+        check(unsafe { ffi::ct_record_gradient(self.0.handle, root.as_ptr(), key.as_ptr(), state, norm_ptr) })?;
+        if self.0.contract.is_some() {
+            if let Ok(mut gs) = self.0.gradients.lock() {
+                gs.insert((root.to_string_lossy().into_owned(), key.to_string_lossy().into_owned()), g);
+            }
+        }
+        Ok(())
     }
 
     /// Starts device collectors. Without a GPU, driver or library the error's

@@ -10,7 +10,8 @@ fn run(path: &str) -> candle_trace::Result<std::path::PathBuf> {
         let forward = session.step_span("train/forward", Step::Forward);
         session.scalar(&forward, "loss", 0.5)?;
     }
-    session.finish()
+    // finish() returns the trace's path with its findings (none here).
+    Ok(session.finish()?.into_path())
 }
 
 fn main() -> ExitCode {

@@ -177,7 +177,7 @@ pub fn train(out: &Path, steps: u64) -> candle_trace::Result<(PathBuf, Vec<f32>)
         if step == CAPTURE_STEP {
             let session = Session::open(out, run_description(&s))?;
             losses.push(captured_update(&session, &mut s, &x, &y)?);
-            written = Some(session.finish()?);
+            written = Some(session.finish()?.into_path());
         } else {
             losses.push(plain_update(&mut s, &x, &y)?);
         }
