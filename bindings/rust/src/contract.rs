@@ -246,25 +246,28 @@ impl GradientContract {
             let non_finite = pick(&|g| *g == Gradient::NonFinite);
             let any_non_finite = !non_finite.is_empty();
             if any_non_finite {
-                out.push(Finding::gradient(
-                    "gradient_family_non_finite",
-                    Severity::Violation,
-                    fam,
-                    format!("family {}: non-finite gradient in {}", fam.family, list(&non_finite)),
-                    non_finite,
-                ));
+                let message = format!("family {}: non-finite gradient in {}", fam.family, list(&non_finite));
+                out.push(Finding::gradient("gradient_family_non_finite", Severity::Violation, fam, message, non_finite));
             }
             let defaulted = self.defaulted.contains(&fam.family);
             match fam.expectation {
-                Expectation::Active if present < fam.min_present => {
+                // Below the minimum: always for active, once attached for conditional.
+                Expectation::Active | Expectation::DataConditional
+                    if present < fam.min_present && (fam.expectation == Expectation::Active || present > 0) =>
+                {
+                    let (check, only) = match fam.expectation {
+                        Expectation::Active => ("gradient_active_family_below_minimum", ""),
+                        _ => ("gradient_conditional_family_below_minimum", "only "),
+                    };
                     let without = pick(&|g| !matches!(g, Gradient::Present(_)));
                     out.push(Finding::gradient(
-                        "gradient_active_family_below_minimum",
+                        check,
                         Severity::Violation,
                         fam,
                         format!(
-                            "family {} is declared active (min_present {}) but {present} of its {} parameters got a gradient; without one: {}",
+                            "family {} is declared {} (min_present {}) but {only}{present} of its {} parameters got a gradient; without one: {}",
                             fam.family,
+                            fam.expectation.name(),
                             fam.min_present,
                             members.len(),
                             list(&without)
@@ -275,30 +278,9 @@ impl GradientContract {
                 Expectation::Inactive => {
                     let leaked = pick(&|g| *g != Gradient::Missing);
                     if !leaked.is_empty() {
-                        out.push(Finding::gradient(
-                            "gradient_inactive_family_leakage",
-                            Severity::Violation,
-                            fam,
-                            format!("family {} is declared inactive (frozen) but got gradients: {}", fam.family, list(&leaked)),
-                            leaked,
-                        ));
+                        let message = format!("family {} is declared inactive (frozen) but got gradients: {}", fam.family, list(&leaked));
+                        out.push(Finding::gradient("gradient_inactive_family_leakage", Severity::Violation, fam, message, leaked));
                     }
-                }
-                Expectation::DataConditional if present > 0 && present < fam.min_present => {
-                    let without = pick(&|g| !matches!(g, Gradient::Present(_)));
-                    out.push(Finding::gradient(
-                        "gradient_conditional_family_below_minimum",
-                        Severity::Violation,
-                        fam,
-                        format!(
-                            "family {} is declared data_conditional (min_present {}) but only {present} of its {} parameters got a gradient; without one: {}",
-                            fam.family,
-                            fam.min_present,
-                            members.len(),
-                            list(&without)
-                        ),
-                        without,
-                    ));
                 }
                 Expectation::DataConditional if present == 0 && defaulted && !members.is_empty() && !any_non_finite => {
                     out.push(Finding::gradient(

@@ -41,7 +41,8 @@ pub struct Finding {
     /// `gradient_inactive_family_leakage`,
     /// `gradient_conditional_family_below_minimum`,
     /// `gradient_family_non_finite`); for a note, this binding's
-    /// (`gradient_family_without_gradient`, `tracing_spans_unreachable`).
+    /// (`gradient_family_without_gradient`, `tracing_layer_recorded_nothing`,
+    /// `tracing_spans_unreachable`).
     pub check: &'static str,
     /// Whether candle-graph will call the trace invalid for it.
     pub severity: Severity,
@@ -62,6 +63,7 @@ impl Finding {
     }
 
     /// A finding with no family or parameters.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) fn note(check: &'static str, message: String) -> Finding {
         Finding { check, severity: Severity::Note, family: None, expectation: None, parameters: Vec::new(), message }
     }

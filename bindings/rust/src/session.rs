@@ -335,6 +335,9 @@ pub(crate) struct Inner {
     deferred: Mutex<(usize, Vec<Error>)>,
     /// Whether capture helpers record tensor statistics (off in a flight recorder).
     stats: AtomicBool,
+    /// Made current once (a measured region, `activate`): the tracing layer
+    /// could record into it.
+    activated: std::sync::atomic::AtomicBool,
     /// The run's gradient contract, checked against `gradients` at finish.
     contract: Option<GradientContract>,
     /// The gradient facts recorded, kept only under a contract.
@@ -443,6 +446,7 @@ impl Session {
                 device_synchronized,
                 deferred: Mutex::new((0, Vec::new())),
                 stats: AtomicBool::new(stats),
+                activated: std::sync::atomic::AtomicBool::new(false),
                 contract,
                 gradients: Mutex::new(BTreeMap::new()),
             })),
@@ -607,7 +611,15 @@ impl SessionRef {
             _ => Vec::new(),
         };
         out.sort_by_key(|f| f.severity);
+        #[cfg(feature = "tracing")]
+        out.extend(crate::layer::findings(self));
         out
+    }
+
+    /// Whether the session was ever current (see [`SessionRef::activate`]).
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    pub(crate) fn was_activated(&self) -> bool {
+        self.0.activated.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Keeps an error of a call that could not return it; `finish` reports it.
@@ -696,6 +708,7 @@ impl SessionRef {
     /// Makes this session the calling thread's current session until the
     /// guard drops (then the previous one is restored).
     pub fn activate(&self) -> Active {
+        self.0.activated.store(true, std::sync::atomic::Ordering::Relaxed);
         let previous = CURRENT.with(|c| c.replace(Some(self.clone())));
         Active { previous, _not_send: PhantomData }
     }
