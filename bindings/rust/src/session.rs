@@ -339,7 +339,8 @@ pub(crate) struct Inner {
     /// could record into it.
     activated: std::sync::atomic::AtomicBool,
     /// The run's gradient contract, checked against `gradients` at finish.
-    contract: Option<GradientContract>,
+    /// Shared by the sessions a flight recorder reopens.
+    contract: Option<Arc<GradientContract>>,
     /// The gradient facts recorded, kept only under a contract.
     gradients: Mutex<BTreeMap<(String, String), Gradient>>,
 }
@@ -435,10 +436,10 @@ impl Session {
         let mut handle: ffi::ct_session = 0;
         // SAFETY: both strings are NUL-terminated and live across the call.
         check(unsafe { ffi::ct_open(cpath.as_ptr(), cjson.as_ptr(), &mut handle) })?;
-        Ok(Session::wrap(handle, path, device_synchronized, true))
+        Ok(Session::wrap(handle, path, device_synchronized, true, contract.map(Arc::new)))
     }
 
-    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool) -> Session {
+    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool, contract: Option<Arc<GradientContract>>) -> Session {
         Session {
             r: SessionRef(Arc::new(Inner {
                 handle,
@@ -475,7 +476,7 @@ impl Session {
         match check(st) {
             Ok(()) => {
                 self.ended = true;
-                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats()))
+                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats(), self.r.0.contract.clone()))
             }
             Err(e) if e.status() == Some(Status::Io) => {
                 self.ended = true; // discarded before the new path was refused

@@ -391,7 +391,7 @@ pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_t
             let session = Session::open(out, run_description(&s))?;
             let c = captured_update(&session, &mut s, &x, &y)?;
             losses.push(c.loss);
-            written = Some((session.finish()?, c.heap));
+            written = Some((session.finish()?.into_path(), c.heap));
         } else {
             losses.push(plain_update(&mut s, &x, &y)?);
         }
