@@ -332,7 +332,8 @@ mod tests {
 
     #[test]
     fn builders_declare_the_families_they_name() {
-        let cases: Vec<(&str, GradientContract, Vec<(&str, Expectation, u64)>)> = vec![
+        type Case = (&'static str, GradientContract, Vec<(&'static str, Expectation, u64)>);
+        let cases: Vec<Case> = vec![
             (
                 "default",
                 GradientContract::from_keys("vb", KEYS),
@@ -371,7 +372,8 @@ mod tests {
         let m = Gradient::Missing;
         // enc.0 half present, enc.1 zero, norm missing, head present
         let r = rec(&[("enc.0.weight", p), ("enc.0.bias", m), ("enc.1.weight", Gradient::Zero), ("norm.weight", m), ("head.weight", p)]);
-        let cases: Vec<(&str, GradientContract, Vec<(&str, &str, Severity, Vec<&str>)>)> = vec![
+        type Want = (&'static str, &'static str, Severity, Vec<&'static str>);
+        let cases: Vec<(&str, GradientContract, Vec<Want>)> = vec![
             (
                 "default: notes for defaulted families without a gradient",
                 GradientContract::from_keys("vb", KEYS),

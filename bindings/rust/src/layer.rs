@@ -256,6 +256,9 @@ pub(crate) fn findings(session: &SessionRef) -> Vec<Finding> {
     out
 }
 
+/// (layer id, metadata address) and its callsite.
+type Cached = ((u64, usize), Arc<Callsite>);
+
 struct Entry {
     tracing_id: u64,
     session: SessionRef,
@@ -270,7 +273,7 @@ thread_local! {
     /// The names of the entered spans, each a suffix of the one before.
     static PATH: RefCell<String> = const { RefCell::new(String::new()) };
     /// The last callsite looked up: (layer state, metadata) → callsite.
-    static LAST: RefCell<Option<((u64, usize), Arc<Callsite>)>> = const { RefCell::new(None) };
+    static LAST: RefCell<Option<Cached>> = const { RefCell::new(None) };
 }
 
 fn begin(state: &State, session: &SessionRef, id: &Id, name: &str, instance: u32) {
