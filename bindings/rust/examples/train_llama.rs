@@ -44,7 +44,7 @@ fn main() {
     }
     let out = out.unwrap_or_else(|| "traces/train_llama.jsonl".into());
     match llama::train(Path::new(&out), cfg, batch, steps) {
-        Ok((path, heap, losses)) => {
+        Ok(llama::Trained { path, heap, findings, losses }) => {
             for (i, l) in losses.iter().enumerate() {
                 let mark = if i as u64 + 1 == llama::CAPTURE_STEP { "  (captured)" } else { "" };
                 println!("update {}: loss {l:.6}{mark}", i + 1);
@@ -56,6 +56,15 @@ fn main() {
                 heap.peak_bytes as f64 / (1 << 20) as f64,
                 heap.retained_bytes as f64 / (1 << 20) as f64
             );
+            // Violations in full; the notes (one per family without a
+            // gradient: 56 here) counted, with the first as an example.
+            let notes: Vec<_> = findings.iter().filter(|f| f.severity == candle_trace::Severity::Note).collect();
+            for f in findings.iter().filter(|f| f.severity != candle_trace::Severity::Note) {
+                println!("finish: {f}");
+            }
+            if let Some(first) = notes.first() {
+                println!("finish: {} notes, the first: {first}", notes.len());
+            }
             println!("wrote {}", path.display());
         }
         Err(e) => {

@@ -121,8 +121,10 @@ pub fn named_vars(varmap: &VarMap) -> Vec<(String, Tensor)> {
 
 /// The exact gradient contract of a `VarMap`: every variable, sorted by name,
 /// under `root`, in the family [`crate::family_of`] gives it (`fc1.weight` →
-/// `fc1`), each family `active` with `min_present` 1. Adjust families with
-/// [`GradientContract::family`].
+/// `fc1`), each family `data_conditional` with `min_present` 1 (the default of
+/// [`GradientContract`]: valid for layers that legitimately get no gradient).
+/// Declare stricter expectations with its builders (`all_active`, `active`,
+/// `frozen`, `data_conditional`).
 pub fn gradient_contract(root: &str, varmap: &VarMap) -> GradientContract {
     GradientContract::from_keys(root, named_vars(varmap).iter().map(|(k, _)| k.as_str()))
 }

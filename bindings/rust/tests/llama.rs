@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use candle_trace::candle::{phase, trace_op, TraceOps};
 use candle_trace::heap::{self, HeapCapture, TracingAllocator};
-use candle_trace::{Run, Session, Status, Step};
+use candle_trace::{Run, Session, Severity, Status, Step};
 use common::*;
 use serde_json::Value;
 
@@ -52,7 +52,7 @@ fn example_trace_has_ops_memory_and_the_rms_norm_finding() {
     let cfg = llama::Config::test();
     let batch = 2;
     let dir = fresh_dir("llama");
-    let (path, heap, losses) = llama::train(&dir.path().join("train_llama.jsonl"), cfg, batch, 3).unwrap();
+    let llama::Trained { path, heap, findings, losses } = llama::train(&dir.path().join("train_llama.jsonl"), cfg, batch, 3).unwrap();
     assert_eq!(losses.len(), 3);
     assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0), "{losses:?}");
     let summary = assert_valid_complete(&path);
@@ -112,6 +112,19 @@ fn example_trace_has_ops_memory_and_the_rms_norm_finding() {
         assert_eq!(g["state"], want, "{g}");
     }
     assert_eq!(of_kind(&l, "gradient").len(), 2 + 9 * cfg.n_layers + 1);
+    // ... and finish() said so under the default contract: no violation, and
+    // a note for each family without a gradient, naming exactly the
+    // parameters that got none.
+    assert!(findings.iter().all(|f| f.severity == Severity::Note), "{findings:?}");
+    let mut noted: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.check == "gradient_family_without_gradient")
+        .flat_map(|f| f.parameters.iter().map(|p| p.key.as_str()))
+        .collect();
+    noted.sort_unstable();
+    let mut missing: Vec<&str> = of_kind(&l, "gradient").into_iter().filter(|g| g["state"] == "missing").map(|g| g["key"].as_str().unwrap()).collect();
+    missing.sort_unstable();
+    assert_eq!(noted, missing);
 
     // The tracer's work is stated on the measured span's end.
     let update = span_named(&l, llama::UPDATE);

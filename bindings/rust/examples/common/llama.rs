@@ -14,7 +14,9 @@
 //! The model finding the trace shows: `candle_nn::RmsNorm` runs a fused op
 //! without backward on contiguous input (`apply_op2_no_bwd`), so the gradient
 //! stops at the final norm and only `lm_head.weight` gets one, as in the real
-//! example. The gradient contract says so ([`gradient_contract`]).
+//! example. The default gradient contract (every family `data_conditional`)
+//! keeps the trace valid, and `finish()` reports the finding: a note per
+//! family that got no gradient.
 //!
 //! Everything random comes from one splitmix64 stream seeded with 0: weights
 //! ~ U(-1/sqrt(in), 1/sqrt(in)) (norm weights 1), then tokens uniform in the
@@ -27,7 +29,7 @@ use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_nn::{embedding, linear_no_bias, rms_norm, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, RmsNorm, VarBuilder, VarMap};
 use candle_trace::candle::{backward_step, named_vars, phase, trace_op, TraceOps};
 use candle_trace::heap::{HeapCapture, HeapSummary};
-use candle_trace::{CaptureContract, Expectation, GradientContract, Level, MeasurementScope, Run, Session, Step};
+use candle_trace::{CaptureContract, Finding, Level, MeasurementScope, Run, Session, Step};
 
 #[path = "rng.rs"]
 mod rng;
@@ -38,7 +40,8 @@ pub const UPDATE: &str = "train/update";
 pub const LABELS: [&str; 3] = ["train/forward", "train/backward", "train/optimizer"];
 pub const CAPTURE_STEP: u64 = 3;
 pub const LR: f64 = 1e-3;
-/// The family of the one parameter a gradient reaches.
+/// The family of the one parameter a gradient reaches (in the bench's
+/// candle-graph contract).
 pub const HEAD_FAMILY: &str = "lm_head";
 /// The family of the parameters behind `candle_nn::RmsNorm`.
 pub const DETACHED_FAMILY: &str = "behind_rms_norm";
@@ -319,18 +322,6 @@ pub fn plain_update(s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_core::Resul
     loss.to_scalar::<f32>()
 }
 
-/// The exact contract of the model's variables under [`ROOT`]:
-/// `lm_head.weight` active, every other variable (behind an RmsNorm, which
-/// has no backward) inactive.
-pub fn gradient_contract(varmap: &VarMap) -> GradientContract {
-    let mut c = GradientContract::new();
-    for (name, _) in named_vars(varmap) {
-        let family = if name.starts_with("lm_head.") { HEAD_FAMILY } else { DETACHED_FAMILY };
-        c = c.expect(ROOT, name, family);
-    }
-    c.family(HEAD_FAMILY, Expectation::Active, 1).family(DETACHED_FAMILY, Expectation::Inactive, 0)
-}
-
 pub fn run_description(s: &Setup) -> Run {
     let c = &s.cfg;
     Run::training("llama2_c::train", CAPTURE_STEP, "cpu")
@@ -344,7 +335,7 @@ pub fn run_description(s: &Setup) -> Run {
                 .activations(Level::None)
                 .tensors(Level::Partial)
                 .logical_memory(Level::Partial)
-                .gradient_contract(gradient_contract(&s.varmap))
+                .gradient_contract(candle_trace::candle::gradient_contract(ROOT, &s.varmap))
                 .required_labels(LABELS),
         )
 }
@@ -378,9 +369,19 @@ pub fn captured_update(session: &Session, s: &mut Setup, x: &Tensor, y: &Tensor)
     Ok(Captured { loss: loss.1, heap })
 }
 
+/// What [`train`] gave: the trace, the capture's heap summary, what
+/// `finish()` found, and every update's loss.
+#[derive(Debug)]
+pub struct Trained {
+    pub path: PathBuf,
+    pub heap: HeapSummary,
+    pub findings: Vec<Finding>,
+    pub losses: Vec<f32>,
+}
+
 /// Trains `steps` updates of `cfg` at `batch` and captures update 3 into
-/// `out`. Returns the trace, the capture's heap summary and the losses.
-pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_trace::Result<(PathBuf, HeapSummary, Vec<f32>)> {
+/// `out`.
+pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_trace::Result<Trained> {
     assert!(steps >= CAPTURE_STEP);
     let mut s = setup(cfg, batch_size)?;
     let mut losses = Vec::new();
@@ -391,11 +392,13 @@ pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_t
             let session = Session::open(out, run_description(&s))?;
             let c = captured_update(&session, &mut s, &x, &y)?;
             losses.push(c.loss);
-            written = Some((session.finish()?.into_path(), c.heap));
+            let done = session.finish()?;
+            let findings = done.findings().to_vec();
+            written = Some((done.into_path(), c.heap, findings));
         } else {
             losses.push(plain_update(&mut s, &x, &y)?);
         }
     }
-    let (path, heap) = written.expect("capture step reached");
-    Ok((path, heap, losses))
+    let (path, heap, findings) = written.expect("capture step reached");
+    Ok(Trained { path, heap, findings, losses })
 }
