@@ -45,7 +45,7 @@ func TestSkimOpName(t *testing.T) {
 	}{
 		{`{"kind":"op","span_id":"s1","op_name":"gloo:all_reduce","x":1}`, "gloo:all_reduce", true},
 		{`{"kind":"op","inputs":["\"op_name\":\"gloo:x"],"op_name":"aten::mm"}`, "aten::mm", true}, // escaped inside a string: no match
-		{`{"kind":"op","op_name":"a\"b"}`, "", false},                                             // escapes: left to the decoder
+		{`{"kind":"op","op_name":"a\"b"}`, "", false},                                              // escapes: left to the decoder
 		{`{"kind":"op","op_name" : "aten::mm"}`, "", false},
 		{`{"kind":"op","op_name":"aten::mm`, "", false},
 		{`{"kind":"op"}`, "", false},
@@ -61,8 +61,11 @@ func TestSkimOpName(t *testing.T) {
 func recordLog(r io.Reader, skim bool, opNamed func([]byte) bool) (string, *StreamResult, error) {
 	var b strings.Builder
 	res, err := StreamRecords(r, RecordVisitor{
-		Meta:      func(m *Meta) error { fmt.Fprintf(&b, "meta %s\n", m.RunID); return nil },
-		SpanStart: func(s *SpanStartRecord) error { fmt.Fprintf(&b, "start %s %s %d\n", s.ID, s.Name, s.StartNS); return nil },
+		Meta: func(m *Meta) error { fmt.Fprintf(&b, "meta %s\n", m.RunID); return nil },
+		SpanStart: func(s *SpanStartRecord) error {
+			fmt.Fprintf(&b, "start %s %s %d\n", s.ID, s.Name, s.StartNS)
+			return nil
+		},
 		Op: func(o *OpRecord) error {
 			fmt.Fprintf(&b, "op %s %d %d %d\n", o.Name, o.TimestampNS, o.DurationNS, o.InputBytes)
 			return nil
