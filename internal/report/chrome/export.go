@@ -149,6 +149,12 @@ type exporter struct {
 	keyBuf    []byte
 	storages  map[string]uint64  // device \0 storage -> bytes
 	liveBytes map[string]*uint64 // device -> live logical bytes
+	// The device of the last memory record, its live bytes and its process
+	// (-1 until a counter asks): memory records come in long runs on one
+	// device, and two small-map lookups per record cost more than its counter.
+	memDev    []byte
+	memLive   *uint64
+	memPID    int64
 	seed      maphash.Seed
 	producers map[uint64]opPos // output tensor -> the op that wrote it; nil until a data edge asks
 	outputs   []producedBy     // the ops' outputs in file order while producers is nil
@@ -401,11 +407,7 @@ func (x *exporter) onInterval(e *trace.DeviceIntervalEvent) {
 func (x *exporter) onMemory(e *trace.MemoryEvent) {
 	x.seen(e.Timestamp)
 	x.keyBuf = append(append(append(x.keyBuf[:0], e.Device...), 0), e.StorageID...)
-	live, ok := x.liveBytes[string(e.Device)]
-	if !ok {
-		live = new(uint64)
-		x.liveBytes[string(e.Device)] = live
-	}
+	live := x.liveOf(e.Device)
 	bytes, isLive := x.storages[string(x.keyBuf)]
 	switch {
 	case e.Action == trace.ActionAlloc && !isLive:
@@ -417,7 +419,25 @@ func (x *exporter) onMemory(e *trace.MemoryEvent) {
 	default:
 		return // an alias or an unpaired free: the live total is unchanged
 	}
-	x.counter(x.device(e.Device), "live logical bytes", e.Timestamp, *live)
+	if x.memPID < 0 {
+		x.memPID = x.device(e.Device)
+	}
+	x.counter(x.memPID, "live logical bytes", e.Timestamp, *live)
+}
+
+// liveOf is the live logical bytes of a device, and makes it the memory
+// records' current device.
+func (x *exporter) liveOf(dev []byte) *uint64 {
+	if x.memLive != nil && string(dev) == string(x.memDev) {
+		return x.memLive
+	}
+	live, ok := x.liveBytes[string(dev)]
+	if !ok {
+		live = new(uint64)
+		x.liveBytes[string(dev)] = live
+	}
+	x.memDev, x.memLive, x.memPID = append(x.memDev[:0], dev...), live, -1
+	return live
 }
 
 func (x *exporter) counter(pid int64, name string, ns, value uint64) {
