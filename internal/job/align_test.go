@@ -27,7 +27,7 @@ func TestAlign(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			traces, err := ReadAll(writeJob(t, tt.model))
+			traces, err := ReadAll(writeJob(t, tt.model), ForAnalysis)
 			require.NoError(t, err)
 			al := Align(traces)
 			assert.Equal(t, tt.matched, al.Matched)
@@ -51,7 +51,7 @@ func TestAlignPartialEvidence(t *testing.T) {
 		m := jobtest.Even(2)
 		m.Collectives = nil
 		m.Ranks[1].AnchorErr = 3_000_000
-		traces, err := ReadAll(writeJob(t, m))
+		traces, err := ReadAll(writeJob(t, m), ForAnalysis)
 		require.NoError(t, err)
 		al := Align(traces)
 		assert.Zero(t, al.Matched)
@@ -61,7 +61,7 @@ func TestAlignPartialEvidence(t *testing.T) {
 		m := jobtest.Even(2)
 		m.Ranks[1].AnchorErr = 250_000
 		paths := writeJob(t, m)
-		traces, err := ReadAll(paths)
+		traces, err := ReadAll(paths, ForAnalysis)
 		require.NoError(t, err)
 		traces[1].Collectives[1].Bytes++ // rank 1's second bucket is another size
 		al := Align(traces)
@@ -73,7 +73,7 @@ func TestAlignPartialEvidence(t *testing.T) {
 	t.Run("buckets a rank entered in the other order are paired by name and bytes", func(t *testing.T) {
 		m := jobtest.Even(2)
 		m.Ranks[1].AnchorErr = 250_000
-		traces, err := ReadAll(writeJob(t, m))
+		traces, err := ReadAll(writeJob(t, m), ForAnalysis)
 		require.NoError(t, err)
 		require.Len(t, traces[1].Collectives, 2)
 		require.NotEqual(t, traces[1].Collectives[0].Bytes, traces[1].Collectives[1].Bytes, "the job's buckets differ in size")
@@ -89,7 +89,7 @@ func TestAlignPartialEvidence(t *testing.T) {
 	t.Run("a trace without a wall clock is placed by the collectives", func(t *testing.T) {
 		m := jobtest.Even(2)
 		m.Ranks[1].NoWall = true
-		traces, err := ReadAll(writeJob(t, m))
+		traces, err := ReadAll(writeJob(t, m), ForAnalysis)
 		require.NoError(t, err)
 		al := Align(traces)
 		require.Len(t, al.Warnings, 1)

@@ -8,10 +8,11 @@ import (
 
 // BenchmarkRead reads a rank trace of 300k ops (a real trace's mix: ops,
 // their memory records, a collective every 1000 ops) from memory: the pass
-// that the job view and the merge's job clock add per rank.
+// that the job view (analysis) and the merge's job clock (clock) add per
+// rank.
 func BenchmarkRead(b *testing.B) {
 	var buf bytes.Buffer
-	buf.WriteString(`{"kind":"meta","schema":"candle-graph/trace/10","run_id":"r","entrypoint":"m::train","capture_step":3,"clock":{"host":"monotonic","wall_unix_ns_at_open":1800000000000000000},"process":{"pid":1,"rank":0,"world_size":8}}` + "\n")
+	buf.WriteString(testMeta(`,"clock":{"host":"monotonic","wall_unix_ns_at_open":1800000000000000000},"process":{"pid":1,"rank":0,"world_size":8}`) + "\n")
 	buf.WriteString(`{"kind":"span_start","id":"s1","name":"m::train","start_ns":0,"span_kind":"function"}` + "\n")
 	buf.WriteString(`{"kind":"span_start","id":"s2","parent_id":"s1","name":"update","start_ns":10,"span_kind":"function","measured":true}` + "\n")
 	const ops = 300_000
@@ -27,12 +28,20 @@ func BenchmarkRead(b *testing.B) {
 	fmt.Fprintf(&buf, `{"kind":"span_end","id":"s1","duration_ns":%d}`+"\n", ops*1000+400)
 	buf.WriteString(`{"kind":"terminal","outcome":"complete","timestamp_ns":1}` + "\n")
 	data := buf.Bytes()
-	b.SetBytes(int64(len(data)))
-	b.ReportAllocs()
-	for b.Loop() {
-		t, err := Read(bytes.NewReader(data), 0)
-		if err != nil || len(t.Collectives) != ops/1000 || t.Ops != ops {
-			b.Fatalf("read: %v, %d collectives, %d ops", err, len(t.Collectives), t.Ops)
-		}
+	for _, d := range []struct {
+		name   string
+		detail Detail
+		ops    int
+	}{{"analysis", ForAnalysis, ops}, {"clock", ForClock, 0}} {
+		b.Run(d.name, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				t, err := Read(bytes.NewReader(data), 0, d.detail)
+				if err != nil || len(t.Collectives) != ops/1000 || t.Ops != d.ops {
+					b.Fatalf("read: %v, %d collectives, %d ops", err, len(t.Collectives), t.Ops)
+				}
+			}
+		})
 	}
 }

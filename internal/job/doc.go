@@ -17,7 +17,8 @@
 // Collectives are the ops the binding records for each backend work
 // ("gloo:all_reduce", "nccl:all_reduce", ...: the op's start is the moment
 // the rank entered the collective, its end the completion, its bytes what it
-// carried). The package reads the traces itself, with a filter that decodes
-// only meta, span and collective lines, and depends on package report for
-// nothing but formatting.
+// carried). The package reads the traces with the streaming reader every
+// command shares (report/trace.StreamRecords), skimming the lines it does
+// not need (read.go: memory records always, and for the merge's job clock
+// everything but the meta and the collectives).
 package job

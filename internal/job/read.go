@@ -1,15 +1,13 @@
 package job
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/candle-trace/candle-trace/internal/report/trace"
 )
 
 // Backends are the prefixes of the op names that are collectives: the
@@ -76,65 +74,28 @@ type Trace struct {
 	mergeAt int // Busy's length at which it is merged next
 }
 
-// line is the union of the fields read from the lines that are decoded.
-type line struct {
-	Kind        string `json:"kind"`
-	RunID       string `json:"run_id"`
-	Entrypoint  string `json:"entrypoint"`
-	CaptureStep uint64 `json:"capture_step"`
-	Clock       struct {
-		Wall json.RawMessage `json:"wall_unix_ns_at_open"`
-	} `json:"clock"`
-	Process struct {
-		Rank      json.RawMessage `json:"rank"`
-		WorldSize json.RawMessage `json:"world_size"`
-	} `json:"process"`
-	Tags struct {
-		JobID string `json:"job_id"`
-	} `json:"tags"`
-	ID          string `json:"id"`
-	Name        string `json:"name"`
-	Step        string `json:"step"`
-	Measured    bool   `json:"measured"`
-	StartNS     uint64 `json:"start_ns"`
-	DurationNS  uint64 `json:"duration_ns"`
-	OpName      string `json:"op_name"`
-	TimestampNS uint64 `json:"timestamp_ns"`
-	OutBytes    uint64 `json:"output_dense_bytes"`
-	InBytes     uint64 `json:"input_dense_bytes"`
-	Outcome     string `json:"outcome"`
-}
+// Detail is how much of a rank's trace a read keeps.
+type Detail int
 
-// wanted tells, from the raw bytes, whether a line may be one the analysis
-// decodes: the meta and terminal, span lines, and ops whose name is a
-// collective's. Everything else (most of a trace: ops, tensors, memory) is
-// skipped without decoding; of the other ops only the times are scanned.
-func wanted(raw []byte) bool {
-	for _, k := range [][]byte{[]byte(`span_start`), []byte(`span_end`), []byte(`"meta"`), []byte(`"terminal"`)} {
-		if bytes.Contains(raw, k) {
-			return true
-		}
-	}
-	if !bytes.Contains(raw, []byte(`"op_name"`)) {
-		return false
-	}
-	for _, b := range Backends {
-		if bytes.Contains(raw, []byte(`"`+b)) {
-			return true
-		}
-	}
-	return false
-}
+const (
+	// ForAnalysis keeps everything Analyze uses: the meta, the spans, the
+	// collectives and the other ops' times (Busy).
+	ForAnalysis Detail = iota
+	// ForClock keeps what Align uses: the meta and the collectives. The other
+	// lines (most of a trace) are skimmed over, not decoded
+	// (trace.RecordVisitor.Skim): the merge's job clock.
+	ForClock
+)
 
 // ReadFile reads one rank's trace; index is its position among the job's
 // files (its rank when the meta has none).
-func ReadFile(path string, index int) (*Trace, error) {
+func ReadFile(path string, index int, detail Detail) (*Trace, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	t, err := Read(f, index)
+	t, err := Read(f, index, detail)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -142,86 +103,94 @@ func ReadFile(path string, index int) (*Trace, error) {
 	return t, nil
 }
 
-// Read reads one rank's trace from r. A trace cut short (a killed writer)
-// is read to the cut; spans still open there are left out.
-func Read(r io.Reader, index int) (*Trace, error) {
-	t := &Trace{Rank: int64(index), RankFrom: "file order"}
-	br := bufio.NewReaderSize(r, 1<<20)
-	spans := map[string]int{} // id -> index in all
-	var all []Span
-	n := 0
-	for {
-		raw, err := br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull { // a line over the buffer: read it whole
-			rest, rerr := br.ReadBytes('\n')
-			raw, err = append(append([]byte(nil), raw...), rest...), rerr
-		}
-		if len(bytes.TrimSpace(raw)) > 0 {
-			n++
-			if n > 1 && isOp(raw) && !wanted(raw) {
-				t.busyOp(raw)
-			} else if n == 1 || wanted(raw) {
-				var l line
-				if jerr := json.Unmarshal(raw, &l); jerr != nil {
-					if err == io.EOF { // the cut last line of a killed writer
-						break
-					}
-					return nil, fmt.Errorf("line %d: %v", n, jerr)
-				}
-				if n == 1 && l.Kind != "meta" {
-					return nil, fmt.Errorf("line 1 is %q, not the meta record", l.Kind)
-				}
-				t.take(&l, spans, &all)
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("empty file: not a trace")
-	}
-	t.finish(all)
-	return t, nil
+// reading is one rank's trace as the stream hands it over.
+type reading struct {
+	t     *Trace
+	spans map[string]int // id -> index in all
+	all   []Span
 }
 
-func (t *Trace) take(l *line, spans map[string]int, all *[]Span) {
-	switch l.Kind {
-	case "meta":
-		t.RunID, t.JobID, t.Entrypoint, t.CaptureStep = l.RunID, l.Tags.JobID, l.Entrypoint, l.CaptureStep
-		if w, ok := uintOf(l.Clock.Wall); ok {
-			t.WallNS, t.HasWall = w, true
-		}
-		if r, ok := uintOf(l.Process.Rank); ok {
-			t.Rank, t.RankFrom = int64(r), "meta.process.rank"
-		}
-		if w, ok := uintOf(l.Process.WorldSize); ok {
-			t.WorldSize = int64(w)
-		}
-	case "span_start":
-		if l.Measured || l.Step != "" {
-			spans[l.ID] = len(*all)
-			*all = append(*all, Span{ID: l.ID, Name: l.Name, Step: l.Step, StartNS: l.StartNS, Measured: l.Measured})
-		}
-	case "span_end":
-		if i, ok := spans[l.ID]; ok {
-			s := &(*all)[i]
-			s.EndNS, s.closed = s.StartNS+l.DurationNS, true
-		}
-	case "op":
-		if IsCollective(l.OpName) {
-			b := l.InBytes
-			if l.OutBytes > b {
-				b = l.OutBytes
-			}
-			t.Collectives = append(t.Collectives, Collective{Name: l.OpName, Bytes: b, EnterNS: l.TimestampNS, EndNS: l.TimestampNS + l.DurationNS})
-		}
-	case "terminal":
-		t.Complete = l.Outcome == "complete"
+// Read reads one rank's trace from r with the streaming reader every
+// command shares (trace.StreamRecords). A trace cut short (a killed
+// writer) is read to the cut; spans still open there are left out. A line
+// that cannot be read is an error: what follows it is unknown.
+func Read(r io.Reader, index int, detail Detail) (*Trace, error) {
+	rd := &reading{t: &Trace{Rank: int64(index), RankFrom: "file order"}, spans: map[string]int{}}
+	v := trace.RecordVisitor{Meta: rd.meta, Op: rd.op, Terminal: rd.terminal, Skim: true}
+	switch detail {
+	case ForAnalysis:
+		v.SpanStart, v.SpanEnd = rd.spanStart, rd.spanEnd
+	case ForClock:
+		v.OpNamed = func(name []byte) bool { return IsCollective(string(name)) }
 	}
+	res, err := trace.StreamRecords(r, v, 0)
+	if err != nil {
+		return nil, err
+	}
+	if res.Stop != nil {
+		return nil, fmt.Errorf("line %d: %s: %s", res.Stop.Line, res.Stop.Code, res.Stop.Message)
+	}
+	rd.t.finish(rd.all)
+	return rd.t, nil
+}
+
+func (rd *reading) meta(m *trace.Meta) error {
+	t := rd.t
+	t.RunID, t.JobID, t.Entrypoint, t.CaptureStep = m.RunID, m.Tags["job_id"], m.Entrypoint, m.CaptureStep
+	if w, err := strconv.ParseUint(m.Clock["wall_unix_ns_at_open"], 10, 64); err == nil {
+		t.WallNS, t.HasWall = w, true
+	}
+	if r, err := strconv.ParseUint(m.Process["rank"], 10, 63); err == nil {
+		t.Rank, t.RankFrom = int64(r), "meta.process.rank"
+	}
+	if w, err := strconv.ParseUint(m.Process["world_size"], 10, 63); err == nil {
+		t.WorldSize = int64(w)
+	}
+	return nil
+}
+
+func (rd *reading) spanStart(s *trace.SpanStartRecord) error {
+	if s.Measured || s.Step != "" {
+		rd.spans[string(s.ID)] = len(rd.all)
+		rd.all = append(rd.all, Span{ID: string(s.ID), Name: string(s.Name), Step: s.Step, StartNS: s.StartNS, Measured: s.Measured})
+	}
+	return nil
+}
+
+func (rd *reading) spanEnd(e *trace.SpanEndRecord) error {
+	if i, ok := rd.spans[string(e.ID)]; ok {
+		s := &rd.all[i]
+		s.EndNS, s.closed = s.StartNS+e.DurationNS, true
+	}
+	return nil
+}
+
+// op keeps a collective, and the time of any other op: when the rank was
+// computing (the c10d:: op that enqueues a collective is part of it).
+func (rd *reading) op(o *trace.OpRecord) error {
+	t := rd.t
+	switch name := string(o.Name); {
+	case IsCollective(name):
+		b := o.InputBytes
+		if o.HasOutputBytes && o.OutputBytes > b {
+			b = o.OutputBytes
+		}
+		t.Collectives = append(t.Collectives, Collective{Name: name, Bytes: b, EnterNS: o.TimestampNS, EndNS: o.TimestampNS + o.DurationNS})
+	case strings.HasPrefix(name, "c10d::") || o.DurationNS == 0:
+	default:
+		t.Ops++
+		t.Busy = append(t.Busy, interval{int64(o.TimestampNS), int64(o.TimestampNS + o.DurationNS)})
+		if len(t.Busy) >= t.mergeAt { // overlapping ops (threads, nesting) fold as the list grows
+			t.Busy = merge(t.Busy)
+			t.mergeAt = max(2*len(t.Busy), 1<<16)
+		}
+	}
+	return nil
+}
+
+func (rd *reading) terminal(e *trace.TerminalRecord) error {
+	rd.t.Complete = e.Outcome == "complete"
+	return nil
 }
 
 // finish picks the measured region and the phases out of the spans read,
@@ -243,53 +212,6 @@ func (t *Trace) finish(all []Span) {
 	t.Phases = outermost(tagged, t.Measured)
 	sortCollectives(t.Collectives)
 	t.Busy = merge(t.Busy)
-}
-
-// busyOp takes the time of an op that is no collective (the c10d:: op that
-// enqueues one is part of it). The two numbers are scanned, not decoded.
-func (t *Trace) busyOp(raw []byte) {
-	if bytes.Contains(raw, []byte(`"c10d::`)) {
-		return
-	}
-	ts, ok1 := scanUint(raw, `"timestamp_ns"`)
-	d, ok2 := scanUint(raw, `"duration_ns"`)
-	if !ok1 || !ok2 || d == 0 {
-		return
-	}
-	t.Ops++
-	t.Busy = append(t.Busy, interval{int64(ts), int64(ts + d)})
-	if len(t.Busy) >= t.mergeAt { // overlapping ops (threads, nesting) fold as the list grows
-		t.Busy = merge(t.Busy)
-		t.mergeAt = max(2*len(t.Busy), 1<<16)
-	}
-}
-
-// isOp tells from the raw bytes whether the line's "kind" is "op".
-func isOp(raw []byte) bool {
-	i := bytes.Index(raw, []byte(`"kind"`))
-	if i < 0 {
-		return false
-	}
-	return bytes.HasPrefix(bytes.TrimLeft(raw[i+6:], " \t:"), []byte(`"op"`))
-}
-
-// scanUint reads the integer after key (`"name"`) in the raw bytes.
-func scanUint(raw []byte, key string) (uint64, bool) {
-	i := bytes.Index(raw, []byte(key))
-	if i < 0 {
-		return 0, false
-	}
-	rest := bytes.TrimLeft(raw[i+len(key):], " \t:")
-	var v uint64
-	j := 0
-	for ; j < len(rest) && rest[j] >= '0' && rest[j] <= '9'; j++ {
-		d := uint64(rest[j] - '0')
-		if v > (math.MaxUint64-d)/10 { // past what a u64 field holds
-			return 0, false
-		}
-		v = v*10 + d
-	}
-	return v, j > 0
 }
 
 // outermost returns the spans (in time order) that lie inside the measured
@@ -315,13 +237,4 @@ func outermost(spans []Span, m *Span) []Span {
 		}
 	}
 	return out
-}
-
-// uintOf reads a JSON integer >= 0 (absent or null: false).
-func uintOf(raw json.RawMessage) (uint64, bool) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(raw), 10, 64)
-	return v, err == nil
 }

@@ -99,14 +99,15 @@ type Job struct {
 	Warnings    []string         `json:"warnings,omitempty"`
 }
 
-// ReadAll reads the traces of a job and orders them by rank (meta.process.rank,
-// else their position); two traces of one rank are refused.
+// ReadAll reads the traces of a job, keeping detail of each, and orders them
+// by rank (meta.process.rank, else their position); two traces of one rank
+// are refused.
 //
 // The traces are read GOMAXPROCS at a time: each read is one core's work
 // (the line scan), and merge reads the whole job this way before it
 // exports, so on N cores the job clock costs 1/N of a pass. Each read holds
 // its buffer and its rank's collectives, never the trace.
-func ReadAll(paths []string) ([]*Trace, error) {
+func ReadAll(paths []string, detail Detail) ([]*Trace, error) {
 	read := make([]*Trace, len(paths))
 	errs := make([]error, len(paths))
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
@@ -116,7 +117,7 @@ func ReadAll(paths []string) ([]*Trace, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			read[i], errs[i] = ReadFile(p, i)
+			read[i], errs[i] = ReadFile(p, i, detail)
 		}()
 	}
 	wg.Wait()

@@ -146,11 +146,11 @@ func TestNoCollectives(t *testing.T) {
 func TestAnalyzeRefuses(t *testing.T) {
 	m := jobtest.Even(2)
 	paths := writeJob(t, m)
-	one, err := ReadAll(paths[:1])
+	one, err := ReadAll(paths[:1], ForAnalysis)
 	require.NoError(t, err)
 	_, err = Analyze(one, DefaultWaitThreshold)
 	assert.ErrorContains(t, err, "at least two ranks")
-	_, err = ReadAll([]string{paths[0], paths[0]})
+	_, err = ReadAll([]string{paths[0], paths[0]}, ForAnalysis)
 	assert.ErrorContains(t, err, "both are rank 0")
 }
 
@@ -170,10 +170,10 @@ func TestReadAllOrder(t *testing.T) {
 		{"reversed", []string{paths[5], paths[4], paths[3], paths[2], paths[1], paths[0]}, ""},
 		{"shuffled", []string{paths[3], paths[0], paths[5], paths[1], paths[4], paths[2]}, ""},
 		{"missing before empty", []string{paths[0], missing, paths[1], empty}, "missing.jsonl: no such file"},
-		{"empty before missing", []string{paths[0], empty, paths[1], missing}, "empty.jsonl: empty file"},
+		{"empty before missing", []string{paths[0], empty, paths[1], missing}, "empty.jsonl: no meta record"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			traces, err := ReadAll(tc.paths)
+			traces, err := ReadAll(tc.paths, ForAnalysis)
 			if tc.err != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.err)
@@ -210,7 +210,7 @@ func TestAnalyzeWarnsOfAnotherJob(t *testing.T) {
 				all := writeJob(t, m)
 				paths = append(paths, all[r])
 			}
-			traces, err := ReadAll(paths)
+			traces, err := ReadAll(paths, ForAnalysis)
 			require.NoError(t, err)
 			for r, tr := range traces {
 				assert.Equal(t, tc.jobs[r], tr.JobID)

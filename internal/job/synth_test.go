@@ -17,7 +17,7 @@ func writeJob(t *testing.T, m jobtest.Job) []string {
 }
 
 func analyzed(t *testing.T, m jobtest.Job) *Job {
-	traces, err := ReadAll(writeJob(t, m))
+	traces, err := ReadAll(writeJob(t, m), ForAnalysis)
 	require.NoError(t, err)
 	j, err := Analyze(traces, DefaultWaitThreshold)
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func TestLargeJob(t *testing.T) {
 		require.NoError(t, err)
 		assert.InEpsilon(t, 2<<20, st.Size(), 0.02, p)
 	}
-	traces, err := ReadAll(paths)
+	traces, err := ReadAll(paths, ForAnalysis)
 	require.NoError(t, err)
 	al := Align(traces)
 	want := (m.Ops-m.Ops/3)/1000 + 1 // and the last bucket

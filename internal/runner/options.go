@@ -67,7 +67,7 @@ options:
                       one-time costs, update 2 may still grow the allocator,
                       3 is the first steady one)
   --output PATTERN    trace path; %p is the writer's pid, %r its $RANK
-                      (default candle-trace-%p.jsonl; under torchrun .rank%r
+                      (default candle-trace-%p.jsonl; under torchrun -rank%r
                       is added before .jsonl when PATTERN has no %r)
   --match PATTERNS    drop-in only: comma-separated shell patterns of the
                       program names to trace (default: COMMAND's name)

@@ -46,7 +46,7 @@ func Written(pattern string, before Files) []string {
 }
 
 // Patterns are the path patterns a run's files may match, absolute: the
-// traces, a torchrun rank's traces (.rank%r before the extension, added by
+// traces, a torchrun rank's traces (-rank%r before the extension, added by
 // candle_trace/torch/_run.py when the pattern has no %r) and the summary.
 func Patterns(o *Options, python bool) []string {
 	out := []string{o.Output}
@@ -71,10 +71,11 @@ func SnapshotAll(patterns []string) Files {
 }
 
 // rankPattern is what a torchrun rank writes under a pattern without %r:
-// .rank%r before the extension.
+// -rank%r before the extension, as the Python binding's profile names a
+// rank's file.
 func rankPattern(p string) string {
 	ext := filepath.Ext(p)
-	return strings.TrimSuffix(p, ext) + ".rank%r" + ext
+	return strings.TrimSuffix(p, ext) + "-rank%r" + ext
 }
 
 // union is a and b sorted, each name once (a rank's file can match both

@@ -27,5 +27,5 @@ func TestWritten(t *testing.T) {
 	assert.Equal(t, []string{filepath.Join(dir, "t-2.jsonl"), filepath.Join(dir, "t-3.jsonl")}, Written(pattern, before))
 	assert.Equal(t, []string{filepath.Join(dir, "t-3.jsonl")}, Written(filepath.Join(dir, "t-3.json%r"), Files{}),
 		"%r is a wildcard too")
-	assert.Equal(t, filepath.Join(dir, "t.rank%r.jsonl"), rankPattern(filepath.Join(dir, "t.jsonl")))
+	assert.Equal(t, filepath.Join(dir, "t-rank%r.jsonl"), rankPattern(filepath.Join(dir, "t.jsonl")))
 }

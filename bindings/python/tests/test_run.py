@@ -29,8 +29,8 @@ sys.path.insert(0, str(PROGRAMS))
     ("t-%p.jsonl", None, "t-42.jsonl"),
     ("t-%p-%r.jsonl", None, "t-42-0.jsonl"),
     ("t-%p-%r.jsonl", "3", "t-42-3.jsonl"),
-    ("t-%p.jsonl", "3", "t-42.rank3.jsonl"),       # a rank's name says whose it is
-    ("dir.d/trace", "1", "dir.d/trace.rank1"),
+    ("t-%p.jsonl", "3", "t-42-rank3.jsonl"),       # a rank's name says whose it is
+    ("dir.d/trace", "1", "dir.d/trace-rank1"),
     ("100%%-%p", None, "100%-42"),
 ])
 def test_expand(pattern, rank, want):
@@ -291,7 +291,7 @@ print("parent", os.getpid())
     parent_pid = next(w[1] for w in said if w[0] == "parent")
     rank_pid = next(w[1] for w in said if w[0] == "child" and w[2] == "1")
     names = sorted(p.name for p in traces(tmp_path))
-    assert names == sorted([f"t-{parent_pid}.jsonl", f"t-{rank_pid}.rank1.jsonl"])
+    assert names == sorted([f"t-{parent_pid}.jsonl", f"t-{rank_pid}-rank1.jsonl"])
     for t in traces(tmp_path):
         judged(t, tmp_path)
     assert r.stderr.count("candle-trace: trace ") == 2
@@ -441,13 +441,13 @@ def test_torchrun_ranks_write_one_trace_each(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "rank 0 of 2 done" in r.stdout and "rank 1 of 2 done" in r.stdout
     found = traces(tmp_path)  # the launcher (it steps no optimizer) writes none
-    assert [t.name.split(".")[-2] for t in found] == ["rank0", "rank1"], found
+    assert [t.stem.rsplit("-", 1)[-1] for t in found] == ["rank0", "rank1"], found
     grads, jobs = [], set()
     for rank, t in enumerate(found):
         lines = judged(t, tmp_path)
         assert lines[0]["process"]["rank"] == rank and lines[0]["process"]["world_size"] == 2
         jobs.add(lines[0]["tags"].get("job_id"))
-        assert t.name == f"t-{lines[0]['process']['pid']}.rank{rank}.jsonl"
+        assert t.name == f"t-{lines[0]['process']['pid']}-rank{rank}.jsonl"
         grads.append({g["key"]: g["norm"] for g in lines if g["kind"] == "gradient"})
     assert len(jobs) == 1 and None not in jobs and "" not in jobs, f"both ranks, one job id: {jobs}"
     assert set(grads[0]) == {"module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"}

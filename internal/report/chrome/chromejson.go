@@ -16,14 +16,15 @@ type ChromeWriter struct {
 	w      *bufio.Writer
 	buf    []byte
 	events int
-	phases map[string]int
+	phases [len(phaseNames)]int // events per phase, by index in phaseNames
+	others map[string]int       // events of any other phase
 	flowID uint64
 	err    error
 }
 
 // NewChromeWriter starts a document on w.
 func NewChromeWriter(w io.Writer) *ChromeWriter {
-	c := &ChromeWriter{w: bufio.NewWriterSize(w, 256<<10), phases: map[string]int{}}
+	c := &ChromeWriter{w: bufio.NewWriterSize(w, 256<<10)}
 	_, c.err = c.w.WriteString("{\"traceEvents\":[\n")
 	return c
 }
@@ -32,7 +33,35 @@ func NewChromeWriter(w io.Writer) *ChromeWriter {
 func (c *ChromeWriter) Events() int { return c.events }
 
 // Phases counts the events written per "ph" value.
-func (c *ChromeWriter) Phases() map[string]int { return c.phases }
+func (c *ChromeWriter) Phases() map[string]int {
+	out := map[string]int{}
+	for ph, n := range c.others {
+		out[ph] = n
+	}
+	for i, n := range c.phases {
+		if n > 0 {
+			out[phaseNames[i]] = n
+		}
+	}
+	return out
+}
+
+// phaseNames are the "ph" values the exporter writes. Counting them in an
+// array, not a map, saves a map update per event.
+var phaseNames = [...]string{"X", "C", "M", "s", "f"}
+
+func (c *ChromeWriter) countPhase(ph string) {
+	for i, name := range phaseNames {
+		if ph == name {
+			c.phases[i]++
+			return
+		}
+	}
+	if c.others == nil {
+		c.others = map[string]int{}
+	}
+	c.others[ph]++
+}
 
 // Close ends the document with otherData (string values) and flushes.
 func (c *ChromeWriter) Close(otherData map[string]string) error {
@@ -75,7 +104,7 @@ func (c *ChromeWriter) event(ph string, name []byte, cat string, tsNS uint64, pi
 	b = strconv.AppendInt(b, pid, 10)
 	b = append(b, `,"tid":`...)
 	b = strconv.AppendUint(b, tid, 10)
-	c.phases[ph]++
+	c.countPhase(ph)
 	return b
 }
 

@@ -121,6 +121,12 @@ type opPos struct {
 	tid   uint64
 }
 
+// producedBy is an op's output (hashed) and where the op is.
+type producedBy struct {
+	output uint64
+	at     opPos
+}
+
 type pendingFlow struct {
 	call     bool
 	from, to string
@@ -143,8 +149,15 @@ type exporter struct {
 	keyBuf    []byte
 	storages  map[string]uint64  // device \0 storage -> bytes
 	liveBytes map[string]*uint64 // device -> live logical bytes
+	// The device of the last memory record, its live bytes and its process
+	// (-1 until a counter asks): memory records come in long runs on one
+	// device, and two small-map lookups per record cost more than its counter.
+	memDev    []byte
+	memLive   *uint64
+	memPID    int64
 	seed      maphash.Seed
-	producers map[uint64]opPos // output tensor -> the op that wrote it
+	producers map[uint64]opPos // output tensor -> the op that wrote it; nil until a data edge asks
+	outputs   []producedBy     // the ops' outputs in file order while producers is nil
 	pending   []pendingFlow
 	last      uint64
 	terminal  bool
@@ -159,7 +172,7 @@ func newExporter(w *ChromeWriter, opts ChromeOptions) *exporter {
 		spans: map[string]*xspan{}, names: map[string]string{}, threads: map[uint64]bool{},
 		devices: map[string]int64{}, streams: map[string]uint64{},
 		storages: map[string]uint64{}, liveBytes: map[string]*uint64{},
-		seed: maphash.MakeSeed(), producers: map[uint64]opPos{},
+		seed: maphash.MakeSeed(),
 	}
 }
 
@@ -312,9 +325,33 @@ func (x *exporter) onOp(e *trace.OpEvent) {
 	if e.HasOutput {
 		b = append(b, `,"output":`...)
 		b = appendJSONString(b, e.Output)
-		x.producers[maphash.Bytes(x.seed, e.Output)] = opPos{start: e.Timestamp, tid: tid}
+		x.produced(maphash.Bytes(x.seed, e.Output), opPos{start: e.Timestamp, tid: tid})
 	}
 	x.w.done(append(b, '}'))
+}
+
+// produced notes the op that wrote an output. Most traces have no data
+// edges: until one asks (producer), the outputs are listed, not hashed
+// into a map, which would cost more than decoding the op.
+func (x *exporter) produced(output uint64, at opPos) {
+	if x.producers == nil {
+		x.outputs = append(x.outputs, producedBy{output, at})
+		return
+	}
+	x.producers[output] = at
+}
+
+// producer is the op that last wrote an output, as of now.
+func (x *exporter) producer(output []byte) (opPos, bool) {
+	if x.producers == nil {
+		x.producers = make(map[uint64]opPos, len(x.outputs))
+		for _, p := range x.outputs {
+			x.producers[p.output] = p.at
+		}
+		x.outputs = nil
+	}
+	at, ok := x.producers[maphash.Bytes(x.seed, output)]
+	return at, ok
 }
 
 // device returns the process of a device, naming it on first use.
@@ -370,11 +407,7 @@ func (x *exporter) onInterval(e *trace.DeviceIntervalEvent) {
 func (x *exporter) onMemory(e *trace.MemoryEvent) {
 	x.seen(e.Timestamp)
 	x.keyBuf = append(append(append(x.keyBuf[:0], e.Device...), 0), e.StorageID...)
-	live, ok := x.liveBytes[string(e.Device)]
-	if !ok {
-		live = new(uint64)
-		x.liveBytes[string(e.Device)] = live
-	}
+	live := x.liveOf(e.Device)
 	bytes, isLive := x.storages[string(x.keyBuf)]
 	switch {
 	case e.Action == trace.ActionAlloc && !isLive:
@@ -386,7 +419,25 @@ func (x *exporter) onMemory(e *trace.MemoryEvent) {
 	default:
 		return // an alias or an unpaired free: the live total is unchanged
 	}
-	x.counter(x.device(e.Device), "live logical bytes", e.Timestamp, *live)
+	if x.memPID < 0 {
+		x.memPID = x.device(e.Device)
+	}
+	x.counter(x.memPID, "live logical bytes", e.Timestamp, *live)
+}
+
+// liveOf is the live logical bytes of a device, and makes it the memory
+// records' current device.
+func (x *exporter) liveOf(dev []byte) *uint64 {
+	if x.memLive != nil && string(dev) == string(x.memDev) {
+		return x.memLive
+	}
+	live, ok := x.liveBytes[string(dev)]
+	if !ok {
+		live = new(uint64)
+		x.liveBytes[string(dev)] = live
+	}
+	x.memDev, x.memLive, x.memPID = append(x.memDev[:0], dev...), live, -1
+	return live
 }
 
 func (x *exporter) counter(pid int64, name string, ns, value uint64) {
@@ -430,8 +481,8 @@ func (x *exporter) flow(call bool, from, to []byte) bool {
 		a, b = opPos{f.start, f.tid}, opPos{t.start, t.tid}
 	} else {
 		var ok1, ok2 bool
-		a, ok1 = x.producers[maphash.Bytes(x.seed, from)]
-		b, ok2 = x.producers[maphash.Bytes(x.seed, to)]
+		a, ok1 = x.producer(from)
+		b, ok2 = x.producer(to)
 		if !ok1 || !ok2 {
 			return false
 		}

@@ -11,7 +11,7 @@ import (
 // jobReportCmd is `candle-trace report RANK_TRACE RANK_TRACE...`: the job
 // view of a multi-rank job (package job).
 func jobReportCmd(paths []string, asJSON bool, waitPct float64, stdout, stderr io.Writer) int {
-	traces, err := job.ReadAll(paths)
+	traces, err := job.ReadAll(paths, job.ForAnalysis)
 	if err != nil {
 		fmt.Fprintf(stderr, "candle-trace report: %v\n", err)
 		return ExitProblem
@@ -33,7 +33,7 @@ func jobReportCmd(paths []string, asJSON bool, waitPct float64, stdout, stderr i
 // collectives' end times; nil (the wall clocks alone) when the traces give
 // nothing to refine them with, with the reason.
 func alignedOffsets(paths []string) (map[int64]uint64, string) {
-	traces, err := job.ReadAll(paths)
+	traces, err := job.ReadAll(paths, job.ForClock)
 	if err != nil {
 		return nil, err.Error()
 	}

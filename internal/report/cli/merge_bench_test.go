@@ -51,7 +51,8 @@ func mergeJobTraces(b *testing.B) []string {
 // pipe that discards it (the figure is the merge, not a disk), and reports
 // the input's MB/s and the process's peak RSS. The target: >= 100 MB/s in
 // <= 256 MiB. Merge reads every trace twice: once for the job clock
-// (package job: meta, spans, collectives), once to export it.
+// (package job: the meta and the collectives, the other lines skimmed),
+// once to export it.
 //
 //	go test -run '^$' -bench BenchmarkMerge8x100MB -benchtime 1x ./internal/report/cli/
 func BenchmarkMerge8x100MB(b *testing.B) {

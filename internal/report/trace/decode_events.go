@@ -108,7 +108,7 @@ func (d *Decoder) decodeSpanStart() error {
 	f := fields{obj: "span_start"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "id":
 			if err = f.first(0, k); err == nil {
 				e.ID, err = getStr(f.obj, k, m.val)
@@ -156,7 +156,7 @@ func (d *Decoder) decodeSpanEnd() error {
 	f := fields{obj: "span_end"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "id":
 			if err = f.first(0, k); err == nil {
 				e.ID, err = getStr(f.obj, k, m.val)
@@ -182,7 +182,7 @@ func (d *Decoder) decodeOp() error {
 	f := fields{obj: "op"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "span_id":
 			if err = f.first(0, k); err == nil {
 				e.SpanID, err = getStr(f.obj, k, m.val)
@@ -241,7 +241,7 @@ func (d *Decoder) decodeTensor() error {
 	f := fields{obj: "tensor"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "span_id":
 			if err = f.first(0, k); err == nil {
 				e.SpanID, err = getStr(f.obj, k, m.val)
@@ -292,7 +292,7 @@ func (d *Decoder) decodeTensorStats() error {
 	f := fields{obj: "tensor_stats"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "span_id":
 			if err = f.first(0, k); err == nil {
 				e.SpanID, err = getStr(f.obj, k, m.val)
@@ -343,7 +343,7 @@ func (d *Decoder) decodeMemory() error {
 	f := fields{obj: "memory"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "timestamp_ns":
 			if err = f.first(0, k); err == nil {
 				e.Timestamp, err = getU64(f.obj, k, m.val)
@@ -402,7 +402,7 @@ func (d *Decoder) decodeDeviceMemory() error {
 	f := fields{obj: "device_memory"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "timestamp_ns":
 			if err = f.first(0, k); err == nil {
 				e.Timestamp, err = getU64(f.obj, k, m.val)
@@ -441,7 +441,7 @@ func (d *Decoder) decodeDeviceInterval() error {
 	f := fields{obj: "device_interval"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "span_id":
 			if err = f.first(0, k); err == nil {
 				e.SpanID, err = getStr(f.obj, k, m.val)
@@ -494,7 +494,7 @@ func (d *Decoder) decodeGradient() error {
 	f := fields{obj: "gradient"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "event_id":
 			if err = f.first(0, k); err == nil {
 				e.EventID, err = getStr(f.obj, k, m.val)
@@ -533,7 +533,7 @@ func (d *Decoder) decodeEdge() error {
 	e.Call = ek == 0
 	f := fields{obj: "edge"}
 	for _, m := range d.members {
-		k := string(m.key)
+		k := keyOf(m.key)
 		if e.Call {
 			switch k {
 			case "from_span":
@@ -577,7 +577,7 @@ func (d *Decoder) decodeTerminal() error {
 	f := fields{obj: "terminal"}
 	var err error
 	for _, m := range d.members {
-		switch k := string(m.key); k {
+		switch k := keyOf(m.key); k {
 		case "outcome":
 			if err = f.first(0, k); err == nil {
 				e.Outcome, err = d.sc.getEnum(f.obj, k, m.val, traceformat.Outcomes)

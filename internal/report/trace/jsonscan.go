@@ -1,9 +1,11 @@
 package trace
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 )
@@ -319,11 +321,42 @@ func (s *jsonScanner) number() error {
 
 // str scans a string starting at '"' and returns its decoded bytes. The line
 // was already checked to be valid UTF-8.
+// strSpecial marks the bytes that end a string's plain run: the quote, the
+// backslash and the control characters.
+var strSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// specialBytes flags (the high bit of its byte) the quotes, backslashes
+// and control characters among the eight bytes of w, first byte lowest.
+// A flag above the lowest may be false (a borrow); the lowest is exact.
+func specialBytes(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, bs := w^(ones*'"'), w^(ones*'\\')
+	return ((q-ones)&^q | (bs-ones)&^bs | (w-ones*0x20)&^w) & highs
+}
+
 func (s *jsonScanner) str() ([]byte, error) {
 	s.pos++ // opening quote
 	start := s.pos
 	for s.pos < len(s.data) {
+		if s.pos+8 <= len(s.data) { // eight bytes at a time while none is special
+			if m := specialBytes(binary.LittleEndian.Uint64(s.data[s.pos:])); m == 0 {
+				s.pos += 8
+				continue
+			} else {
+				s.pos += bits.TrailingZeros64(m) / 8
+			}
+		}
 		c := s.data[s.pos]
+		if !strSpecial[c] {
+			s.pos++
+			continue
+		}
 		switch {
 		case c == '"':
 			b := s.data[start:s.pos]

@@ -86,6 +86,40 @@ type RecordVisitor struct {
 	Op             func(*OpRecord) error
 	DeviceInterval func(*DeviceIntervalRecord) error
 	Terminal       func(*TerminalRecord) error
+
+	// Skim passes over the lines of the kinds without a callback, once the
+	// meta is read, neither decoded nor checked (Stream.Skip): for a reader
+	// that wants a few records of a large trace and leaves judging it to
+	// others. A line it cannot skim (SkimKind) is decoded as usual.
+	Skim bool
+	// OpNamed, with Skim and Op, picks the op lines to decode by their
+	// op_name (SkimOpName); the others are passed over like the kinds
+	// without a callback.
+	OpNamed func(name []byte) bool
+}
+
+// skips tells whether a skimming read passes over a line of kind k.
+func (v *RecordVisitor) skips(k Kind, line []byte) bool {
+	switch k {
+	case KindMeta, KindTerminal:
+		return false // one line each; the terminal says whether the trace is complete
+	case KindSpanStart:
+		return v.SpanStart == nil
+	case KindSpanEnd:
+		return v.SpanEnd == nil
+	case KindOp:
+		if v.Op == nil {
+			return true
+		}
+		if v.OpNamed == nil {
+			return false
+		}
+		name, ok := SkimOpName(line)
+		return ok && !v.OpNamed(name)
+	case KindDeviceInterval:
+		return v.DeviceInterval == nil
+	}
+	return true // kinds StreamRecords hands over to no callback
 }
 
 // StreamResult says how a StreamRecords read ended.
@@ -103,6 +137,9 @@ type StreamResult struct {
 func StreamRecords(r io.Reader, v RecordVisitor, maxLineBytes int) (*StreamResult, error) {
 	st := NewStream(r, maxLineBytes)
 	sawMeta, terminal := false, false
+	if v.Skim {
+		st.Skip = func(k Kind, line []byte) bool { return sawMeta && v.skips(k, line) }
+	}
 	var (
 		start SpanStartRecord
 		end   SpanEndRecord

@@ -21,6 +21,12 @@ type Stream struct {
 	CutLine     int
 	Stop        *Issue // a parse problem that ended the stream
 	Err         error  // an I/O error that ended it
+
+	// Skip, when set, is asked about every line whose kind SkimKind reads
+	// from its first bytes; a line it skips is neither decoded nor checked
+	// (not even its UTF-8): for a reader that wants a few kinds of records
+	// out of a large trace, never for one that judges the trace.
+	Skip func(k Kind, line []byte) bool
 }
 
 func NewStream(r io.Reader, maxLine int) *Stream {
@@ -41,6 +47,11 @@ func (s *Stream) Next() (Kind, bool) {
 		case err != nil:
 			s.Err = err
 			return 0, false
+		}
+		if s.Skip != nil {
+			if k, ok := SkimKind(raw); ok && s.Skip(k, raw) {
+				continue
+			}
 		}
 		cuttable := !terminated && !s.sawTerminal
 		if !utf8.Valid(raw) {

@@ -78,7 +78,7 @@ def rank_path(path: str, rank: int, world: int) -> str:
     head, tail = os.path.split(path)
     stem, ext = os.path.splitext(tail)
     # A name that already says whose it is (`candle-trace run` expands its own pattern
-    # to ``t-PID.rank<N>.jsonl``) is kept: no second rank in the name.
+    # to ``t-PID-rank<N>.jsonl``; before, ``t-PID.rank<N>.jsonl``) is kept: no second rank in the name.
     if stem.endswith((f".rank{rank}", f"-rank{rank}")):
         return path
     return os.path.join(head, f"{stem}-rank{rank}{ext}")

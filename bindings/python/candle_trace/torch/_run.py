@@ -69,10 +69,11 @@ class Settings:
 def expand(pattern: str, pid: int, rank: Optional[str]) -> str:
     """The path of this process's file: %p its pid, %r its rank (0 without one). A
     rank of a distributed launch (``rank`` set) whose pattern has no %r gets
-    ``.rank<r>`` before the extension, so that each rank's file says whose it is."""
+    ``-rank<r>`` before the extension (as ``profile`` names a rank's file), so that
+    each rank's file says whose it is."""
     if rank is not None and "%r" not in pattern:
         root, ext = os.path.splitext(pattern)
-        pattern = f"{root}.rank%r{ext}"
+        pattern = f"{root}-rank%r{ext}"
     out, i = [], 0
     while i < len(pattern):
         two = pattern[i:i + 2]
