@@ -201,7 +201,7 @@ class watch:
         else:
             # An update captured in full is not timed: its statistics cost the tracer
             # several times the update, more than its hooks' tracer time accounts for.
-            timed = None if kind == "after" else seconds
+            timed = None if cap is not None and kind == "after" else seconds
             fired = self._eval.end_of_update(self.updates, timed, loss, waited)
             if cap is not None:
                 self._close(cap, kind, fired)
