@@ -140,9 +140,13 @@ def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     with pytest.warns(RuntimeWarning, match="non-finite gradient in fc1.weight"):
         r, folder, summary = failure("nan", tmp_path)
     w = r["watch"]
-    assert [(f.update, f.trigger) for f in w.fired] == [(20, "non_finite")]
+    # 21, captured in full, reads its gradients: still NaN (its loss too, but non_finite
+    # fires when the loss turns so, not again)
+    assert [(f.update, f.trigger) for f in w.fired] == [(20, "non_finite"), (21, "non_finite_grad")]
     assert sorted(os.listdir(folder)) == ["update-000020-non_finite.jsonl",
                                           "update-000021-after-non_finite.jsonl"]
+    assert w.fired[1].trace == str(folder / "update-000021-after-non_finite.jsonl")
+    assert w.fired[1].detail == "non-finite gradient norm in fc1.weight, fc1.bias, fc2.weight, fc2.bias (4 of 4)"
     for name in ("update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"):
         # the model's own finding, not a broken trace: its one error is the NaN gradients
         cg = candle_graph(folder / name, tmp_path, require_valid=False)
@@ -155,10 +159,13 @@ def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     assert stats["candle_trace/trigger/non_finite"]["non_finite"] == 1
     after = read_trace(folder / "update-000021-after-non_finite.jsonl")
     assert any(s["non_finite"] > 0 for s in kinds(after, "tensor_stats"))
-    (firing,) = summary["triggers"]["fired"]
+    firing, grad = summary["triggers"]["fired"]
     assert (firing["update"], firing["trigger"], firing["value"], firing["detail"]) == (
         20, "non_finite", "NaN", "loss nan")
-    assert "update 20  non_finite  NaN  loss nan" in report(tmp_path / "summary.json")
+    assert (grad["update"], grad["trigger"], grad["value"]) == (21, "non_finite_grad", "NaN")
+    text = report(tmp_path / "summary.json")
+    assert "update 20  non_finite  NaN  loss nan  -> " in text
+    assert f"update 21  non_finite_grad  NaN  {w.fired[1].detail}  -> {w.fired[1].trace}" in text
 
 
 def test_an_out_of_memory_error_in_backward_is_kept_as_a_failed_trace(tmp_path):
@@ -191,6 +198,47 @@ def test_a_real_allocation_failure_in_forward_is_kept_as_a_failed_trace(tmp_path
     modules = {s["name"] for s in kinds(lines, "span_start") if s.get("step") == "forward"}
     assert {"Net", "fc1"} <= modules and "fc2" not in modules, modules
     assert [f["trigger"] for f in summary["triggers"]["fired"]] == ["exception"]
+
+
+def test_a_non_finite_gradient_in_an_update_read_in_full_fires(tmp_path):
+    hooks = []
+
+    def before(i, model, opt):
+        if i == 10:
+            running[0].trigger("look at 10")
+        if i == 11:  # the update captured in full: fc1's gradient overflows, the loss does not
+            hooks.append(model.fc1.weight.register_hook(lambda g: g * float("inf")))
+        if i == 12:
+            hooks.pop().remove()
+
+    running = []
+    start = ctt.watch.start
+    ctt.watch.start = lambda self: running.append(self) or start(self)
+    try:
+        with pytest.warns(RuntimeWarning, match="non-finite gradient in fc1.weight"):
+            w, folder = watched(tmp_path, 14, before, triggers=NO_SLOW)
+    finally:
+        ctt.watch.start = start
+    # the inf gradient's step turns the weights, then update 12's loss, non-finite: the
+    # cap of 3 traces is reached there
+    assert [(f.update, f.trigger) for f in w.fired] == [(10, "user"), (11, "non_finite_grad"),
+                                                        (12, "non_finite")]
+    grad = w.fired[1]
+    assert grad.value == float("inf") and grad.threshold == 0.0
+    assert grad.detail == "non-finite gradient norm in fc1.weight (1 of 4)"
+    # its trace is the full capture it was read in; no capture of its own follows it
+    assert grad.trace == str(folder / "update-000011-after-user.jsonl")
+    assert sorted(os.listdir(folder)) == ["update-000010-user.jsonl", "update-000011-after-user.jsonl",
+                                          "update-000012-non_finite.jsonl"]
+    off = ctt.Triggers(slow=None, non_finite_grad=False)
+    running.clear()
+    ctt.watch.start = lambda self: running.append(self) or start(self)
+    try:
+        with pytest.warns(RuntimeWarning, match="non-finite gradient in fc1.weight"):
+            w, _ = watched(tmp_path / "off", 14, before, triggers=off)
+    finally:
+        ctt.watch.start = start
+    assert [(f.update, f.trigger) for f in w.fired] == [(10, "user"), (12, "non_finite")]
 
 
 def test_a_run_without_anomaly_writes_nothing(tmp_path):

@@ -15,9 +15,11 @@ input pipeline included -- to its own ``step()``. When a trigger fires for it (s
 exception, complete otherwise, the trigger's value and threshold as scalars
 ``candle_trace/trigger/...`` of its measured region); otherwise it is dropped unwritten.
 After a trigger, the next update is also captured in full, stats included
-(``update-<N>-after-<trigger>.jsonl``; most slow-step causes recur). At most
+(``update-<N>-after-<trigger>.jsonl``; most slow-step causes recur); its gradient norms,
+read there, fire ``non_finite_grad`` when one is not finite. At most
 ``max_traces`` traces are written in a run. ``watch.fired`` lists what fired, with the
-trace written for it.
+trace written for it or why none was; with ``aggregate_path`` the whole-run summary lists
+them too (``ct_aggregate_trigger``; ``candle-trace report SUMMARY.json`` shows them).
 """
 
 from __future__ import annotations
@@ -205,11 +207,13 @@ class watch:
             fired = self._eval.end_of_update(self.updates, timed, loss, waited)
             if cap is not None:
                 self._close(cap, kind, fired)
-                if fired is not None and kind == "after":  # its full capture is its trace
-                    fired.trace = cap.cfg.path
+                if kind == "after":  # read in full: its gradients tell too
+                    fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
+                    if fired is not None:  # its full capture is its trace
+                        fired.trace = cap.cfg.path
         if fired is not None:
             self._fired(fired, recorded=cap is not None and kind == "flight")
-            if self.capture_next and fired.trigger != "exception":
+            if self.capture_next and fired.trigger not in ("exception", "non_finite_grad"):
                 self._after = fired
         if self.whole_run is not None:
             if loss is not None:
