@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -146,7 +147,7 @@ def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     assert sorted(os.listdir(folder)) == ["update-000020-non_finite.jsonl",
                                           "update-000021-after-non_finite.jsonl"]
     assert w.fired[1].trace == str(folder / "update-000021-after-non_finite.jsonl")
-    assert w.fired[1].detail == "non-finite gradient norm in fc1.weight, fc1.bias, fc2.weight, fc2.bias (4 of 4)"
+    assert re.fullmatch(r"non-finite gradient norm in fc1\.weight.* \([1-4] of 4\)", w.fired[1].detail)
     for name in ("update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"):
         # the model's own finding, not a broken trace: its one error is the NaN gradients
         cg = candle_graph(folder / name, tmp_path, require_valid=False)
@@ -159,13 +160,18 @@ def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     assert stats["candle_trace/trigger/non_finite"]["non_finite"] == 1
     after = read_trace(folder / "update-000021-after-non_finite.jsonl")
     assert any(s["non_finite"] > 0 for s in kinds(after, "tensor_stats"))
+    # NaN under torch 1.13, an overflow to inf under 2.x: either is listed as such
+    shown = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
     firing, grad = summary["triggers"]["fired"]
+    loss = str(w.fired[0].value)
     assert (firing["update"], firing["trigger"], firing["value"], firing["detail"]) == (
-        20, "non_finite", "NaN", "loss nan")
-    assert (grad["update"], grad["trigger"], grad["value"]) == (21, "non_finite_grad", "NaN")
+        20, "non_finite", shown[loss], f"loss {loss}")
+    assert (grad["update"], grad["trigger"], grad["value"]) == (
+        21, "non_finite_grad", shown[str(w.fired[1].value)])
     text = report(tmp_path / "summary.json")
-    assert "update 20  non_finite  NaN  loss nan  -> " in text
-    assert f"update 21  non_finite_grad  NaN  {w.fired[1].detail}  -> {w.fired[1].trace}" in text
+    assert f"update 20  non_finite  {shown[loss]}  loss {loss}  -> " in text
+    assert (f"update 21  non_finite_grad  {shown[str(w.fired[1].value)]}  {w.fired[1].detail}  "
+            f"-> {w.fired[1].trace}") in text
 
 
 def test_an_out_of_memory_error_in_backward_is_kept_as_a_failed_trace(tmp_path):
