@@ -539,6 +539,25 @@ ct_status ct_device_stop(ct_session session);
  * CT_ERR_INVALID_ARGUMENT for another value. Thread-safe. */
 ct_status ct_aggregate_enable(ct_session session, int enabled);
 
+/* Lists one trigger that fired (candle_trace.torch.watch, the Rust
+ * Schedule: a slow update, a non-finite loss, an exception, the program's
+ * own call) in an aggregate session's summary, under "triggers"
+ * (docs/aggregate-format.md): on which `update` (>= 1), the `trigger`'s
+ * name (non-blank, at most 64 bytes), the `value` it measured (seconds of
+ * a slow update, the loss: NaN and infinities are kept), the `threshold`
+ * it measured against (finite; 0 when there is none), a `detail` line
+ * (NULL: none) and the trace written for it in `trace` — or, NULL or empty
+ * there, why none was in `no_trace` (the run's cap on traces reached, say):
+ * exactly one of the two. Strings are UTF-8, at most 1024 bytes each.
+ * A summary lists the first 256 firings of a run in the order of these
+ * calls; later ones are counted in "triggers.refused" (CT_OK: not an
+ * error). Recorded whether statistics are enabled or not.
+ * CT_ERR_INVALID_ARGUMENT for a bad field (nothing listed), CT_ERR_STATE on
+ * a trace session. Thread-safe. */
+ct_status ct_aggregate_trigger(ct_session session, uint64_t update, const char *trigger,
+                               double value, double threshold, const char *detail,
+                               const char *trace, const char *no_trace);
+
 /* ---- ending --------------------------------------------------------------- */
 
 /* Writes everything recorded so far to the file. Returns CT_OK when it is

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
 	"github.com/candle-trace/candle-trace/internal/session"
 )
@@ -430,4 +431,30 @@ func ctgo_aggregate_enable(h C.ct_session, on C.int) (rc C.int) {
 		return status(argErr(fn, "enabled must be 0 or 1, got %d", int(on)))
 	}
 	return status(s.SetAggregateEnabled(on == 1))
+}
+
+//export ctgo_aggregate_trigger
+func ctgo_aggregate_trigger(h C.ct_session, update C.uint64_t, trigger *C.char, value, threshold C.double,
+	detail, trace, noTrace *C.char) (rc C.int) {
+	const fn = "ct_aggregate_trigger"
+	defer guard(fn, &rc)
+	s, err := lookup(fn, h)
+	if err != nil {
+		return status(err)
+	}
+	name, err := reqString(fn, "trigger", trigger)
+	if err != nil {
+		return status(err)
+	}
+	f := aggregate.Firing{Update: uint64(update), Trigger: name, Value: aggregate.TriggerValue(value), Threshold: float64(threshold)}
+	for _, o := range []struct {
+		field string
+		p     *C.char
+		out   *string
+	}{{"detail", detail, &f.Detail}, {"trace", trace, &f.Trace}, {"no_trace", noTrace, &f.NoTrace}} {
+		if *o.out, _, err = optString(fn, o.field, o.p); err != nil {
+			return status(err)
+		}
+	}
+	return status(s.AggregateTrigger(f))
 }

@@ -157,6 +157,14 @@ ct_status ct_aggregate_enable(ct_session s, int enabled) {
     return (ct_status)ctgo_aggregate_enable(s, enabled);
 }
 
+ct_status ct_aggregate_trigger(ct_session s, uint64_t update, const char *trigger, double value,
+                               double threshold, const char *detail, const char *trace,
+                               const char *no_trace) {
+    FORK_GUARD("ct_aggregate_trigger");
+    return (ct_status)ctgo_aggregate_trigger(s, update, CSTR(trigger), value, threshold, CSTR(detail),
+                                             CSTR(trace), CSTR(no_trace));
+}
+
 ct_status ct_flush(ct_session s) {
     FORK_GUARD("ct_flush");
     return (ct_status)ctgo_flush(s);

@@ -72,9 +72,9 @@ var SystemClock Clock = systemClock{}
 type Option func(*config)
 
 type config struct {
-	maxKeys, maxScalars, maxPeriods int
-	clock                           Clock
-	enabled                         bool
+	maxKeys, maxScalars, maxPeriods, maxTriggers int
+	clock                                        Clock
+	enabled                                      bool
 }
 
 // WithMaxKeys caps the distinct (name, step) pairs (DefaultMaxKeys); the
@@ -86,6 +86,9 @@ func WithMaxScalars(n int) Option { return func(c *config) { c.maxScalars = n } 
 
 // WithMaxPeriods sets how many enabled periods are listed (DefaultMaxPeriods).
 func WithMaxPeriods(n int) Option { return func(c *config) { c.maxPeriods = n } }
+
+// WithMaxTriggers caps the firings listed (DefaultMaxTriggers).
+func WithMaxTriggers(n int) Option { return func(c *config) { c.maxTriggers = n } }
 
 // WithClock replaces the system clock.
 func WithClock(clock Clock) Option { return func(c *config) { c.clock = clock } }
@@ -146,6 +149,9 @@ type Aggregator struct {
 	scalarsRefused uint64
 	invalidKeys    uint64
 	producerDrops  uint64
+	// the triggers that fired (triggers.go): the first maxTriggers, then a count
+	fired           []Firing
+	triggersRefused uint64
 	// enabled periods: count, total of closed ones, the newest closed ones
 	// (ring), and the start of the open one.
 	periods    uint64
@@ -158,13 +164,14 @@ type Aggregator struct {
 
 // New returns an Aggregator; it is enabled unless WithEnabled(false).
 func New(opts ...Option) *Aggregator {
-	cfg := config{maxKeys: DefaultMaxKeys, maxScalars: DefaultMaxScalars, maxPeriods: DefaultMaxPeriods, clock: SystemClock, enabled: true}
+	cfg := config{maxKeys: DefaultMaxKeys, maxScalars: DefaultMaxScalars, maxPeriods: DefaultMaxPeriods, maxTriggers: DefaultMaxTriggers, clock: SystemClock, enabled: true}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	cfg.maxKeys = max(cfg.maxKeys, 0)
 	cfg.maxScalars = max(cfg.maxScalars, 0)
 	cfg.maxPeriods = max(cfg.maxPeriods, 1)
+	cfg.maxTriggers = max(cfg.maxTriggers, 0)
 	a := &Aggregator{
 		cfg:         cfg,
 		start:       cfg.clock.Now(),

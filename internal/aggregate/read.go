@@ -30,7 +30,7 @@ const MaxSummaryBytes = 64 << 20
 
 // required lists the keys each object must carry, by path ("[]" stands for
 // any array element), when it is present: of the top-level keys only
-// "otlp" may be absent. Objects not listed (run.tags) are free-form.
+// "triggers" and "otlp" may be absent. Objects not listed (run.tags) are free-form.
 var required = map[string][]string{
 	"":                 {"schema", "run", "producer", "sequence", "final", "window", "enabled", "histogram", "spans", "scalars", "overflow", "dropped"},
 	"run":              {"entrypoint", "phase", "device", "tags"},
@@ -44,6 +44,8 @@ var required = map[string][]string{
 	"overflow":         {"max_keys", "keys_refused", "max_scalars", "scalars_refused"},
 	"dropped":          {"invalid_key", "producer"},
 	"otlp":             {"endpoint", "pushed", "dropped", "last_error"},
+	"triggers":         {"max", "refused", "fired"},
+	"triggers.fired[]": {"update", "trigger", "value", "threshold", "detail", "trace", "no_trace"},
 }
 
 // maxDepth: the deepest valid path is spans[].buckets[] (4 levels).
@@ -240,6 +242,9 @@ func (s *Summary) Check() error {
 	}
 	if s.Overflow.MaxKeys < 0 || s.Overflow.MaxScalars < 0 {
 		return errors.New("overflow: negative cap")
+	}
+	if s.Triggers != nil {
+		return s.Triggers.check()
 	}
 	return nil
 }

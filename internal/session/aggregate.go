@@ -172,6 +172,24 @@ func (s *Session) SetAggregateEnabled(on bool) error {
 	return nil
 }
 
+// AggregateTrigger lists one trigger that fired in the summary's
+// "triggers" (ct_aggregate_trigger): checked, then kept, the first
+// aggregate.DefaultMaxTriggers of a run; later ones are counted.
+func (s *Session) AggregateTrigger(f aggregate.Firing) error {
+	const fn = "ct_aggregate_trigger"
+	if err := f.Check(); err != nil {
+		return invalid(fn, err)
+	}
+	if err := s.beginRecord(fn); err != nil {
+		return err
+	}
+	defer mu.Unlock()
+	if s.aggr == nil {
+		return errorf(State, "%s: session %d is a trace session; open it with \"mode\": \"aggregate\"", fn, s.handle)
+	}
+	return s.aggr.agg.Fire(f) // checked above: only the cap can stop it, and that is no error
+}
+
 // AggregateEnabled reports whether an aggregate session is folding spans.
 func (s *Session) AggregateEnabled() bool {
 	mu.Lock()

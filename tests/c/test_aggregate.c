@@ -594,6 +594,51 @@ static void test_targets(void) {
     free(v);
 }
 
+/* ct_aggregate_trigger: the firings in the summary, in order; every bad field
+ * refused with its status and message, nothing listed for it. */
+static void test_triggers(void) {
+    g_section = "triggers";
+    ct_session s = open_agg("triggers.json");
+    OK(ct_aggregate_trigger(s, 20, "non_finite", NAN, 0, "loss nan", "traces/update-000020-non_finite.jsonl", NULL));
+    OK(ct_aggregate_enable(s, 0)); /* statistics off: a firing is still listed */
+    OK(ct_aggregate_trigger(s, 37, "slow", 0.0685, 0.0521, NULL, NULL, "the run's cap of 3 traces was reached"));
+    OK(ct_aggregate_enable(s, 1));
+    REFUSED(ct_aggregate_trigger(0, 1, "slow", 1, 0, NULL, "t", NULL), CT_ERR_INVALID_HANDLE, "handle is 0");
+    REFUSED(ct_aggregate_trigger(s, 0, "slow", 1, 0, NULL, "t", NULL), CT_ERR_INVALID_ARGUMENT,
+            "ct_aggregate_trigger: update must be >= 1");
+    REFUSED(ct_aggregate_trigger(s, 1, NULL, 1, 0, NULL, "t", NULL), CT_ERR_INVALID_ARGUMENT, "trigger is NULL");
+    REFUSED(ct_aggregate_trigger(s, 1, " ", 1, 0, NULL, "t", NULL), CT_ERR_INVALID_ARGUMENT, "trigger must not be blank");
+    REFUSED(ct_aggregate_trigger(s, 1, "s\xff", 1, 0, NULL, "t", NULL), CT_ERR_INVALID_ARGUMENT, "trigger is not valid UTF-8");
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, NAN, NULL, "t", NULL), CT_ERR_INVALID_ARGUMENT, "threshold must be finite");
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, 0, NULL, NULL, NULL), CT_ERR_INVALID_ARGUMENT, "exactly one of the two");
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, 0, NULL, "", ""), CT_ERR_INVALID_ARGUMENT, "exactly one of the two");
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, 0, NULL, "t", "why"), CT_ERR_INVALID_ARGUMENT, "exactly one of the two");
+    char *longer = malloc(1100);
+    memset(longer, 'x', 1099);
+    longer[1099] = 0;
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, 0, longer, "t", NULL), CT_ERR_INVALID_ARGUMENT,
+            "detail is 1099 bytes, more than 1024");
+    free(longer);
+    OK(ct_finish(s));
+    REFUSED(ct_aggregate_trigger(s, 1, "slow", 1, 0, NULL, "t", NULL), CT_ERR_INVALID_HANDLE, "");
+
+    char *text = slurp(out_path("triggers.json"));
+    CHECK(text && strstr(text, "\"triggers\": {\"max\":256,\"refused\":0,\"fired\":[\n"
+                               "  {\"update\":20,\"trigger\":\"non_finite\",\"value\":\"NaN\",\"threshold\":0,"
+                               "\"detail\":\"loss nan\",\"trace\":\"traces/update-000020-non_finite.jsonl\",\"no_trace\":\"\"},\n"
+                               "  {\"update\":37,\"trigger\":\"slow\",\"value\":0.0685,\"threshold\":0.0521,\"detail\":\"\","
+                               "\"trace\":\"\",\"no_trace\":\"the run's cap of 3 traces was reached\"}\n ]}"),
+          "the summary's triggers: %s", text ? text : "(unreadable)");
+    free(text);
+
+    /* a trace session has no summary to list them in */
+    ct_session t = 0;
+    OK(ct_open(out_path("triggers-trace.jsonl"),
+               "{\"entrypoint\":\"agg::test\",\"phase\":\"train\",\"device\":\"cpu\",\"capture_step\":1}", &t));
+    REFUSED(ct_aggregate_trigger(t, 1, "slow", 1, 0, NULL, "t", NULL), CT_ERR_STATE, "is a trace session");
+    OK(ct_finish_failed(t, "test over"));
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
@@ -613,6 +658,7 @@ int main(int argc, char **argv) {
     test_scalars();
     test_memory();
     test_targets();
+    test_triggers();
     printf("test_aggregate: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;
 }

@@ -9,6 +9,13 @@
 #      ct_device_start, timing the same step with torch.cuda.Event;
 #   3. traces an uninstrumented CUDA PyTorch script under the drop-in
 #      (LD_PRELOAD, CANDLE_TRACE_DEVICE_COLLECT);
+#   3c. runs a training loop that really runs out of CUDA memory inside
+#      update 15 under candle_trace.torch.watch (tests/gpu/watch_oom.py: the
+#      forward asks for twice the GPU's memory) and checks that exactly
+#      update-000015-exception.jsonl is kept, failed with the OOM's message,
+#      holding the ops up to the failure and a sample of torch's caching
+#      allocator, valid for candle-graph, and listed in the run's summary
+#      (the same script runs on CPU in test_torch_watch.py, --device cpu);
 #   4. checks: device_memory samples for cuda:0 (used > 0, capacity > 0),
 #      kernel names demangled (at most 1 in 10 still mangled),
 #      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
@@ -167,6 +174,13 @@ with ctt.profile(model, opt, sys.argv[1], capture_step=3) as prof:
 print("gpu-check: profile collected", prof.device_collect, "ops via", prof.op_mechanism, flush=True)
 PY
 
+# ---- 3c. a real CUDA out-of-memory inside an update, under watch ---------------------
+say "CUDA out of memory inside an update (candle_trace.torch.watch)"
+set +e
+timeout 180 "$PYTHON" "$ROOT/tests/gpu/watch_oom.py" "$OUT/watch-oom" --device cuda:0
+oom_rc=$?
+set -e
+
 # ---- 4. an uninstrumented script under the drop-in -----------------------------------
 say "uninstrumented script under the drop-in"
 cat >"$OUT/plain.py" <<'PY'
@@ -198,6 +212,9 @@ set +e
 "$PYTHON" "$ROOT/tests/gpu/check.py" "$OUT"
 rc=$?
 set -e
+if [ "$oom_rc" -ne 0 ]; then
+    echo "FAIL  the watch's CUDA out-of-memory check (step 3c, exit $oom_rc)"; rc=1
+fi
 
 if [ -x "$CANDLE_GRAPH" ]; then
     for t in "$OUT"/*.jsonl; do

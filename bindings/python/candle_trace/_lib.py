@@ -259,6 +259,10 @@ PROTOTYPES = {
     "ct_device_stop": (_st, [c_session]),
     "ct_flush": (_st, [c_session]),
     "ct_aggregate_enable": (_st, [c_session, ctypes.c_int]),
+    "ct_aggregate_trigger": (
+        _st,
+        [c_session, _u64, _p_char, ctypes.c_double, ctypes.c_double, _p_char, _p_char, _p_char],
+    ),
     "ct_finish": (_st, [c_session]),
     "ct_finish_failed": (_st, [c_session, _p_char]),
     "ct_discard": (_st, [c_session]),

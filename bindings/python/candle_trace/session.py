@@ -511,6 +511,22 @@ class Session:
             on = _args.flag(on, "Session.aggregate_enable", "on")
             self._call(self._c.ct_aggregate_enable(self.handle, 1 if on else 0))
 
+    def aggregate_trigger(self, update: int, trigger: str, value: float, threshold: float = 0.0,
+                          *, detail: Optional[str] = None, trace: Optional[str] = None,
+                          no_trace: Optional[str] = None) -> None:
+        """Lists a trigger that fired in an aggregate session's summary
+        (``ct_aggregate_trigger``): the update, its name, the value it measured against
+        ``threshold``, and the ``trace`` written for it -- or, without one, why none
+        was (``no_trace``): exactly one of the two."""
+        if self.enabled:
+            fn = "Session.aggregate_trigger"
+            self._call(self._c.ct_aggregate_trigger(
+                self.handle, _args.integer(update, fn, "update"), _args.text(trigger, fn, "trigger"),
+                _args.real(value, fn, "value"), _args.real(threshold, fn, "threshold"),
+                _args.text(detail, fn, "detail", optional=True),
+                _args.text(trace, fn, "trace", optional=True),
+                _args.text(no_trace, fn, "no_trace", optional=True)))
+
     @property
     def finished(self) -> bool:
         return self._finished

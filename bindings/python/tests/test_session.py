@@ -257,6 +257,28 @@ def test_aggregate_session_counts_spans_and_scalars(tmp_path):
     assert loss["label"] == "loss" and loss["last"] == 299.0
 
 
+def test_aggregate_session_lists_the_triggers_that_fired(tmp_path):
+    import json
+
+    path = tmp_path / "summary.json"
+    with ct.Session(path, "py::agg", phase="train", run={"mode": "aggregate"}) as s:
+        s.aggregate_trigger(20, "non_finite", float("nan"), detail="loss nan",
+                            trace="update-000020-non_finite.jsonl")
+        s.aggregate_trigger(37, "slow", 0.0685, 0.0521, no_trace="the run's cap of 3 traces was reached")
+        with pytest.raises(CandleTraceError) as e:
+            s.aggregate_trigger(38, "slow", 1.0, 0.5)  # neither a trace nor why none
+        assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
+        assert "ct_aggregate_trigger: give the trace written, or (no_trace) why none was" in str(e.value)
+        with pytest.raises(CandleTraceError, match="update must be >= 1"):
+            s.aggregate_trigger(0, "slow", 1.0, trace="t")
+    fired = json.loads(path.read_text())["triggers"]
+    assert fired["max"] == 256 and fired["refused"] == 0
+    assert [(f["update"], f["trigger"], f["value"], f["threshold"], f["trace"], f["no_trace"])
+            for f in fired["fired"]] == [
+        (20, "non_finite", "NaN", 0, "update-000020-non_finite.jsonl", ""),
+        (37, "slow", 0.0685, 0.0521, "", "the run's cap of 3 traces was reached")]
+
+
 def test_aggregate_enable_on_a_trace_session_is_refused(tmp_path):
     with ct.Session(tmp_path / "t.jsonl", "py::t", phase="infer", measured_root=True) as s:
         with pytest.raises(CandleTraceError) as e:

@@ -170,9 +170,13 @@ type AggregateReport struct {
 	Spans    []AggregateRow          `json:"spans"`
 	Scalars  []aggregate.ScalarStats `json:"scalars"`
 	Triggers []Trigger               `json:"triggers"`
-	Overflow aggregate.Overflow      `json:"overflow"`
-	Dropped  aggregate.Dropped       `json:"dropped"`
-	Analysis AggregateAnalysis       `json:"overhead"`
+	// Fired is each trigger that fired, in order (the summary's "triggers"
+	// block: ct_aggregate_trigger); FiredRefused the firings past its cap.
+	Fired        []Firing           `json:"fired"`
+	FiredRefused uint64             `json:"fired_refused"`
+	Overflow     aggregate.Overflow `json:"overflow"`
+	Dropped      aggregate.Dropped  `json:"dropped"`
+	Analysis     AggregateAnalysis  `json:"overhead"`
 }
 
 // TriggerPrefix starts the label of the scalar under which
@@ -212,6 +216,13 @@ func triggers(scalars []aggregate.ScalarStats) []Trigger {
 		out = append(out, tr)
 	}
 	return out
+}
+
+// Firing is one trigger that fired, as the summary lists it, with its
+// value against its threshold as the text shows it (FiringValue).
+type Firing struct {
+	aggregate.Firing
+	Shown string `json:"shown"`
 }
 
 // AggregateRow is one (name, step) of the table. Share is of TotalNS; 0
@@ -271,6 +282,13 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 		r.Scalars = []aggregate.ScalarStats{}
 	}
 	r.Triggers = triggers(r.Scalars)
+	r.Fired = []Firing{}
+	if s.Triggers != nil {
+		for _, f := range s.Triggers.Fired {
+			r.Fired = append(r.Fired, Firing{Firing: f, Shown: FiringValue(f)})
+		}
+		r.FiredRefused = s.Triggers.Refused
+	}
 	byCat := map[string]*CategoryShare{}
 	var ignored uint64
 	for _, sp := range s.SortedSpans() {

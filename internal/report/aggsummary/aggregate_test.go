@@ -2,6 +2,7 @@ package aggsummary
 
 import (
 	"bytes"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -212,7 +213,8 @@ func TestCompareAggregate(t *testing.T) {
 
 // TestTriggersThatFired: the summary of a real candle_trace.torch.watch run
 // (testdata/aggregate-triggers.py: update 12 stalls 1 s, the program asks
-// at updates 20 and 24, update 27's loss is NaN) lists its triggers.
+// at updates 20 and 24, update 27's loss is NaN; at most 4 traces) lists
+// its triggers, each firing with its trace or why none.
 func TestTriggersThatFired(t *testing.T) {
 	s := readFixture(t, "aggregate-triggers.json")
 	r := AnalyzeAggregate("t.json", s, nil, 0)
@@ -239,8 +241,45 @@ func TestTriggersThatFired(t *testing.T) {
 	assert.Regexp(t, `\n  user\s+2\s`, out)
 	assert.Contains(t, out, "trigger/slow", "the scalars table still has the label")
 
+	type row struct {
+		update        uint64
+		trigger, file string
+	}
+	var got []row
+	for _, f := range r.Fired {
+		got = append(got, row{f.Update, f.Trigger, f.Trace + f.NoTrace})
+	}
+	cap4 := "the run's cap of 4 traces was reached"
+	assert.Equal(t, []row{{12, "slow", "traces/update-000012-slow.jsonl"}, {20, "user", "traces/update-000020-user.jsonl"},
+		{24, "user", cap4}, {27, "non_finite", cap4}}, got)
+	assert.Equal(t, float64(r.Fired[0].Value), slow.Max, "the firing's value is the scalar's")
+	assert.Greater(t, float64(r.Fired[0].Value), r.Fired[0].Threshold)
+	assert.Contains(t, out, "Triggers fired (4 listed):\n")
+	assert.Regexp(t, `\n  update 12  slow  1\.02\d s > \d+\.\d\d ms  1\d+\.\d ms > .*\(.*median.*\)  -> traces/update-000012-slow\.jsonl\n`, out)
+	assert.Contains(t, out, "\n  update 24  user  ")
+	assert.Contains(t, out, "  checkpoint at 24  (no trace: "+cap4+")\n")
+	assert.Contains(t, out, "\n  update 27  non_finite  NaN  loss nan  (no trace: "+cap4+")\n")
+
 	// A summary without a watch has no section.
 	buf.Reset()
-	WriteAggregateReport(&buf, AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), nil, 0))
+	plain := AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), nil, 0)
+	WriteAggregateReport(&buf, plain)
 	assert.NotContains(t, buf.String(), "Triggers")
+	assert.Equal(t, []Firing{}, plain.Fired, "an empty list in --json, not null")
+}
+
+func TestFiringValue(t *testing.T) {
+	for _, tc := range []struct {
+		f    aggregate.Firing
+		want string
+	}{
+		{aggregate.Firing{Trigger: "slow", Value: 0.0681, Threshold: 0.0326}, "68.10 ms > 32.60 ms"},
+		{aggregate.Firing{Trigger: "non_finite", Value: aggregate.TriggerValue(math.NaN())}, "NaN"},
+		{aggregate.Firing{Trigger: "non_finite", Value: aggregate.TriggerValue(math.Inf(-1))}, "-Infinity"},
+		{aggregate.Firing{Trigger: "exception"}, "-"},
+		{aggregate.Firing{Trigger: "grad_norm", Value: 12.5, Threshold: 10}, "12.5 > 10"},
+		{aggregate.Firing{Trigger: "user", Value: 0.0211478}, "0.0211478"},
+	} {
+		assert.Equal(t, tc.want, FiringValue(tc.f), "%+v", tc.f)
+	}
 }

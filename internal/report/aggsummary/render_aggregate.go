@@ -3,6 +3,7 @@ package aggsummary
 import (
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
@@ -59,6 +60,7 @@ func WriteAggregateReport(w io.Writer, r *AggregateReport) {
 
 	text.Section(w, "Spans by total time (share of the categorized time; percentiles within 3.1%)")
 	writeAggregateRows(w, r.Spans)
+	writeFirings(w, r.Fired, r.FiredRefused)
 	writeTriggers(w, r.Triggers)
 	writeScalars(w, r.Scalars)
 	writeAggregateAnalysis(w, &r.Analysis)
@@ -85,6 +87,57 @@ func writeAggregateRows(w io.Writer, rows []AggregateRow) {
 			text.FormatNS(float64(r.P99NS)), text.FormatNS(float64(r.MaxNS)), share)
 	}
 	t.Flush()
+}
+
+// writeFirings lists each trigger that fired: the update, the trigger, its
+// value against its threshold, its own line, and the trace written for it
+// or why none was. A summary without the block has no section.
+func writeFirings(w io.Writer, rows []Firing, refused uint64) {
+	if len(rows) == 0 && refused == 0 {
+		return
+	}
+	more := ""
+	if refused > 0 {
+		more = fmt.Sprintf("; %d more fired past the summary's cap, not listed", refused)
+	}
+	text.Section(w, fmt.Sprintf("Triggers fired (%d listed%s):", len(rows), more))
+	for _, f := range rows {
+		line := fmt.Sprintf("  update %d  %s  %s", f.Update, f.Trigger, f.Shown)
+		if f.Detail != "" {
+			line += "  " + f.Detail
+		}
+		if f.Trace != "" {
+			line += "  -> " + f.Trace
+		} else {
+			line += "  (no trace: " + f.NoTrace + ")"
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+// FiringValue is a firing's value against its threshold, as a reader
+// wants it: a slow update's seconds as a duration, a non-finite value by
+// name, "-" for an exception (nothing is measured).
+func FiringValue(f aggregate.Firing) string {
+	v := float64(f.Value)
+	switch {
+	case math.IsNaN(v):
+		return "NaN"
+	case math.IsInf(v, 1):
+		return "Infinity"
+	case math.IsInf(v, -1):
+		return "-Infinity"
+	case f.Trigger == "exception" && v == 0 && f.Threshold == 0:
+		return "-"
+	}
+	format := func(x float64) string { return fmt.Sprintf("%.6g", x) }
+	if f.Trigger == "slow" {
+		format = func(x float64) string { return text.FormatNS(x * 1e9) }
+	}
+	if f.Threshold == 0 {
+		return format(v)
+	}
+	return format(v) + " > " + format(f.Threshold)
 }
 
 // writeTriggers lists the triggers that fired; a run without any (or

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"os"
 	"os/exec"
@@ -283,6 +284,14 @@ func TestAggregateTriggersInChromium(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(tab, `<tr class="flag">`), "the non-finite value is highlighted")
 	assert.Contains(t, dom, `href="#aggregate-triggers-title"`, "the navigation leads to it")
+	// each firing by itself: its update, value against threshold, and trace (or why none)
+	require.Len(t, p.Aggregate.Fired, 4)
+	require.Contains(t, dom, `<table id="aggregate-firings" class="stats" data-rows="4"`)
+	firings := regexp.MustCompile(`(?s)<table id="aggregate-firings".*?</table>`).FindString(dom)
+	assert.Contains(t, firings, `traces/update-000012-slow.jsonl`)
+	assert.Contains(t, firings, html.EscapeString(p.Aggregate.Fired[0].Shown))
+	assert.Equal(t, 2, strings.Count(firings, "none: the run's cap of 4 traces was reached"), "24 and 27 fired past the cap")
+	assert.Equal(t, 2, strings.Count(firings, `<tr class="flag">`), "the firings without a trace are highlighted")
 }
 
 // TestComparisonPageInChromium opens B against A: the comparison's tables

@@ -4,13 +4,16 @@ run in which triggers fired, for `report SUMMARY` and `view SUMMARY`'s trigger l
     CANDLE_TRACE_LIB=build/libcandle_trace.so PYTHONPATH=bindings/python \
         build/venv/bin/python internal/report/testdata/aggregate-triggers.py OUT_DIR
 
-30 updates of a small model whose update sleeps 20 ms: update 12 stalls 1 s (slow fires:
-its value is the update's seconds), the program calls trigger() at updates 20 and 24
-(user), and update 27's loss is NaN (non-finite: the loss given to backward is multiplied by NaN; its value is the
-loss, so the scalar counts it as non-finite). The summary is OUT_DIR/stats.json; the traces it kept lie
-beside it (not part of the fixture)."""
+30 updates of a small model whose update sleeps 20 ms, at the default triggers and at most
+4 traces: update 12 stalls 1 s (slow fires: its value is the update's seconds), the program
+calls trigger() at updates 20 and 24 (user), and update 27's loss is NaN (non-finite: the
+loss given to backward is multiplied by NaN; its value is the loss, so the scalar counts it
+as non-finite). Updates 12, 13 (after it), 20 and 21 are the 4 traces; 24 and 27 fire past
+the cap. The summary is OUT_DIR/stats.json, naming the traces relative to OUT_DIR, where
+they lie (not part of the fixture)."""
 
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +22,6 @@ import torch
 from torch import nn
 
 import candle_trace.torch as ctt
-from candle_trace.torch import Triggers
 
 
 class Slow(nn.Module):
@@ -35,12 +37,13 @@ class Slow(nn.Module):
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    os.chdir(out)
     torch.manual_seed(0)
     model = Slow()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gc.disable()  # a collection of the interpreter's heap is a slow update of its own
-    with ctt.watch(model, opt, out / "traces", triggers=Triggers(slow=20.0), max_traces=8,
-                   aggregate_path=out / "stats.json", name="triggers::train") as w:
+    with ctt.watch(model, opt, "traces", max_traces=4, aggregate_path="stats.json",
+                   name="triggers::train") as w:
         for i in range(1, 31):
             opt.zero_grad()
             loss = model(torch.randn(8, 16)).pow(2).mean()
@@ -54,7 +57,7 @@ def main(out: Path) -> None:
                 w.trigger(f"checkpoint at {i}")
             w.step()
     for f in w.fired:
-        print(f.update, f.trigger, f.value, f.threshold, f.trace)
+        print(f.update, f.trigger, f.value, f.threshold, f.trace or f.no_trace)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,8 @@ class Capture:
         self.reason: Optional[str] = None
         #: key -> gradient state of the captured update, once recorded
         self.gradients: Dict[str, str] = {}
+        #: parameter key -> its gradient's L2 norm (None: no gradient), once read
+        self.grad_norms: Dict[str, Optional[float]] = {}
         #: the contract's violations found at the end (also warned)
         self.violations: List[str] = []
         self._grads_done = False
@@ -326,6 +328,7 @@ class Capture:
         self.spans.reset()
         self.reason = None
         self.gradients = {}
+        self.grad_norms = {}
         self.violations = []
         self._grads_done = self._stepped = False
         self._measured = 0
@@ -480,6 +483,7 @@ class Capture:
             vals = _gradients.norms(self.grad_params)
         finally:
             self.ops_suspend(False)
+        self.grad_norms = vals
         self.gradients = _gradients.record(self.session, self.cfg.name, vals)  # type: ignore[arg-type]
 
     def _warn_violations(self) -> None:

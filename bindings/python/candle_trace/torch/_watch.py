@@ -15,9 +15,11 @@ input pipeline included -- to its own ``step()``. When a trigger fires for it (s
 exception, complete otherwise, the trigger's value and threshold as scalars
 ``candle_trace/trigger/...`` of its measured region); otherwise it is dropped unwritten.
 After a trigger, the next update is also captured in full, stats included
-(``update-<N>-after-<trigger>.jsonl``; most slow-step causes recur). At most
+(``update-<N>-after-<trigger>.jsonl``; most slow-step causes recur); its gradient norms,
+read there, fire ``non_finite_grad`` when one is not finite. At most
 ``max_traces`` traces are written in a run. ``watch.fired`` lists what fired, with the
-trace written for it.
+trace written for it or why none was; with ``aggregate_path`` the whole-run summary lists
+them too (``ct_aggregate_trigger``; ``candle-trace report SUMMARY.json`` shows them).
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ __all__ = ["watch", "Triggers", "Fired"]
 
 DEFAULT_RECORDER_BYTES = 64 << 20
 INTERNAL = "candle_trace internal error"
+
+
+def _line(text: str, limit: int = 1024) -> Optional[str]:
+    """``text`` cut to ``limit`` bytes of UTF-8 (a summary's bound), None when empty."""
+    return text.encode("utf-8")[:limit].decode("utf-8", "ignore") or None
 
 
 class _LossTap:
@@ -136,7 +143,7 @@ class watch:
         self._spare: Optional[Capture] = None
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
-        self._cpu_wait = CpuWait()  # the scheduler's stalls are not the update's
+        self._cpu_wait = CpuWait()  # the machine's stalls are not the update's
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
         #: the whole-run statistics (aggregate_path given), else None
         self.whole_run: Optional[WholeRun] = None
@@ -181,8 +188,9 @@ class watch:
         # update captured in full takes several times longer, and would otherwise fire
         # the trigger again for its own cost) and less the time the thread waited for a
         # CPU (the machine's stall, not the update's).
-        seconds = time.perf_counter() - self._last - max(self._tracer_s() - self._tracer_base, 0.0)
-        waited = self._cpu_wait.take()
+        wall = time.perf_counter() - self._last
+        seconds = wall - max(self._tracer_s() - self._tracer_base, 0.0)
+        waited = self._cpu_wait.take(wall)
         loss = self._tap.take()
         cap, kind = self._cap, self._cap_kind
         self._cap = None
@@ -193,21 +201,49 @@ class watch:
             else:  # the update raised and the loop went on: the exception is the trigger
                 fired = self._exception(cap)
         else:
-            fired = self._eval.end_of_update(self.updates, seconds, loss, waited)
+            # An update captured in full is not timed: its statistics cost the tracer
+            # several times the update, more than its hooks' tracer time accounts for.
+            timed = None if cap is not None and kind == "after" else seconds
+            fired = self._eval.end_of_update(self.updates, timed, loss, waited)
             if cap is not None:
                 self._close(cap, kind, fired)
+                if kind == "after":  # read in full: its gradients tell too
+                    fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
+                    if fired is not None:  # its full capture is its trace
+                        fired.trace = cap.cfg.path
         if fired is not None:
-            self.fired.append(fired)
-            if self.capture_next and fired.trigger != "exception":
+            self._fired(fired, recorded=cap is not None and kind == "flight")
+            if self.capture_next and fired.trigger not in ("exception", "non_finite_grad"):
                 self._after = fired
         if self.whole_run is not None:
             if loss is not None:
                 self.whole_run.session.record_scalar(1, "loss", loss)
-            if fired is not None:
-                self.whole_run.session.record_scalar(1, f"trigger/{fired.trigger}", fired.value)
             self.whole_run.step()
         self._arm_next()
         self._mark()
+
+    def _fired(self, fired: Fired, recorded: bool) -> None:
+        """Keeps a trigger that fired in :attr:`fired` and, with whole-run statistics,
+        in their summary: as the scalar ``trigger/<name>`` (its value) and in the list
+        of firings (``ct_aggregate_trigger``), with the trace written or why none was."""
+        if fired.trace is None and not fired.no_trace:
+            if self._left() <= 0 and (recorded or self.flight_recorder):
+                fired.no_trace = f"the run's cap of {self.max_traces} traces was reached"
+            elif not recorded:
+                fired.no_trace = "not recorded: flight_recorder=False"
+            else:
+                fired.no_trace = "the capture wrote nothing"
+        self.fired.append(fired)
+        if self.whole_run is None:
+            return
+        s = self.whole_run.session
+        try:
+            s.record_scalar(1, f"trigger/{fired.trigger}", fired.value)
+            s.aggregate_trigger(fired.update, fired.trigger, fired.value, fired.threshold,
+                                detail=_line(fired.detail), trace=fired.trace,
+                                no_trace=None if fired.trace else fired.no_trace)
+        except CandleTraceError as e:  # the summary's loss, not the program's
+            warn_once(f"watch-summary-{e.status}", f"watch: the summary misses a trigger: {e}")
 
     def _mark(self) -> None:
         """Where the next update's time starts: after step()'s own work (closing one
@@ -237,7 +273,7 @@ class watch:
                 if exc_type is not None and cap.state == "capturing":
                     cap.fail(exception_reason(exc_type, exc))
                 if cap.state == "failed" and cap.reason:
-                    self.fired.append(self._exception(cap, update=self.updates + 1))
+                    self._fired(self._exception(cap, update=self.updates + 1), recorded=True)
                 elif kind == "flight":
                     cap.discard()
                 else:  # a full capture the loop did not reach the end of

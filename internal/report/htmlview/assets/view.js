@@ -878,11 +878,20 @@
     }));
     // The triggers that fired (candle_trace.torch.watch's trigger/<name>
     // scalars), their own section only when there are any.
-    var tg = A.triggers || [];
-    if (tg.length) {
+    var tg = A.triggers || [], fd = A.fired || [];
+    if (tg.length || fd.length) {
       var tb = $("aggregate-triggers-box");
-      tb.innerHTML = '<h3 id="aggregate-triggers-title">Triggers that fired</h3><table id="aggregate-triggers" class="stats"></table>' +
+      tb.innerHTML = '<h3 id="aggregate-triggers-title">Triggers that fired</h3>' +
+        (fd.length ? '<table id="aggregate-firings" class="stats"></table>' +
+          (A.fired_refused ? '<p class="note">' + A.fired_refused + ' more fired past the summary\'s cap, not listed.</p>' : '') : '') +
+        '<table id="aggregate-triggers" class="stats"></table>' +
         '<p class="note">From the watch\'s trigger/&lt;name&gt; scalars: each value is what the trigger measured (an update\'s seconds for slow, the loss for non_finite); a non-finite value is counted, not folded.</p>';
+      if (fd.length) {
+        // each firing: the update, the trigger, its value against its threshold, and its trace
+        table($("aggregate-firings"), ["update", "trigger", "value", "detail", "trace"], fd.map(function (f) {
+          return [f.update, f.trigger, f.shown, f.detail || "-", f.trace || "none: " + f.no_trace];
+        }), function (i) { return !fd[i].trace; });
+      }
       table($("aggregate-triggers"), ["trigger", "fired", "mean", "min", "max", "last", "non-finite"], tg.map(function (x) {
         return x.values ? [x.name, x.fired, fmtNum(x.mean), fmtNum(x.min), fmtNum(x.max), fmtNum(x.last), x.non_finite] : [x.name, x.fired, "-", "-", "-", "-", x.non_finite];
       }), function (i) { return tg[i].non_finite > 0; });
