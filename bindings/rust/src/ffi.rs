@@ -278,6 +278,16 @@ ct_fns! {
     pub fn ct_device_stop(session: ct_session) -> ct_status;
     pub fn ct_flush(session: ct_session) -> ct_status;
     pub fn ct_aggregate_enable(session: ct_session, enabled: c_int) -> ct_status;
+    pub fn ct_aggregate_trigger(
+        session: ct_session,
+        update: u64,
+        trigger: *const c_char,
+        value: c_double,
+        threshold: c_double,
+        detail: *const c_char,
+        trace: *const c_char,
+        no_trace: *const c_char,
+    ) -> ct_status;
     pub fn ct_finish(session: ct_session) -> ct_status;
     pub fn ct_finish_failed(session: ct_session, reason: *const c_char) -> ct_status;
     pub fn ct_discard(session: ct_session) -> ct_status;

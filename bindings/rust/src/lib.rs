@@ -57,5 +57,5 @@ pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT
 pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};
 pub use session::{
     check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
-    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork,
+    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork, TriggerTrace,
 };

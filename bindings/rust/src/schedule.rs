@@ -93,7 +93,7 @@ use serde_json::Value;
 use crate::error::{check, Error, Result, Status};
 use crate::ffi;
 use crate::run::Run;
-use crate::session::{panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step};
+use crate::session::{panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TriggerTrace};
 use crate::triggers::{Clock, CpuWait, Evaluator, Fired, SystemClock, Trigger, Triggers};
 
 #[cfg(feature = "candle")]
@@ -758,21 +758,42 @@ impl<'a> Update<'a> {
         result
     }
 
-    fn fold_loss(&self, loss: Option<f64>, fired: Option<&Fired>) -> Result<()> {
+    /// The loss and a firing into the whole run's statistics: the firing as
+    /// the scalar `trigger/<name>` and in the summary's list of firings, with
+    /// its trace or `no_trace`, why none was written.
+    fn fold_loss(&self, loss: Option<f64>, fired: Option<(&Fired, &str)>) -> Result<()> {
         let Some(a) = self.aggregate() else { return Ok(()) };
         if let Some(l) = loss {
             a.scalar(SpanId::ROOT, "loss", l)?;
         }
-        if let Some(f) = fired {
+        if let Some((f, no_trace)) = fired {
             a.scalar(SpanId::ROOT, &format!("trigger/{}", f.trigger), f.value)?;
+            let written = match &f.trace {
+                Some(p) => TriggerTrace::Written(p),
+                None => TriggerTrace::None(no_trace),
+            };
+            let detail = f.detail.lines().next().filter(|l| !l.is_empty());
+            a.aggregate_trigger(f.update, &f.trigger.to_string(), f.value, f.threshold, detail, written)?;
         }
         Ok(())
+    }
+
+    /// Why a firing has no trace, in the words the Python binding uses.
+    fn no_trace_reason(w: &Watch, st: &WatchState, recorded: bool) -> String {
+        if w.left(st) == 0 && (recorded || w.opts.flight_recorder.is_some()) {
+            format!("the run's cap of {} traces was reached", w.opts.max_traces)
+        } else if !recorded {
+            "not recorded: the flight recorder is off".to_string()
+        } else {
+            "the capture wrote nothing".to_string()
+        }
     }
 
     fn close_watched(&mut self, w: &Watch, failure: Option<String>, seconds: f64, waited: f64) -> Result<()> {
         let n = self.number;
         let loss = self.loss.get();
         let capture = self.capture.take();
+        let recorded = capture.is_some();
         let mut result = Ok(());
         let mut st = w.state.borrow_mut();
         let fired = match failure {
@@ -813,8 +834,9 @@ impl<'a> Update<'a> {
             }
             st.fired.push(f.clone());
         }
+        let no_trace = fired.as_ref().map(|_| Self::no_trace_reason(w, &st, recorded)).unwrap_or_default();
         drop(st);
-        result.and(self.fold_loss(loss, fired.as_ref()))
+        result.and(self.fold_loss(loss, fired.as_ref().map(|f| (f, no_trace.as_str()))))
     }
 
     /// Writes or drops the capture of an update that completed.
@@ -849,8 +871,12 @@ impl<'a> Update<'a> {
             _ => "recording".to_string(),
         };
         let kept = w.keep(st, &path, n, &what);
-        if let (true, Some(f)) = (keep_flight, fired) {
-            f.trace = kept;
+        // A trigger that fired in an update captured in full names that
+        // trace too: it holds the anomalous update.
+        if let Some(f) = fired {
+            if f.trace.is_none() {
+                f.trace = kept;
+            }
         }
         noted.and(ended).and(finished)
     }

@@ -1002,6 +1002,32 @@ impl SessionRef {
         // SAFETY: plain handle.
         check(unsafe { ffi::ct_aggregate_enable(self.0.handle, c_int::from(on)) })
     }
+
+    /// Lists a trigger that fired in an aggregate session's summary, under
+    /// `triggers` (`ct_aggregate_trigger`): the update (≥ 1), the trigger's
+    /// name, the value it measured and its threshold, a line of detail, and
+    /// either the trace written for it or, in `written`, why none was.
+    pub fn aggregate_trigger(&self, update: u64, trigger: &str, value: f64, threshold: f64, detail: Option<&str>, written: TriggerTrace<'_>) -> Result<()> {
+        let trigger = cstring("trigger", trigger)?;
+        let detail = opt_cstring("detail", detail)?;
+        let (trace, no_trace) = match written {
+            TriggerTrace::Written(p) => (Some(cstring("trace", &p.to_string_lossy())?), None),
+            TriggerTrace::None(why) => (None, Some(cstring("no_trace", why)?)),
+        };
+        // SAFETY: every string is NUL-terminated and outlives the call.
+        check(unsafe {
+            ffi::ct_aggregate_trigger(self.0.handle, update, trigger.as_ptr(), value, threshold, opt_ptr(&detail), opt_ptr(&trace), opt_ptr(&no_trace))
+        })
+    }
+}
+
+/// What became of a trigger's trace, for [`Session::aggregate_trigger`].
+#[derive(Debug, Clone, Copy)]
+pub enum TriggerTrace<'a> {
+    /// The trace written for it.
+    Written(&'a std::path::Path),
+    /// Why none was (the run's cap reached, say).
+    None(&'a str),
 }
 
 // ---- guards --------------------------------------------------------------------------

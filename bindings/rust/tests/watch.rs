@@ -190,6 +190,7 @@ fn a_run_without_anomaly_writes_nothing_and_its_summary_lists_no_trigger() {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
     let scalars: Vec<(&str, u64)> = doc["scalars"].as_array().unwrap().iter().map(|s| (s["label"].as_str().unwrap(), s["count"].as_u64().unwrap())).collect();
     assert_eq!(scalars, [("loss", 60)]);
+    assert!(doc.get("triggers").is_none(), "no firing, no list: {doc}");
 }
 
 #[test]
@@ -220,8 +221,32 @@ fn triggers_fold_into_the_summary_and_the_cap_bounds_the_traces() {
     assert_eq!(done.fired[0].detail, "look at 5");
     // 5 flight-recorded, 6 and 7 captured in full after a trigger; then the cap.
     assert_eq!(listing(&folder), ["update-000005-user.jsonl", "update-000006-after-user.jsonl", "update-000007-after-user.jsonl"]);
-    assert_eq!(done.fired.iter().map(|f| f.trace.is_some()).collect::<Vec<_>>(), [true, false, false, false, false]);
+    // 6 and 7 fired inside their full captures, which hold them; 8 and 9 found the cap.
+    assert_eq!(done.fired.iter().map(|f| f.trace.is_some()).collect::<Vec<_>>(), [true, true, true, false, false]);
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    // Each firing listed in the summary, as candle_trace.torch.watch lists its own.
+    let listed: Vec<(u64, &str, &str, String, &str)> = doc["triggers"]["fired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let trace = f["trace"].as_str().unwrap();
+            let name = Path::new(trace).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            (f["update"].as_u64().unwrap(), f["trigger"].as_str().unwrap(), f["detail"].as_str().unwrap(), name, f["no_trace"].as_str().unwrap())
+        })
+        .collect();
+    let cap = "the run's cap of 3 traces was reached";
+    assert_eq!(
+        listed,
+        [
+            (5, "user", "look at 5", "update-000005-user.jsonl".to_string(), ""),
+            (6, "user", "look at 6", "update-000006-after-user.jsonl".to_string(), ""),
+            (7, "user", "look at 7", "update-000007-after-user.jsonl".to_string(), ""),
+            (8, "user", "look at 8", String::new(), cap),
+            (9, "user", "look at 9", String::new(), cap),
+        ]
+    );
+    assert_eq!((doc["triggers"]["max"].as_u64(), doc["triggers"]["refused"].as_u64()), (Some(256), Some(0)));
     let user = doc["scalars"].as_array().unwrap().iter().find(|s| s["label"] == "trigger/user").unwrap();
     assert_eq!(user["count"], 5);
     assert_eq!(user["last"].as_f64(), Some(DATA_WAIT.as_secs_f64()));
