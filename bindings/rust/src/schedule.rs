@@ -422,7 +422,7 @@ impl Schedule {
         self.next.set(number + 1);
         self.in_update.set(true);
         if let (Some(w), true) = (&self.watch, self.system_clock) {
-            w.state.borrow_mut().cpu_wait.take();
+            w.state.borrow_mut().cpu_wait.take(None);
         }
         u.tracer0 = u.capture.as_ref().map_or(0, |c| c.tracer_ns());
         u.start = self.clock.now();
@@ -692,19 +692,24 @@ impl<'a> Update<'a> {
         self.close(Some(reason.to_string()))
     }
 
-    /// Seconds of the update for the slow trigger, and the CPU wait in them.
-    fn elapsed(&self) -> (f64, f64) {
+    /// Seconds of the update for the slow trigger (`None`: not timed, a
+    /// full capture's time is the capture's), and the time the machine held
+    /// it up in them. The flight recorder's tracer time is left out.
+    fn elapsed(&self) -> (Option<f64>, f64) {
         let s = self.schedule;
-        let mut secs = s.clock.now().saturating_sub(self.start).as_secs_f64();
-        let mut waited = 0.0;
-        if s.system_clock {
-            let tracer = self.capture.as_ref().map_or(0, |c| c.tracer_ns()).saturating_sub(self.tracer0);
-            secs = (secs - tracer as f64 / 1e9).max(0.0);
-            if let Some(w) = &s.watch {
-                waited = w.state.borrow_mut().cpu_wait.take();
-            }
+        let wall = s.clock.now().saturating_sub(self.start).as_secs_f64();
+        let waited = match (&s.watch, s.system_clock) {
+            (Some(w), true) => w.state.borrow_mut().cpu_wait.take(Some(wall)),
+            _ => 0.0,
+        };
+        if matches!(self.kind, Kind::After(_)) {
+            return (None, waited);
         }
-        (secs, waited)
+        let tracer = match (&self.capture, s.system_clock) {
+            (Some(c), true) => c.tracer_ns().saturating_sub(self.tracer0),
+            _ => 0,
+        };
+        ((wall - tracer as f64 / 1e9).max(0.0).into(), waited)
     }
 
     fn end_measured(&mut self) -> Result<()> {
@@ -789,7 +794,7 @@ impl<'a> Update<'a> {
         }
     }
 
-    fn close_watched(&mut self, w: &Watch, failure: Option<String>, seconds: f64, waited: f64) -> Result<()> {
+    fn close_watched(&mut self, w: &Watch, failure: Option<String>, seconds: Option<f64>, waited: f64) -> Result<()> {
         let n = self.number;
         let loss = self.loss.get();
         let capture = self.capture.take();

@@ -80,7 +80,7 @@ fn a_stalled_data_step_is_kept_with_the_update_after_it() {
     let (median, slow) = (DATA_WAIT.as_secs_f64(), (DATA_WAIT * SLOW_FACTOR).as_secs_f64());
     assert_eq!(f.value, slow);
     assert_eq!(f.threshold, 3.0 * median);
-    assert_eq!(f.detail, "50.0 ms > 3 x median 10.0 ms");
+    assert_eq!(f.detail, "50.0 ms > 30.0 ms (3 x median; median 10.0 ms)");
     assert_eq!(f.trace.as_deref(), Some(dir.path().join("update-000037-slow.jsonl").as_path()));
     assert_eq!(done.traces, [dir.path().join("update-000037-slow.jsonl"), dir.path().join("update-000038-after-slow.jsonl")]);
 
@@ -252,6 +252,28 @@ fn triggers_fold_into_the_summary_and_the_cap_bounds_the_traces() {
     assert_eq!(user["last"].as_f64(), Some(DATA_WAIT.as_secs_f64()));
 }
 
+#[test]
+fn an_update_captured_in_full_is_not_timed() {
+    // 15 stalls 5x and fires; 16, captured in full after it, stalls 10x: its
+    // time is the capture's, so it neither fires nor joins the window.
+    let dir = fresh_dir("watch-untimed");
+    let clock = ManualClock::new();
+    let schedule = Schedule::watch(dir.path(), Run::training("rust::untimed", 1, "cpu")).unwrap().with_clock(clock.clone());
+    for n in 1..=20u64 {
+        schedule
+            .update(|u| {
+                let _d = u.span("train/data", Step::None)?;
+                clock.advance(DATA_WAIT * if n == 15 { 5 } else if n == 16 { 10 } else { 1 });
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(fired_of(&done.fired), [(15, Trigger::Slow)]);
+    assert_eq!(done.fired[0].detail, "50.0 ms > 30.0 ms (3 x median; median 10.0 ms)");
+    assert_eq!(listing(dir.path()), ["update-000015-slow.jsonl", "update-000016-after-slow.jsonl"]);
+}
+
 fn wait_for(wait: &Wait) {
     if let Wait::Clock(c) = wait {
         c.advance(DATA_WAIT);
@@ -328,6 +350,8 @@ fn bad_options_and_a_trigger_without_watch_are_refused() {
         (WatchOptions { triggers: Triggers { slow: Some(1.0), ..Default::default() }, ..Default::default() }, "triggers.slow must be a finite factor > 1"),
         (WatchOptions { triggers: Triggers { warmup: 0, ..Default::default() }, ..Default::default() }, "triggers.warmup must be >= 1"),
         (WatchOptions { triggers: Triggers { window: 0, ..Default::default() }, ..Default::default() }, "triggers.window must be >= 1"),
+        (WatchOptions { triggers: Triggers { slow_spread: -1.0, ..Default::default() }, ..Default::default() }, "triggers.slow_spread must be a number >= 0, got -1"),
+        (WatchOptions { triggers: Triggers { slow_wait_share: f64::NAN, ..Default::default() }, ..Default::default() }, "triggers.slow_wait_share must be a number >= 0, got NaN"),
         (WatchOptions { flight_recorder: Some(0), ..Default::default() }, "at least 1 byte"),
     ] {
         let err = Schedule::watch_with("unused", run(), opts).unwrap_err();
@@ -343,48 +367,183 @@ fn bad_options_and_a_trigger_without_watch_are_refused() {
     assert!(err.message().contains("needs a watching schedule"), "{err}");
 }
 
+const MS: f64 = 1e-3;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-12
+}
+
+/// `n` updates of `seconds` each, none slow.
+fn steady(e: &mut Evaluator, n: u64, seconds: f64) {
+    for i in 1..=n {
+        assert_eq!(e.end_of_update(i, Some(seconds), Some(1.0), 0.0), None, "update {i}");
+    }
+}
+
+// The numbers and details below are those candle_trace.torch._triggers gives
+// for the same updates (tests/test_torch_triggers.py): the two bindings keep
+// the same updates.
 #[test]
 fn the_slow_rule_by_numbers() {
     let mut e = Evaluator::new(Triggers { warmup: 3, ..Default::default() }).unwrap();
     // Warm-up: nothing fires before 3 updates were seen, however slow.
-    assert_eq!(e.end_of_update(1, 0.010, None, 0.0), None);
-    assert_eq!(e.end_of_update(2, 0.010, None, 0.0), None);
-    assert_eq!(e.end_of_update(3, 1.000, None, 0.0), None);
-    assert_eq!(e.median(), 0.010);
-    // 3 x median 10 ms = 30 ms: 31 ms fires.
-    let f = e.end_of_update(4, 0.031, None, 0.0).unwrap();
-    assert_eq!((f.trigger, f.value, f.threshold), (Trigger::Slow, 0.031, 3.0 * 0.010));
-    assert_eq!(f.detail, "31.0 ms > 3 x median 10.0 ms");
-    // Now the median is (10 + 31) / 2 ms, the limit 61.5 ms: 200 ms of which
-    // 150 ms waiting for a CPU is 50 ms of the update's own.
-    assert_eq!(e.median(), (0.010 + 0.031) / 2.0);
-    assert_eq!(e.end_of_update(5, 0.200, None, 0.150), None);
-    assert!(e.end_of_update(6, 0.200, None, 0.0).is_some());
-    // Sub-millisecond medians: the excess must be at least 1 ms.
-    let mut fast = Evaluator::new(Triggers { warmup: 1, ..Default::default() }).unwrap();
-    fast.end_of_update(1, 0.0001, None, 0.0);
-    assert_eq!(fast.end_of_update(2, 0.0009, None, 0.0), None, "9x the median, but 0.8 ms over it");
-    let mut fast = Evaluator::new(Triggers { warmup: 1, ..Default::default() }).unwrap();
-    fast.end_of_update(1, 0.0001, None, 0.0);
-    let f = fast.end_of_update(2, 0.0012, None, 0.0).unwrap();
-    assert_eq!((f.trigger, f.threshold), (Trigger::Slow, 0.0001 + 0.001));
+    assert_eq!(e.end_of_update(1, Some(0.010), None, 0.0), None);
+    assert_eq!(e.end_of_update(2, Some(0.010), None, 0.0), None);
+    assert_eq!(e.end_of_update(3, Some(1.000), None, 0.0), None);
+    assert_eq!((e.median(), e.mad()), (0.010, 0.0));
+    // median 10 ms + 2 x median (above the 2 ms floor and 10 x MAD 0) = 30 ms.
+    let f = e.end_of_update(4, Some(0.031), None, 0.0).unwrap();
+    assert_eq!((f.trigger, f.value), (Trigger::Slow, 0.031));
+    assert!(close(f.threshold, 0.030), "{}", f.threshold);
+    assert_eq!(f.detail, "31.0 ms > 30.0 ms (3 x median; median 10.0 ms)");
     // The median is of the last `window` updates only.
     let mut w = Evaluator::new(Triggers { warmup: 1, window: 4, ..Default::default() }).unwrap();
     for (i, t) in [0.01, 0.01, 0.01, 0.01, 1.0, 1.0, 1.0].into_iter().enumerate() {
-        w.end_of_update(i as u64 + 1, t, None, 0.0);
+        w.end_of_update(i as u64 + 1, Some(t), None, 0.0);
     }
     assert_eq!(w.median(), 1.0, "[0.01, 1, 1, 1]");
+    // The window holds the update's time less the machine's hold-up.
+    let mut w = Evaluator::new(Triggers { window: 4, ..Default::default() }).unwrap();
+    for i in 1..=4 {
+        w.end_of_update(i, Some(2.0 * MS), None, 1.0 * MS);
+    }
+    assert!(close(w.median(), 1.0 * MS));
+}
+
+#[test]
+fn a_sub_millisecond_update_held_up_by_the_machine_is_not_slow() {
+    let mut e = Evaluator::new(Triggers::default()).unwrap();
+    steady(&mut e, 64, 0.25 * MS);
+    // 4 ms of wall time, 3.8 ms of it runnable but waiting for a CPU: the machine's stall.
+    assert_eq!(e.end_of_update(65, Some(4.0 * MS), Some(1.0), 3.8 * MS), None);
+    // The same 4 ms spent in the program (a data loader's sleep is no CPU wait): slow,
+    // 16x a median this small is needed to clear the 2 ms floor.
+    let f = e.end_of_update(66, Some(4.0 * MS), Some(1.0), 0.0).unwrap();
+    assert_eq!((f.trigger, f.value), (Trigger::Slow, 4.0 * MS));
+    assert!(close(f.threshold, 0.25 * MS + 2.0 * MS), "median + slow_min_excess: {}", f.threshold);
+    assert_eq!(f.detail, "4.0 ms > 2.3 ms (median + 2 ms; median 0.2 ms)");
+}
+
+#[test]
+fn a_preempted_update_must_exceed_the_hold_up_too_which_is_left_out_and_bounded() {
+    let mut e = Evaluator::new(Triggers::default()).unwrap();
+    steady(&mut e, 64, 0.5 * MS);
+    // Preempted for 25.5 ms, the update comes back to cold caches: 1.7 ms of its own.
+    assert_eq!(e.end_of_update(65, Some(27.2 * MS), Some(1.0), 25.5 * MS), None);
+    // An excess of the hold-up itself: 2.4 ms after 2.4 ms.
+    assert_eq!(e.end_of_update(66, Some(5.3 * MS), Some(1.0), 2.4 * MS), None);
+    // A stall of its own longer than the hold-up and the floor: slow.
+    let f = e.end_of_update(67, Some(60.0 * MS), Some(1.0), 25.0 * MS).unwrap();
+    assert!(close(f.value, 35.0 * MS) && close(f.threshold, 0.5 * MS + 2.0 * MS + 25.0 * MS), "{f:?}");
+    assert_eq!(
+        f.detail,
+        "35.0 ms > 27.5 ms (median + 2 ms + 1 x the 25.0 ms the machine held it up; median 0.5 ms; 25.0 ms the machine held it up left out)"
+    );
+    // slow_wait_share 0: the hold-up is left out of the time but raises no bar.
+    let mut e = Evaluator::new(Triggers { slow_wait_share: 0.0, ..Default::default() }).unwrap();
+    steady(&mut e, 64, 0.5 * MS);
+    assert_eq!(e.end_of_update(65, Some(27.2 * MS), Some(1.0), 25.5 * MS), None, "1.7 ms of its own");
+    let f = e.end_of_update(66, Some(30.0 * MS), Some(1.0), 25.0 * MS).unwrap();
+    assert!(close(f.value, 5.0 * MS) && close(f.threshold, 2.5 * MS), "{f:?}");
+    assert_eq!(
+        f.detail,
+        "5.0 ms > 2.5 ms (median + 2 ms + 0 x the 25.0 ms the machine held it up; median 0.5 ms; 25.0 ms the machine held it up left out)"
+    );
+    // A hold-up longer than the update (clock granularity) leaves 0, never less.
+    let mut e = Evaluator::new(Triggers { window: 2, ..Default::default() }).unwrap();
+    steady(&mut e, 20, 1.0 * MS);
+    let f = e.end_of_update(21, Some(30.0 * MS), Some(1.0), 10.0 * MS).unwrap();
+    assert!(close(f.value, 20.0 * MS) && close(f.threshold, 13.0 * MS), "{f:?}");
+    assert!(f.detail.ends_with("; 10.0 ms the machine held it up left out)"), "{}", f.detail);
+    assert_eq!(e.end_of_update(22, Some(1.0 * MS), Some(1.0), 5.0 * MS), None);
+    assert!(close(e.median(), 10.0 * MS), "(20 + 0) / 2 ms: {}", e.median());
+}
+
+#[test]
+fn a_spread_out_window_widens_its_own_bar() {
+    // Updates alternating 10 and 30 ms (a sequence-length mix): median 20, MAD 10 ms;
+    // 70 ms is 3.5x the median but 5 MADs from it, inside the window's own spread.
+    let mixed = || {
+        let mut e = Evaluator::new(Triggers::default()).unwrap();
+        for i in 1..=64u64 {
+            assert_eq!(e.end_of_update(i, Some(if i % 2 == 1 { 10.0 } else { 30.0 } * MS), Some(1.0), 0.0), None);
+        }
+        e
+    };
+    let mut e = mixed();
+    assert!(close(e.median(), 20.0 * MS) && close(e.mad(), 10.0 * MS), "{} {}", e.median(), e.mad());
+    assert_eq!(e.end_of_update(65, Some(70.0 * MS), Some(1.0), 0.0), None);
+    let f = mixed().end_of_update(65, Some(130.0 * MS), Some(1.0), 0.0).unwrap();
+    assert!(close(f.threshold, 120.0 * MS), "{f:?}");
+    assert_eq!(f.detail, "130.0 ms > 120.0 ms (median + 10 x MAD; median 20.0 ms)");
+}
+
+#[test]
+fn an_update_not_timed_skips_the_slow_trigger_and_the_window() {
+    // warm-up 21: the 22nd update may fire only if the 21st was counted.
+    let mut e = Evaluator::new(Triggers { warmup: 21, ..Default::default() }).unwrap();
+    steady(&mut e, 20, 1.0 * MS);
+    assert_eq!(e.end_of_update(21, None, Some(1.0), 0.0), None, "captured in full: its time is the capture's");
+    assert_eq!(e.end_of_update(22, Some(1.0), Some(1.0), 0.0), None, "still warming up: 21 was not counted");
+    assert_eq!(e.end_of_update(23, Some(1.0), Some(1.0), 0.0).map(|f| f.trigger), Some(Trigger::Slow));
+    // The loss and the program's own trigger still count (the user's value: 0, no time).
+    assert_eq!(e.end_of_update(24, None, Some(f64::NAN), 0.0).map(|f| f.trigger), Some(Trigger::NonFinite));
+    e.ask("look");
+    assert_eq!(e.end_of_update(25, None, Some(1.0), 0.0).map(|f| (f.trigger, f.value)), Some((Trigger::User, 0.0)));
+}
+
+/// A real run's update times (bindings/python/tests/data, shared with the
+/// Python binding's tests): (update, seconds, the CPU wait in them).
+fn recorded(name: &str) -> Vec<(u64, f64, f64)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/tests/data").join(name);
+    let out = std::process::Command::new("gzip").arg("-dc").arg(&path).output().expect("gzip runs (it decompresses the recorded series)");
+    assert!(out.status.success(), "gzip -dc {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<u64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0], f[1] as f64 / 1e9, f[2] as f64 / 1e9)
+        })
+        .collect()
+}
+
+/// The updates `cfg` fires on for the series, `stall` seconds added to update `at`.
+fn fired_on(cfg: &Triggers, rows: &[(u64, f64, f64)], at: u64, stall: f64) -> Vec<Fired> {
+    let mut e = Evaluator::new(cfg.clone()).unwrap();
+    rows.iter().filter_map(|&(u, s, w)| e.end_of_update(u, Some(s + if u == at { stall } else { 0.0 }), Some(1.0), w)).collect()
+}
+
+#[test]
+fn a_real_noisy_run_fires_nothing_and_a_stall_in_it_fires_at_once() {
+    // The rule before this one (3x the median or median + 1 ms, the CPU wait
+    // left out and nothing more) fired on these: the series have the noise.
+    let old = Triggers { slow_min_excess: Duration::from_millis(1), slow_spread: 0.0, slow_wait_share: 0.0, ..Default::default() };
+    for (name, old_fired) in [("noisy-updates-a.txt.gz", 8), ("noisy-updates-b.txt.gz", 1)] {
+        let rows = recorded(name);
+        assert_eq!(rows.len(), 10_000, "{name}");
+        assert_eq!(fired_on(&old, &rows, 0, 0.0).len(), old_fired, "{name}");
+        assert_eq!(fired_on(&Triggers::default(), &rows, 0, 0.0), [], "{name}");
+        // A 2.5 ms stall of the program's own (a data loader's sleep: no CPU
+        // wait) at three updates: 5-10x these updates, above the 2 ms floor.
+        for at in [2_500, 5_000, 9_000] {
+            let fired = fired_on(&Triggers::default(), &rows, at, 2.5 * MS);
+            assert_eq!(fired.iter().map(|f| (f.update, f.trigger)).collect::<Vec<_>>(), [(at, Trigger::Slow)], "{name}");
+            assert!(fired[0].value > 5.0 * (fired[0].threshold - 2.0 * MS), "{name}: {:?}", fired[0]);
+        }
+    }
 }
 
 #[test]
 fn non_finite_fires_once_until_finite_again_and_the_user_comes_first() {
     let mut e = Evaluator::new(Triggers { slow: None, ..Default::default() }).unwrap();
-    assert_eq!(e.end_of_update(1, 0.01, Some(1.0), 0.0), None);
-    assert_eq!(e.end_of_update(2, 0.01, Some(f64::INFINITY), 0.0).map(|f| (f.trigger, f.detail)), Some((Trigger::NonFinite, "loss inf".into())));
-    assert_eq!(e.end_of_update(3, 0.01, Some(f64::NAN), 0.0), None, "still not finite: not again");
-    assert_eq!(e.end_of_update(4, 0.01, Some(0.5), 0.0), None);
+    assert_eq!(e.end_of_update(1, Some(0.01), Some(1.0), 0.0), None);
+    assert_eq!(e.end_of_update(2, Some(0.01), Some(f64::INFINITY), 0.0).map(|f| (f.trigger, f.detail)), Some((Trigger::NonFinite, "loss inf".into())));
+    assert_eq!(e.end_of_update(3, Some(0.01), Some(f64::NAN), 0.0), None, "still not finite: not again");
+    assert_eq!(e.end_of_update(4, Some(0.01), Some(0.5), 0.0), None);
     e.ask("mine");
-    let f = e.end_of_update(5, 0.01, Some(f64::NAN), 0.0).unwrap();
+    let f = e.end_of_update(5, Some(0.01), Some(f64::NAN), 0.0).unwrap();
     assert_eq!((f.trigger, f.detail.as_str(), f.value), (Trigger::User, "mine", 0.01));
-    assert_eq!(e.end_of_update(6, 0.01, Some(f64::NAN), 0.0), None, "the NaN of 5 was seen");
+    assert_eq!(e.end_of_update(6, Some(0.01), Some(f64::NAN), 0.0), None, "the NaN of 5 was seen");
 }
