@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
+import terminal_signals
+
 REPO = Path(__file__).resolve().parents[2]
 CANDLE_GRAPH = Path(os.environ.get("CANDLE_GRAPH", REPO / "build" / "tools" / "bin" / "candle-graph"))
+
+
+terminal_signals.restore()
 
 
 def lines(path: Path) -> list[dict]:

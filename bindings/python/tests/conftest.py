@@ -14,6 +14,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bindings" / "python"))
+sys.path.insert(0, str(REPO / "tests" / "python"))
+import terminal_signals  # noqa: E402 - SIGINT & co. as a terminal gives them, for the children
+
+terminal_signals.restore()
 
 
 @functools.lru_cache(maxsize=None)
