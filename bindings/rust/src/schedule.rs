@@ -47,7 +47,7 @@
 //! [`WatchOptions::max_traces`] traces are written in a run. With aggregate
 //! statistics, each trigger that fires is also a scalar `trigger/<name>` (its
 //! value) of the summary and an entry of its `triggers` list (with its trace,
-//! or why none was written: [`crate::Session::aggregate_trigger`]), and the loss a
+//! or why none was written: [`crate::SessionRef::aggregate_trigger`]), and the loss a
 //! scalar `loss`.
 //!
 //! The update's measured region (named as the update span, `train/step`) is

@@ -1021,7 +1021,7 @@ impl SessionRef {
     }
 }
 
-/// What became of a trigger's trace, for [`Session::aggregate_trigger`].
+/// What became of a trigger's trace, for [`SessionRef::aggregate_trigger`].
 #[derive(Debug, Clone, Copy)]
 pub enum TriggerTrace<'a> {
     /// The trace written for it.
