@@ -5,6 +5,7 @@
 #   make setup    what make test needs on a fresh Debian 12 (tools/setup.sh; make demo
 #                 runs its smaller part, setup-demo); both are quick once done
 #   make bench    the benchmarks (figures go into BENCHMARKS.md)
+#   make bench-peers  the span burst beside Tracy and LTTng-UST (part of make bench)
 #   make bench-view  the view page's JavaScript time budget: a >1 M-event trace's page in headless Chromium
 
 GO        ?= go

@@ -409,7 +409,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=100000)
     ap.add_argument("--threads", default="1,4")
     ap.add_argument("--events", type=int, default=50_000_000, help="sustained run; 0 skips it")
-    ap.add_argument("--sustained-rounds", type=int, default=2)
+    ap.add_argument("--sustained-rounds", type=int, default=3)
     ap.add_argument("--systems", default=",".join(LABELS))
     ap.add_argument("--json", help="write every result here too")
     a = ap.parse_args()
