@@ -50,6 +50,35 @@ static const char TRACE_RUN[] =
     "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}";
 static const char AGG_RUN[] = "{\"entrypoint\":\"bench\",\"phase\":\"train\",\"device\":\"cpu\",\"mode\":\"aggregate\"}";
 
+/* The floor a span pair is compared with: two clock_gettime calls, timed in
+ * the same chunks, right before each fast-path run (its median, for the
+ * fast path's line). */
+static double baseline_median;
+
+static void baseline(long pairs) {
+    long chunks = pairs / CHUNK;
+    double *per = malloc(sizeof(double) * chunks);
+    volatile uint64_t sink = 0;
+    uint64_t cpu0 = cpu_ns();
+    uint64_t total0 = now();
+    for (long c = 0; c < chunks; c++) {
+        uint64_t t0 = now();
+        for (int i = 0; i < CHUNK; i++) {
+            uint64_t a = now();
+            sink += now() - a;
+        }
+        per[c] = (double)(now() - t0) / CHUNK;
+    }
+    uint64_t total = now() - total0;
+    double cpu = (double)(cpu_ns() - cpu0) / pairs;
+    qsort(per, chunks, sizeof *per, cmp);
+    baseline_median = per[chunks / 2];
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns\n", "baseline: 2x clock_gettime", pairs,
+           per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, cpu);
+    free(per);
+    (void)sink;
+}
+
 static void run(const char *label, const char *path, const char *run_json, begin_fn b, end_fn e, long pairs) {
     ct_session s;
     if (ct_open(path, run_json, &s)) {
@@ -79,9 +108,12 @@ static void run(const char *label, const char *path, const char *run_json, begin
     uint64_t fin = now() - total0;
     double cpu = (double)(cpu_ns() - cpu0) / pairs; /* through ct_finish: all the drainer's work */
     qsort(per, chunks, sizeof *per, cmp);
-    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM\n",
-           label, pairs, per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, cpu,
-           2.0 * pairs / (fin / 1e9) / 1e6);
+    double median = per[chunks / 2], mean = (double)total / pairs;
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM "
+           "mean/median=%.1f",
+           label, pairs, median, per[chunks * 99 / 100], mean, cpu, 2.0 * pairs / (fin / 1e9) / 1e6, mean / median);
+    if (b == ct_span_begin && baseline_median > 0) printf(" vs-2x-clock_gettime=%.2f", median / baseline_median);
+    printf("\n");
     free(per);
 }
 
@@ -141,6 +173,7 @@ int main(int argc, char **argv) {
     snprintf(p3, sizeof p3, "%s/bench-aggregate.json", dir);
     snprintf(p4, sizeof p4, "%s/bench-naive-aggregate.json", dir);
     for (int round = 0; round < 3; round++) {
+        baseline(pairs);
         if (trace_only) {
             run("trace: fast path (C ring)", p1, TRACE_RUN, ct_span_begin, ct_span_end, pairs);
             continue;
