@@ -118,19 +118,26 @@ static uint64_t tsc_margin_ticks; /* 10 µs in ticks: how far ahead a new segmen
 
 static uint64_t mult_of(double ns_per_tick) { return (uint64_t)(ns_per_tick * 4294967296.0 + 0.5); }
 
-/* Publishes g as segment n (the writer holds tsc_mu): readers that overlap
- * see the sequence change and read again. Every field is accessed
- * atomically (release stores, acquire loads), so that readers
- * never race with the writer in the C11 sense. */
-static void tsc_publish(ct_tsc_seg g) {
-    uint64_t n = RLX(&ct__tsc_n);
+/* A writer of segments (holding tsc_mu) makes the sequence odd before it
+ * reads the clocks for a new segment and even once it is written: readers
+ * that overlap see the sequence change and read again. Every field is
+ * accessed atomically (release stores, acquire loads), so that readers never
+ * race with the writer in the C11 sense. */
+static uint64_t tsc_write_begin(void) {
     uint64_t seq = RLX(&ct__tsc_seq);
     __atomic_store_n(&ct__tsc_seq, seq + 1, __ATOMIC_SEQ_CST);
-    ct_tsc_seg *d = &ct__tsc_segs[n % CT_TSC_SEGS];
-    SET_RLX(&d->tick, g.tick);
-    SET_RLX(&d->ns, g.ns);
-    SET_RLX(&d->mult, g.mult);
-    SET_RLX(&ct__tsc_n, n + 1);
+    return seq;
+}
+
+static void tsc_write_end(uint64_t seq, const ct_tsc_seg *g) {
+    if (g) {
+        uint64_t n = RLX(&ct__tsc_n);
+        ct_tsc_seg *d = &ct__tsc_segs[n % CT_TSC_SEGS];
+        SET_RLX(&d->tick, g->tick);
+        SET_RLX(&d->ns, g->ns);
+        SET_RLX(&d->mult, g->mult);
+        SET_RLX(&ct__tsc_n, n + 1);
+    }
     __atomic_store_n(&ct__tsc_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
@@ -140,7 +147,8 @@ static void tsc_first_segment(void) {
     tsc_update_ticks = (uint64_t)(20e6 / first_rate);
     tsc_margin_ticks = (uint64_t)(10e3 / first_rate) + 1;
     pthread_mutex_lock(&tsc_mu);
-    tsc_publish((ct_tsc_seg){.tick = tick_base, .ns = mono_base, .mult = mult_of(first_rate)});
+    ct_tsc_seg g = {.tick = tick_base, .ns = mono_base, .mult = mult_of(first_rate)};
+    tsc_write_end(tsc_write_begin(), &g);
     pthread_mutex_unlock(&tsc_mu);
 }
 
@@ -185,9 +193,13 @@ uint64_t ct__tsc_now(void) {
     for (;;) {
         /* The sequence before the counter: a segment published after this
          * read starts past the counter value read here (tsc_update), one
-         * published in between makes the sequence differ. */
+         * published in between makes the sequence differ. The counter is
+         * read after every earlier load (as the vDSO's clock_gettime reads
+         * it): the session clock reads the tracer's fields after it, and a
+         * value from before a tracer interval ended, combined with that
+         * interval's total, would run the clock backwards. */
         uint64_t seq = __atomic_load_n(&ct__tsc_seq, __ATOMIC_SEQ_CST);
-        uint64_t t = ct__counter();
+        uint64_t t = ct__counter_ordered();
         uint64_t n = RLX(&ct__tsc_n);
         if ((seq & 1) || n == 0) {
             if (n == 0) return ct__mono_ns();
@@ -207,14 +219,19 @@ void ct__tsc_update(int force) {
     if (pthread_mutex_trylock(&tsc_mu) != 0) return;
     uint64_t n = RLX(&ct__tsc_n);
     ct_tsc_seg last = ct__tsc_segs[(n - 1) % CT_TSC_SEGS];
+    /* The clocks are read with the sequence odd: a conversion that
+     * completed before it converted a counter value read before this one,
+     * which the new segment (starting past it) leaves as it was. */
+    uint64_t seq = tsc_write_begin();
     uint64_t t, m;
     read_pair(&t, &m);
     if (t <= last.tick || t <= tick_base) {
+        tsc_write_end(seq, NULL);
         pthread_mutex_unlock(&tsc_mu);
         return;
     }
-    /* The new segment starts a margin past now: every counter value read
-     * before it is published converts by the segments before it. */
+    /* A margin past now: a counter value read out of order (rdtsc is not
+     * ordered with loads) around a conversion still falls before it. */
     uint64_t a = t + tsc_margin_ticks;
     uint64_t v = ct__tsc_eval(&last, a);
     double rate = (double)(m - mono_base) / (double)(t - tick_base);
@@ -232,7 +249,8 @@ void ct__tsc_update(int force) {
         if (corr > 0.01) corr = 0.01;
         slope = rate * (1.0 + corr);
     }
-    tsc_publish((ct_tsc_seg){.tick = a, .ns = v, .mult = mult_of(slope)});
+    ct_tsc_seg g = {.tick = a, .ns = v, .mult = mult_of(slope)};
+    tsc_write_end(seq, &g);
     pthread_mutex_unlock(&tsc_mu);
 }
 

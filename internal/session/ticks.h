@@ -59,6 +59,22 @@ static inline __attribute__((always_inline)) uint64_t ct__counter(void) {
 #endif
 }
 
+/* The counter read after every earlier load has completed (lfence first, as
+ * the kernel's rdtsc_ordered): for readers whose value must not predate
+ * what they loaded before it. */
+static inline __attribute__((always_inline)) uint64_t ct__counter_ordered(void) {
+#if defined(__x86_64__)
+    _mm_lfence();
+    return __rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v)::"memory");
+    return v;
+#else
+    return ct__mono_ns();
+#endif
+}
+
 static inline __attribute__((always_inline)) uint64_t ct__ticks(void) {
     if (__builtin_expect(ct__tick_source == CT_TICKS_COUNTER, 1)) return ct__counter();
     return ct__mono_ns();
