@@ -1,10 +1,12 @@
 /* The per-event path of candle-trace, in C.
  *
  * Why C: a C->Go call through cgo costs about 70 ns, so a span begin+end that
- * crossed into Go twice could never meet the 60 ns budget. Span begin/end stay
- * here: a registry lookup, a per-thread span stack, a clock read and a copy
- * into a per-thread ring. A Go goroutine drains the rings, encodes JSON and
- * writes the file (see drain.go).
+ * crossed into Go twice could never meet the 40 ns budget. Span begin/end stay
+ * here: a registry lookup, a per-thread span stack, a clock read (the raw
+ * cycle counter where usable, ticks.h) and a record in a per-thread ring (a
+ * name the thread passed before is not copied again). A Go goroutine drains
+ * the rings, converts counter values, encodes JSON and writes the file (see
+ * drain.go).
  *
  * Everything else (ops, tensors, memory, ...) is rare enough to go through Go.
  */

@@ -3,9 +3,9 @@
  * An aggregate span keeps only its duration, so it may be timed by the CPU's
  * cycle counter rather than CLOCK_MONOTONIC: reading the TSC costs ~9 ns on
  * the machines we measured, clock_gettime ~21 ns, and a span reads the clock
- * twice out of a 40 ns budget. Trace spans stay on CLOCK_MONOTONIC: their
- * start times must line up with records taken by other means, which a
- * converted counter could only approximate.
+ * twice out of a 40 ns budget. Trace spans read the same counter, but their
+ * start times must line up with records taken by other means, so they go
+ * through a shared conversion (the counter clock, below).
  *
  * Ticks become nanoseconds when the drainer folds them (ct__ns_per_tick),
  * with a rate measured against CLOCK_MONOTONIC: first over a 2 ms spin when

@@ -36,6 +36,13 @@ static uint64_t cpu_ns(void) {
            ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
 }
 
+/* Minor page faults of the process so far (first touches of fresh memory). */
+static long minflt(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -88,6 +95,7 @@ static void run(const char *label, const char *path, const char *run_json, begin
     long chunks = pairs / CHUNK;
     double *per = malloc(sizeof(double) * chunks);
     ct_span sp;
+    long flt0 = minflt();
     uint64_t cpu0 = cpu_ns();
     uint64_t total0 = now();
     for (long c = 0; c < chunks; c++) {
@@ -110,8 +118,9 @@ static void run(const char *label, const char *path, const char *run_json, begin
     qsort(per, chunks, sizeof *per, cmp);
     double median = per[chunks / 2], mean = (double)total / pairs;
     printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM "
-           "mean/median=%.1f",
-           label, pairs, median, per[chunks * 99 / 100], mean, cpu, 2.0 * pairs / (fin / 1e9) / 1e6, mean / median);
+           "mean/median=%.1f faults=%ld",
+           label, pairs, median, per[chunks * 99 / 100], mean, cpu, 2.0 * pairs / (fin / 1e9) / 1e6, mean / median,
+           minflt() - flt0);
     if (b == ct_span_begin && baseline_median > 0) printf(" vs-2x-clock_gettime=%.2f", median / baseline_median);
     printf("\n");
     free(per);
