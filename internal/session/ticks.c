@@ -171,25 +171,34 @@ static ct_tsc_seg tsc_find(uint64_t t, uint64_t n) {
     for (;;) {
         const ct_tsc_seg *s = &ct__tsc_segs[i % CT_TSC_SEGS];
         ct_tsc_seg g = {RLX(&s->tick), RLX(&s->ns), RLX(&s->mult)};
-        if (g.tick <= t || i == 0 || n - i >= CT_TSC_SEGS) return g;
+        /* Not the oldest slot: it is the one a writer fills next. */
+        if (g.tick <= t || i == 0 || n - i >= CT_TSC_SEGS - 1) return g;
         i--;
     }
 }
 
+/* Whether a reader that found the sequence odd should wait for the writer:
+ * not for ever, since the writer may be the very thread the reader runs on
+ * (a signal handler's flush that interrupted the drainer inside
+ * ct__tsc_update). The table published so far is whole; only the segment
+ * being written is missing from it, and the values it changes are the
+ * counter's from after the writer began, which such a reader never has. */
+static inline int tsc_wait(uint64_t seq, unsigned *spins) { return (seq & 1) && ++*spins < (1u << 20); }
+
 uint64_t ct__tsc_ns(uint64_t t) {
+    unsigned spins = 0;
     for (;;) {
         uint64_t seq = __atomic_load_n(&ct__tsc_seq, __ATOMIC_ACQUIRE);
         uint64_t n = RLX(&ct__tsc_n);
-        if ((seq & 1) || n == 0) {
-            if (n == 0) return ct__mono_ns(); /* never: sessions on the counter init first */
-            continue;
-        }
+        if (n == 0) return ct__mono_ns(); /* never: sessions on the counter init first */
+        if (tsc_wait(seq, &spins)) continue;
         ct_tsc_seg g = tsc_find(t, n);
-        if (RLX(&ct__tsc_seq) == seq) return ct__tsc_eval(&g, t);
+        if (RLX(&ct__tsc_seq) == seq || (seq & 1)) return ct__tsc_eval(&g, t);
     }
 }
 
 uint64_t ct__tsc_now(void) {
+    unsigned spins = 0;
     for (;;) {
         /* The sequence before the counter: a segment published after this
          * read starts past the counter value read here (tsc_update), one
@@ -201,12 +210,10 @@ uint64_t ct__tsc_now(void) {
         uint64_t seq = __atomic_load_n(&ct__tsc_seq, __ATOMIC_SEQ_CST);
         uint64_t t = ct__counter_ordered();
         uint64_t n = RLX(&ct__tsc_n);
-        if ((seq & 1) || n == 0) {
-            if (n == 0) return ct__mono_ns();
-            continue;
-        }
+        if (n == 0) return ct__mono_ns();
+        if (tsc_wait(seq, &spins)) continue;
         ct_tsc_seg g = tsc_find(t, n);
-        if (RLX(&ct__tsc_seq) == seq) return ct__tsc_eval(&g, t);
+        if (RLX(&ct__tsc_seq) == seq || (seq & 1)) return ct__tsc_eval(&g, t);
     }
 }
 
@@ -255,15 +262,16 @@ void ct__tsc_update(int force) {
 }
 
 int ct__tsc_snapshot(ct_tsc_seg *out, int max) {
+    unsigned spins = 0;
     for (;;) {
         uint64_t seq = __atomic_load_n(&ct__tsc_seq, __ATOMIC_ACQUIRE);
         uint64_t n = RLX(&ct__tsc_n);
-        if (seq & 1) continue;
+        if (tsc_wait(seq, &spins)) continue;
         int k = 0;
-        for (; k < max && (uint64_t)k < n && k < CT_TSC_SEGS; k++) {
+        for (; k < max && (uint64_t)k < n && k < CT_TSC_SEGS - 1; k++) {
             const ct_tsc_seg *s = &ct__tsc_segs[(n - 1 - (uint64_t)k) % CT_TSC_SEGS];
             out[k] = (ct_tsc_seg){RLX(&s->tick), RLX(&s->ns), RLX(&s->mult)};
         }
-        if (RLX(&ct__tsc_seq) == seq) return k;
+        if (RLX(&ct__tsc_seq) == seq || (seq & 1)) return k;
     }
 }
