@@ -308,13 +308,15 @@ bool composite(const c10::OperatorHandle &op) {
            !op.hasKernelForDispatchKey(K::CompositeExplicitAutograd);
 }
 
-inline Thread::KindSlot &kind_slot(const char *name) {
+// The caller's Thread, passed in: each access to the thread_local of a dlopen'ed library
+// is a __tls_get_addr call.
+inline Thread::KindSlot &kind_slot(Thread &t, const char *name) {
     uintptr_t p = reinterpret_cast<uintptr_t>(name);
-    return tl.kinds[((p >> 3) ^ (p >> 13)) & (Thread::kKindSlots - 1)];
+    return t.kinds[((p >> 3) ^ (p >> 13)) & (Thread::kKindSlots - 1)];
 }
 
-Kind op_kind(const at::RecordFunction &fn, const char *name) {
-    Thread::KindSlot &slot = kind_slot(name);
+Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
+    Thread::KindSlot &slot = kind_slot(t, name);
     if (slot.name == name) return slot.kind;
     Kind k;
     {
@@ -414,7 +416,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     try {
         const char *name = fn.name();
         if (!name) return nullptr;
-        Kind k = op_kind(fn, name);
+        Kind k = op_kind(t, fn, name);
         if (k == kLookThrough) return nullptr;
         if (k == kOpaque) {
             t.rec_depth = d;
