@@ -44,7 +44,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-view bench-python bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-view bench-python bench-watch bench-watch-perf bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -195,6 +195,14 @@ torch2-venv:
 
 bench-python: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
+
+# Always-on watching (issue 13): the flight recorder's and the triggers' cost per update,
+# interleaved (bench_watch.py [ROUNDS] [LONG]), and where the recorder's CPU goes (perf).
+bench-watch: $(LIB)
+	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch.py $(WATCH_ARGS)
+
+bench-watch-perf: $(LIB)
+	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch_perf.py $(WATCH_ARGS)
 
 # The Rust binding (bindings/rust): its build.rs builds the library as a static
 # archive with Go (unless CANDLE_TRACE_LIB_DIR names one); the candle feature builds

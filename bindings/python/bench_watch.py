@@ -4,12 +4,19 @@ GPT-style model at batch 8 x 64 and the MNIST-style CNN at batch 64
 (examples/python/workloads.py), one thread; and the flight recorder's memory over a long
 run of the MLP.
 
-    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_watch.py [ROUNDS] [LONG]
+    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_watch.py [ROUNDS] [LONG] [WORKLOADS]
 
-Per round, in a rotating order: ``BLOCK`` untraced updates, ``BLOCK`` under a watch with
-the flight recorder, ``BLOCK`` under a watch without it; process CPU per update (update and
-``step()``), medians over the rounds. The long run: ``LONG`` MLP updates (default 10,000)
-under a watch with no anomaly, peak RSS sampled every 1,000 updates.
+Per round, in a rotating order: ``BLOCK`` (2) untraced updates, ``BLOCK`` under a watch
+with the flight recorder, ``BLOCK`` under a watch without it (each watch entered for the
+round, its first update -- which arms what follows -- not timed); process CPU per update
+(update and ``step()``). The machine's speed drifts by more than the recorder costs over
+a run of minutes (a loaded 2-core VM), so each mode is compared with the untraced updates
+of its own round -- a second or two apart -- and the figures are the median over the
+rounds of those per-round ratios, with their interquartile range, and of the per-round
+absolute cost (mode - untraced, ms per update), which depends less on the machine's speed
+than the ratio does. The plain medians per mode are printed beside them. The long run:
+``LONG`` MLP updates (default 10,000) under a watch with no anomaly, peak RSS sampled
+every 1,000 updates.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "python"))
 
-BLOCK = 6
+BLOCK = 2
 
 
 def _cpu(fn) -> int:
@@ -39,6 +46,24 @@ def _block(w, out, watcher=None):
     for _ in range(BLOCK):
         x, y = w.batch()
         out.append(_cpu(lambda: (w.update(x, y), watcher.step() if watcher else None)))
+
+
+def per_round(untraced: list, other: list) -> tuple:
+    """Per round: the ratio of the mode's updates to the untraced ones of the same round
+    (medians of each round's ``BLOCK``), and the difference in ns."""
+    ratios, extra = [], []
+    for i in range(0, min(len(untraced), len(other)), BLOCK):
+        u = statistics.median(untraced[i:i + BLOCK])
+        o = statistics.median(other[i:i + BLOCK])
+        ratios.append(o / u)
+        extra.append(o - u)
+    return ratios, extra
+
+
+def _quartiles(xs: list) -> tuple:
+    """(p25, median, p75) of ``xs``."""
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
 
 
 def run(rounds: int, names=("gpt-b8", "cnn")) -> dict:
@@ -94,19 +119,27 @@ def long_run(n: int) -> dict:
 
 
 def main() -> int:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     long_n = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
     import torch
 
     med = statistics.median
     print(f"always-on watch, torch {torch.__version__}, 1 thread, {rounds} rounds of {BLOCK} "
-          f"updates per mode, CPU per update (median)")
-    print(f"  {'workload':8s} {'untraced':>10s} {'flight recorder':>16s} {'':>7s} "
-          f"{'triggers only':>14s} {'':>7s}")
-    for name, out in run(rounds).items():
-        u, f, t = med(out["untraced"]), med(out["flight"]), med(out["triggers"])
-        print(f"  {name:8s} {u / 1e6:8.2f}ms {f / 1e6:14.2f}ms {f / u - 1:+6.1%} "
-              f"{t / 1e6:12.2f}ms {t / u - 1:+6.1%}")
+          f"updates per mode, CPU per update; per-round figures: median [p25, p75]")
+    names = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("gpt-b8", "cnn")
+    for name, out in run(rounds, names).items():
+        u = med(out["untraced"])
+        print(f"  {name}: untraced {u / 1e6:.2f} ms (median of all)")
+        for mode, label in (("flight", "flight recorder"), ("triggers", "triggers only")):
+            ratios, extra = per_round(out["untraced"], out[mode])
+            q = _quartiles(ratios)
+            a = _quartiles(extra)
+            print(f"    {label:15s} {q[1] - 1:+6.1%} [{q[0] - 1:+.1%}, {q[2] - 1:+.1%}]  "
+                  f"{a[1] / 1e6:+6.2f} ms [{a[0] / 1e6:+.2f}, {a[2] / 1e6:+.2f}]  "
+                  f"(medians of all: {med(out[mode]) / 1e6:.2f} ms, "
+                  f"{med(out[mode]) / u - 1:+.1%})")
+    if long_n <= 0:
+        return 0
     r = long_run(long_n)
     print(f"\n{r['updates']} MLP updates under watch (flight recorder on): traces written "
           f"{len(r['traces'])}, triggers fired {r['fired']}")

@@ -455,3 +455,57 @@ def test_profile_device_collect_defaults_to_nothing_on_cpu():
     assert ctt.profile(m, None, "/dev/null", device_collect=None).device_collect == []
     with pytest.raises(ctt.CandleTraceError, match='device_collect must be "auto", a list'):
         ctt.profile(m, None, "/dev/null", device_collect="cupti")
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass with its own __torch_function__ (has_torch_function: the
+    backward span hooks go through its register_hook)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _TagNet(nn.Module):
+    def __init__(self, seen):
+        super().__init__()
+        self.fc1, self.tag, self.fc2 = nn.Linear(4, 4), _TagOut(), nn.Linear(4, 2)
+        self.seen = seen
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h.register_hook(lambda g: self.seen.append(float(g.abs().sum())) or g * 2)
+        return self.fc2(self.tag(h))
+
+
+class _TagOut(nn.Module):
+    def forward(self, x):
+        return x.as_subclass(_Tagged)
+
+
+def test_backward_module_spans_share_a_tensors_hooks_with_the_programs(tmp_path):
+    # The module spans' tensor hooks sit in the tensor's own hook dict, beside the
+    # program's: each runs once per gradient, the program's gradient change included,
+    # and every module -- the one whose output is a tensor subclass too -- gets its
+    # backward span.
+    torch.manual_seed(0)
+    seen = []
+    model = _TagNet(seen)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(3, 4), torch.randint(0, 2, (3,))
+    path = tmp_path / "t.jsonl"
+    with ctt.profile(model, opt, str(path), capture_step=2) as prof:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            prof.step()
+    assert len(seen) == 3  # the program's hook ran once per update, captured or not
+    lines = read_trace(path)
+    spans = {s["id"]: s for s in by_kind(lines, "span_start")}
+    bwd = {s["name"] for s in spans.values()
+           if s["span_kind"] == "module" and s.get("step") == "backward"}
+    assert {"fc1", "tag", "fc2"} <= bwd, sorted(bwd)
+    assert lines[-1]["outcome"] == "complete"
+    candle_graph(path, tmp_path)

@@ -23,21 +23,27 @@ the thread that runs the hook.
 
 from __future__ import annotations
 
+import functools
+import itertools
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
+from torch.overrides import has_torch_function_unary
 
 from ._common import first_tensor, outside_dynamo, patch, restore, tensors
 
 __all__ = ["ModuleSpans"]
 
+_KEYS = itertools.count(1)  # one key per ModuleSpans, never reused in the process
+
 
 class ModuleSpans:
     """The module spans of one capture. ``capture`` provides ``state``, ``capturing``,
     ``spans``, ``stats`` (a StatsRecorder or None), ``ops_suspend``,
-    ``on_top_forward(module)``, ``failing(exc)`` (the program raised), ``abort(exc)`` (an
-    internal error fails the capture) and ``guard(fn)`` (fn as a hook: tracer work,
-    errors into abort)."""
+    ``on_top_forward(module)``, ``failing(exc)`` (the program raised) and ``abort(exc)``
+    (an internal error fails the capture); every hook's work is tracer work, between
+    ``spans``' brackets."""
 
     def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
                  tops: Sequence[torch.nn.Module], root: str) -> None:
@@ -48,6 +54,11 @@ class ModuleSpans:
             m: (q or root, q) for q, m in modules}
         self._tops = set(tops)
         self._undo: List[Callable[[], None]] = []
+        #: the key of this capture's hook in a tensor's ``_backward_hooks`` (a str: never
+        #: one of register_hook's integer ids, nor another capture's)
+        self._key = f"candle_trace-{next(_KEYS)}"
+        #: what every tensor hook of this capture calls, bound to the tensor's lists
+        self._run_hooks = _hook_runner(capture)
 
     def install(self) -> None:
         for m in self._names:
@@ -64,23 +75,35 @@ class ModuleSpans:
     def _wrapper(self, module: torch.nn.Module) -> Callable:
         cap = self._cap
         spans = cap.spans
+        # The tracer brackets and the span calls bound once: every module call of every
+        # recorded update runs this, so each Python frame it saves counts (the flight
+        # recorder's cost is mostly such frames, run with cold caches between ops).
+        tb, te, hc = spans._tb, spans._te, spans._hc
         orig = module.forward
         name = self._names[module][0]
+        owner, no_grad = "f:" + name, f"{name} [no_grad]"
         top = module in self._tops
-        active = ("armed", "capturing") if top else ("capturing",)
         hooks = self._backward_span_ends(module)
+        is_grad_enabled = torch.is_grad_enabled
 
         def forward(*args: Any, **kw: Any) -> Any:
-            if cap.state not in active:
+            state = cap.state
+            if state != "capturing" and not (top and state == "armed"):
                 return orig(*args, **kw)
-            spans.pause()
+            tb(hc)
             sid = 0
             try:
-                sid = self._begin(module, name, top)
+                if state == "armed":
+                    cap.on_top_forward(module)
+                if cap.state == "capturing":
+                    if is_grad_enabled():
+                        sid = spans.push(owner, name, "module", "forward")
+                    else:
+                        sid = spans.push(owner, no_grad, "module", None)
             except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
                 cap.abort(e)
             finally:
-                spans.resume()
+                te(hc)
             try:
                 out = orig(*args, **kw)
             except BaseException as e:
@@ -88,32 +111,21 @@ class ModuleSpans:
                     cap.failing(e)
                 raise
             if sid and cap.state == "capturing":
-                spans.pause()
+                tb(hc)
                 try:
                     self._end(name, sid, args, out, hooks)
                 except Exception as e:  # noqa: BLE001
                     cap.abort(e)
                 finally:
-                    spans.resume()
+                    te(hc)
             return out
 
         return outside_dynamo(forward)
 
-    def _begin(self, module: torch.nn.Module, name: str, top: bool) -> int:
-        cap = self._cap
-        if not cap.capturing:
-            if top:
-                cap.on_top_forward(module)
-            if not cap.capturing:
-                return 0
-        if torch.is_grad_enabled():
-            return cap.spans.push("f:" + name, name, "module", "forward")
-        return cap.spans.push("f:" + name, f"{name} [no_grad]", "module", None)
-
     def _end(self, name: str, sid: int, args: Any, out: Any,
              hooks: Tuple[Callable, Callable]) -> None:
         cap = self._cap
-        t = first_tensor(out)
+        t = out if isinstance(out, torch.Tensor) else first_tensor(out)
         if t is not None and cap.stats is not None and t.is_floating_point():
             cap.ops_suspend(True)
             try:
@@ -123,16 +135,17 @@ class ModuleSpans:
         if t is not None and t.requires_grad and torch.is_grad_enabled():
             begin, end = hooks
             self._tensor_hook(t, begin, True)
-            for a in tensors(args):
+            ins = args if len(args) == 1 and isinstance(args[0], torch.Tensor) else tensors(args)
+            for a in ins:
                 if a.requires_grad:
                     self._tensor_hook(a, end, False)
-        cap.spans.close_until(sid)
+        stack = cap.spans._tl.stack
+        if stack and stack[-1][1] == sid:  # the module's own span is the innermost
+            cap.spans.pop_top()
+        else:
+            cap.spans.close_until(sid)
 
     # -- backward -----------------------------------------------------------------------
-
-    def _contains(self, outer: str, qual: str) -> bool:
-        """Whether module ``qual`` is (inside) the module whose span is named ``outer``."""
-        return outer == self._root or qual == outer or qual.startswith(outer + ".")
 
     def _backward_span_ends(self, module: torch.nn.Module) -> Tuple[Callable, Callable]:
         """What the gradient of the module's output (begin) and of its inputs (end) do
@@ -142,15 +155,26 @@ class ModuleSpans:
         owner = "b:" + name
         spans = cap.spans
 
+        root = self._root
+
         def begin(grad: torch.Tensor) -> None:
             # Close spans of this thread that do not contain this module.
-            stack = spans.stack
-            while stack and stack[-1][0].startswith("b:") and not self._contains(
-                    stack[-1][0][2:], qual):
+            stack = spans._tl.stack  # (not the property: one frame less per hook)
+            while stack:
+                top = stack[-1][0]
+                if not top.startswith("b:"):
+                    break
+                outer = top[2:]
+                if outer == root or qual == outer or qual.startswith(outer + "."):
+                    break
                 spans.pop_top()
             spans.push(owner, name, "module", "backward")
 
         def end(grad: torch.Tensor) -> None:
+            stack = spans._tl.stack  # (not the property: one frame less per hook)
+            if stack and stack[-1][0] == owner:  # its span is the innermost: most calls
+                spans.pop_top()
+                return
             sid = spans.find(owner)
             if sid is not None:
                 spans.close_until(sid)
@@ -160,19 +184,61 @@ class ModuleSpans:
     def _tensor_hook(self, t: torch.Tensor, fn: Callable, begin: bool) -> None:
         """One autograd hook per tensor that runs, when its gradient arrives, the span
         ends of the modules that consumed it first, then the span begins of the modules
-        that produced it, outermost first (an outer module's forward hook runs last)."""
-        lists = getattr(t, "_candle_trace_hooks", None)
-        if lists is None:
-            ends: List[Callable] = []
-            begins: List[Callable] = []
-            lists = (ends, begins)
+        that produced it, outermost first (an outer module's forward hook runs last).
 
-            def run(grad: torch.Tensor) -> None:
-                for f in ends:
-                    f(grad)
-                for f in reversed(begins):
-                    f(grad)
+        What ``Tensor.register_hook`` does, less the handle it makes (nothing removes
+        these: the tensor and its hooks go together): the hook goes into the tensor's
+        ``_backward_hooks`` dict under this object's key, where the next module to
+        see the tensor finds its lists; it is one dispatcher built once per capture
+        (:meth:`_run_hooks`) bound to the lists. Every module of every recorded update
+        registers on its output and inputs, so the handle, its weak reference and the
+        dynamo wrapper per tensor were a measurable part of the flight recorder's
+        cost (see BENCHMARKS.md)."""
+        hooks = t._backward_hooks
+        if hooks is not None:
+            bound = hooks.get(self._key)
+            if bound is not None:
+                bound.args[1 if begin else 0].append(fn)
+                return
+        if has_torch_function_unary(t):  # a tensor subclass: its own register_hook
+            bound = getattr(t, "_candle_trace_hooks", None)
+            if bound is None or bound.func is not self._run_hooks:
+                bound = functools.partial(self._run_hooks, [], [])
+                t.register_hook(bound)
+                t._candle_trace_hooks = bound  # type: ignore[attr-defined]
+            bound.args[1 if begin else 0].append(fn)
+            return
+        bound = functools.partial(self._run_hooks, [], [])
+        bound.args[1 if begin else 0].append(fn)
+        _ = t.grad_fn  # as register_hook: refreshes a stale view before the dict
+        if hooks is None:
+            hooks = t._backward_hooks = OrderedDict()
+            grad_fn = t.grad_fn
+            if grad_fn is not None:
+                grad_fn._register_hook_dict(t)
+        hooks[self._key] = bound
 
-            t.register_hook(outside_dynamo(self._cap.guard(run)))  # one interval per gradient
-            t._candle_trace_hooks = lists  # type: ignore[attr-defined]
-        lists[1 if begin else 0].append(fn)
+
+def _hook_runner(cap: Any) -> Callable:
+    """What every tensor hook of ``cap`` calls, bound to the tensor's lists (see
+    :meth:`ModuleSpans._tensor_hook`): the span ends of the modules that consumed the
+    tensor, then the span begins of those that produced it (outermost first), as
+    tracer work -- ``cap.guard`` inlined (an error fails the capture)."""
+    spans = cap.spans
+    tb, te, hc = spans._tb, spans._te, spans._hc
+
+    def run(ends: List[Callable], begins: List[Callable], grad: torch.Tensor) -> None:
+        if cap.state != "capturing":
+            return
+        tb(hc)
+        try:
+            for f in ends:
+                f(grad)
+            for f in reversed(begins):
+                f(grad)
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            cap.abort(e)
+        finally:
+            te(hc)
+
+    return outside_dynamo(run)
