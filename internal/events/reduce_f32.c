@@ -85,6 +85,23 @@ static void reduce_portable(const float *data, size_t n, ct_f32_reduction *out) 
         q_hi = _mm256_fmadd_pd(hi_, hi_, q_hi);                                          \
     } while (0)
 
+// The 16-element groups of [i, stop), with the masks: lanes acc[0..3] (sums) and
+// acc[4..7] (sums of squares), |x| bits into *m, the non-finite count into *bad.
+__attribute__((target("avx2,fma"))) static inline void masked_groups(
+    const float *data, size_t i, size_t stop, __m256d acc[8], __m256i *m, uint64_t *bad) {
+    const __m256i expm = _mm256_set1_epi32((int)EXP_MASK);
+    const __m256i absm = _mm256_set1_epi32((int)ABS_MASK);
+    __m256i b0 = _mm256_setzero_si256(), b1 = b0, m0 = *m, m1 = *m;
+    for (; i < stop; i += LANES) {
+        CT_STEP8(data + i, acc[0], acc[4], acc[1], acc[5], m0, b0);
+        CT_STEP8(data + i + 8, acc[2], acc[6], acc[3], acc[7], m1, b1);
+    }
+    *m = _mm256_max_epu32(m0, m1);
+    int32_t cnt[8];
+    _mm256_storeu_si256((__m256i *)cnt, _mm256_add_epi32(b0, b1));
+    for (int k = 0; k < 8; k++) *bad += (uint64_t)(-(int64_t)cnt[k]);
+}
+
 // Eight floats known finite: into (s_lo, q_lo), (s_hi, q_hi), |x| bits into m.
 #define CT_FAST8(p, s_lo, q_lo, s_hi, q_hi, m)                                          \
     do {                                                                                 \
@@ -110,13 +127,14 @@ __attribute__((target("avx2,fma"))) static void reduce_avx2(const float *data, s
                                                              ct_f32_reduction *out) {
     const __m256i expm = _mm256_set1_epi32((int)EXP_MASK);
     const __m256i absm = _mm256_set1_epi32((int)ABS_MASK);
-    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
-    __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+    __m256d acc[8];  // sums of lanes 0-3, 4-7, 8-11, 12-15, then their squares
+    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_pd();
     __m256i m = _mm256_setzero_si256();
     uint64_t bad = 0;
     size_t i = 0;
     for (; i + BLOCK <= n; i += BLOCK) {
-        __m256d t0 = s0, t1 = s1, t2 = s2, t3 = s3, r0 = q0, r1 = q1, r2 = q2, r3 = q3;
+        __m256d t0 = acc[0], t1 = acc[1], t2 = acc[2], t3 = acc[3];
+        __m256d r0 = acc[4], r1 = acc[5], r2 = acc[6], r3 = acc[7];
         __m256i bm0 = _mm256_setzero_si256(), bm1 = bm0;
         for (size_t j = i; j < i + BLOCK; j += LANES) {
             CT_FAST8(data + j, t0, r0, t1, r1, bm0);
@@ -126,27 +144,24 @@ __attribute__((target("avx2,fma"))) static void reduce_avx2(const float *data, s
         // Any lane >= EXP_MASK: max(lane, EXP_MASK) == lane somewhere.
         __m256i hit = _mm256_cmpeq_epi32(_mm256_max_epu32(bm, expm), bm);
         if (!_mm256_testz_si256(hit, hit)) {
-            __m256i b0 = _mm256_setzero_si256(), b1 = b0;
-            __m256i m0 = m, m1 = m;
-            for (size_t j = i; j < i + BLOCK; j += LANES) {
-                CT_STEP8(data + j, s0, q0, s1, q1, m0, b0);
-                CT_STEP8(data + j + 8, s2, q2, s3, q3, m1, b1);
-            }
-            m = _mm256_max_epu32(m0, m1);
-            int32_t cnt[8];
-            _mm256_storeu_si256((__m256i *)cnt, _mm256_add_epi32(b0, b1));
-            for (int k = 0; k < 8; k++) bad += (uint64_t)(-(int64_t)cnt[k]);
+            masked_groups(data, i, i + BLOCK, acc, &m, &bad);
             continue;
         }
-        s0 = t0; s1 = t1; s2 = t2; s3 = t3; q0 = r0; q1 = r1; q2 = r2; q3 = r3;
+        acc[0] = t0; acc[1] = t1; acc[2] = t2; acc[3] = t3;
+        acc[4] = r0; acc[5] = r1; acc[6] = r2; acc[7] = r3;
         m = _mm256_max_epu32(m, bm);
     }
+    // What is left of whole 16-element groups (all of a tensor under BLOCK elements):
+    // the masked loop, one group at a time.
+    size_t groups_end = n - (n - i) % LANES;
+    masked_groups(data, i, groups_end, acc, &m, &bad);
+    i = groups_end;
     double s[LANES], q[LANES];
     uint32_t m8[8], ml[LANES] = {0};
-    _mm256_storeu_pd(s, s0); _mm256_storeu_pd(s + 4, s1);
-    _mm256_storeu_pd(s + 8, s2); _mm256_storeu_pd(s + 12, s3);
-    _mm256_storeu_pd(q, q0); _mm256_storeu_pd(q + 4, q1);
-    _mm256_storeu_pd(q + 8, q2); _mm256_storeu_pd(q + 12, q3);
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_pd(s + 4 * k, acc[k]);
+        _mm256_storeu_pd(q + 4 * k, acc[4 + k]);
+    }
     _mm256_storeu_si256((__m256i *)m8, m);
     memcpy(ml, m8, sizeof m8);
     lanes_from(data, i, n, s, q, ml, &bad);
