@@ -1,19 +1,23 @@
 """Tensor statistics of the captured update (non-finite count, rms, abs max, mean).
 
 A non-empty float32 tensor on the CPU is reduced by the library itself, straight from
-the tensor's memory (``ct_record_tensor_stats_f32``): one call, no temporary of the
-tensor's size beyond a contiguous copy when it is not contiguous, and float64
-accumulation in the library. Everything else (CUDA tensors, float64, complex) is
-reduced with torch on the tensor's own device into five numbers and one host copy.
+the tensor's memory (``ct_reduce_tensor_stats_f32``: one pass at memory bandwidth, C
+alone, no session); everything else (CUDA tensors, float64, complex) is reduced with
+torch on the tensor's own device into five numbers and one host copy. Either way the
+reduction runs where the values are, inside the update; the numbers are recorded
+(``ct_record_tensor_stats``, which enters the library's Go runtime and encodes the
+record, tens of microseconds a call) by :meth:`StatsRecorder.flush` once the update is
+over, as the observer's ops are.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
+from .._lib import TensorStats as _TensorStats
 from ..session import Session
 from ._common import dtype_name
 
@@ -49,38 +53,56 @@ def tensor_stats(t: torch.Tensor) -> Tuple[int, float, float, float]:
 
 
 class StatsRecorder:
-    """Records a tensor's statistics into a session, by the cheapest exact path."""
+    """Reduces tensors' statistics by the cheapest exact path and keeps them until
+    :meth:`flush` records them into the session (or :meth:`drop` forgets them)."""
 
     def __init__(self, session: Session) -> None:
         self._session = session
-        self._raw = session._lib.raw.ct_record_tensor_stats_f32
-        self._hc = session._hc
-        self._labels: dict = {}
-
-    def _label(self, label: str) -> bytes:
-        b = self._labels.get(label)
-        if b is None:
-            b = self._labels[label] = label.encode()
-        return b
+        self._reduce = session._lib.raw.ct_reduce_tensor_stats_f32
+        # One result struct and one shape array per rank, reused: the call's own work is
+        # well under a microsecond for a small tensor, and so should its Python be.
+        self._st = _TensorStats(size=ctypes.sizeof(_TensorStats))
+        self._st_ref = ctypes.byref(self._st)
+        self._dims: dict = {}
+        #: (span, label, dtype, shape, non_finite, rms, abs_max, mean), in record order
+        self._pending: List[Tuple[int, str, str, Tuple[int, ...], int, float, float, float]] = []
 
     def record(self, span: int, label: str, t: torch.Tensor) -> None:
-        x = t.detach()
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.layout == torch.strided \
-                and x.numel():
-            self._record_host_f32(span, label, x)
-            return
-        nf, rms, amax, mean = tensor_stats(x)
-        self._session.record_tensor_stats(span, label, dtype=dtype_name(t), shape=tuple(t.shape),
-                                          non_finite=nf, rms=rms, abs_max=amax, mean=mean)
+        shape = tuple(t.shape)
+        if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided and t.numel():
+            nf, rms, amax, mean = self._reduce_host_f32(t, shape)
+            dtype = "f32"
+        else:
+            nf, rms, amax, mean = tensor_stats(t)
+            dtype = dtype_name(t)
+        self._pending.append((span, label, dtype, shape, nf, rms, amax, mean))
 
-    def _record_host_f32(self, span: int, label: str, x: torch.Tensor) -> None:
-        x = x.contiguous()
-        shape = x.shape
-        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    def _reduce_host_f32(self, x: torch.Tensor,
+                         shape: Tuple[int, ...]) -> Tuple[int, float, float, float]:
+        if not x.is_contiguous():
+            x = x.contiguous()
+        rank = len(shape)
+        dims = self._dims.get(rank)
+        if dims is None:
+            dims = self._dims[rank] = (ctypes.c_int64 * max(rank, 1))()
+        dims[:rank] = shape
         # The tensor stays referenced (x) for the call: the library reads numel floats
         # from its data pointer, which matches the shape by construction.
-        st = self._raw(self._hc, ctypes.c_uint64(span), self._label(label),
-                       ctypes.c_void_p(x.data_ptr()), dims,
-                       ctypes.c_size_t(len(shape)))
-        if st:
-            self._session._call(st)
+        rc = self._reduce(ctypes.c_void_p(x.data_ptr()), dims, ctypes.c_size_t(rank),
+                          self._st_ref)
+        if rc:
+            self._session._call(rc)
+        st = self._st
+        return st.non_finite, st.rms, st.abs_max, st.mean
+
+    def flush(self) -> None:
+        """Records what was reduced (after the update: tracer work outside it)."""
+        pending, self._pending = self._pending, []
+        rec = self._session.record_tensor_stats
+        for span, label, dtype, shape, nf, rms, amax, mean in pending:
+            rec(span, label, dtype=dtype, shape=shape, non_finite=nf, rms=rms, abs_max=amax,
+                mean=mean)
+
+    def drop(self) -> None:
+        """Forgets what was reduced (an update the flight recorder does not keep)."""
+        self._pending = []
