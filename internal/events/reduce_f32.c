@@ -67,8 +67,21 @@ static void reduce_portable(const float *data, size_t n, ct_f32_reduction *out) 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-// Eight floats: their finite part into (s_lo, q_lo) for the first four and (s_hi, q_hi)
-// for the last four, |x| bits into m, the non-finite count (as -1s) into bad.
+// Eight floats f (as int bits): the first four into (s_lo, q_lo), the last four into
+// (s_hi, q_hi), sums and sums of squares.
+#define CT_ACC8(bits, s_lo, q_lo, s_hi, q_hi)                                            \
+    do {                                                                                 \
+        __m256 f_ = _mm256_castsi256_ps(bits);                                           \
+        __m256d lo_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f_));                       \
+        __m256d hi_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f_, 1));                     \
+        s_lo = _mm256_add_pd(s_lo, lo_);                                                 \
+        q_lo = _mm256_fmadd_pd(lo_, lo_, q_lo);                                          \
+        s_hi = _mm256_add_pd(s_hi, hi_);                                                 \
+        q_hi = _mm256_fmadd_pd(hi_, hi_, q_hi);                                          \
+    } while (0)
+
+// Eight floats at p, with the masks: the non-finite ones become +0.0 and are counted
+// (as -1s) into bad; |x| bits into m.
 #define CT_STEP8(p, s_lo, q_lo, s_hi, q_hi, m, bad)                                      \
     do {                                                                                 \
         __m256i b_ = _mm256_loadu_si256((const __m256i *)(p));                          \
@@ -76,13 +89,7 @@ static void reduce_portable(const float *data, size_t n, ct_f32_reduction *out) 
         __m256i ok_ = _mm256_andnot_si256(nf_, b_);                                     \
         bad = _mm256_add_epi32(bad, nf_);                                                \
         m = _mm256_max_epu32(m, _mm256_and_si256(ok_, absm));                            \
-        __m256 f_ = _mm256_castsi256_ps(ok_);                                            \
-        __m256d lo_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f_));                       \
-        __m256d hi_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f_, 1));                     \
-        s_lo = _mm256_add_pd(s_lo, lo_);                                                 \
-        q_lo = _mm256_fmadd_pd(lo_, lo_, q_lo);                                          \
-        s_hi = _mm256_add_pd(s_hi, hi_);                                                 \
-        q_hi = _mm256_fmadd_pd(hi_, hi_, q_hi);                                          \
+        CT_ACC8(ok_, s_lo, q_lo, s_hi, q_hi);                                            \
     } while (0)
 
 // The 16-element groups of [i, stop), with the masks: lanes acc[0..3] (sums) and
@@ -102,18 +109,12 @@ __attribute__((target("avx2,fma"))) static inline void masked_groups(
     for (int k = 0; k < 8; k++) *bad += (uint64_t)(-(int64_t)cnt[k]);
 }
 
-// Eight floats known finite: into (s_lo, q_lo), (s_hi, q_hi), |x| bits into m.
+// Eight floats at p known finite: no masks.
 #define CT_FAST8(p, s_lo, q_lo, s_hi, q_hi, m)                                          \
     do {                                                                                 \
         __m256i b_ = _mm256_loadu_si256((const __m256i *)(p));                          \
         m = _mm256_max_epu32(m, _mm256_and_si256(b_, absm));                             \
-        __m256 f_ = _mm256_castsi256_ps(b_);                                             \
-        __m256d lo_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f_));                       \
-        __m256d hi_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f_, 1));                     \
-        s_lo = _mm256_add_pd(s_lo, lo_);                                                 \
-        q_lo = _mm256_fmadd_pd(lo_, lo_, q_lo);                                          \
-        s_hi = _mm256_add_pd(s_hi, hi_);                                                 \
-        q_hi = _mm256_fmadd_pd(hi_, hi_, q_hi);                                          \
+        CT_ACC8(b_, s_lo, q_lo, s_hi, q_hi);                                             \
     } while (0)
 
 // Blocks of BLOCK elements are first summed as if every element were finite (no masks:
@@ -169,6 +170,7 @@ __attribute__((target("avx2,fma"))) static void reduce_avx2(const float *data, s
 }
 #undef CT_FAST8
 #undef CT_STEP8
+#undef CT_ACC8
 
 static int have_avx2(void) {
     __builtin_cpu_init();  // idempotent; reads what the loader's constructor found
