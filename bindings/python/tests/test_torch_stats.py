@@ -66,7 +66,7 @@ def _recorded(session, tmp_path, tensors):
     rec = StatsRecorder(session)
     with session.measure("m") as m:
         for label, t in tensors:
-            rec.record(m, label, t)
+            rec.record(m.id, label, t)
         rec.flush()
     session.finish()
     return [r for r in read_trace(tmp_path / "stats.jsonl") if r["kind"] == "tensor_stats"]
@@ -136,9 +136,9 @@ def test_a_count_float32_cannot_hold(session, tmp_path):
 def test_nothing_is_recorded_before_flush_and_drop_forgets(session, tmp_path):
     rec = StatsRecorder(session)
     with session.measure("m") as m:
-        rec.record(m, "kept", torch.ones(3))
+        rec.record(m.id, "kept", torch.ones(3))
         rec.drop()
-        rec.record(m, "written", torch.full((2,), -2.0))
+        rec.record(m.id, "written", torch.full((2,), -2.0))
         rec.flush()
         rec.flush()  # nothing twice
     session.finish()

@@ -13,12 +13,12 @@ over, as the observer's ops are.
 from __future__ import annotations
 
 import ctypes
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from .._lib import TensorStats as _TensorStats
-from ..session import Session
+from ..session import CandleTraceError, Session
 from ._common import dtype_name
 
 __all__ = ["tensor_stats", "StatsRecorder"]
@@ -53,55 +53,56 @@ def tensor_stats(t: torch.Tensor) -> Tuple[int, float, float, float]:
 
 
 class StatsRecorder:
-    """Reduces tensors' statistics by the cheapest exact path and keeps them until
-    :meth:`flush` records them into the session (or :meth:`drop` forgets them)."""
+    """Reduces tensors' statistics by the cheapest exact path and keeps each as the
+    ``ct_tensor_stats`` struct the library records, until :meth:`flush` records them
+    into the session (or :meth:`drop` forgets them)."""
 
     def __init__(self, session: Session) -> None:
         self._session = session
-        self._reduce = session._lib.raw.ct_reduce_tensor_stats_f32
-        # One result struct and one shape array per rank, reused: the call's own work is
-        # well under a microsecond for a small tensor, and so should its Python be.
-        self._st = _TensorStats(size=ctypes.sizeof(_TensorStats))
-        self._st_ref = ctypes.byref(self._st)
-        self._dims: dict = {}
-        #: (span, label, dtype, shape, non_finite, rms, abs_max, mean), in record order
-        self._pending: List[Tuple[int, str, str, Tuple[int, ...], int, float, float, float]] = []
+        raw = session._lib.raw
+        self._reduce = raw.ct_reduce_tensor_stats_f32
+        self._record = raw.ct_record_tensor_stats
+        self._text: Dict[str, bytes] = {}  # labels and dtypes, encoded once
+        #: (span, the struct, its shape array), in record order
+        self._pending: List[Tuple[int, _TensorStats, Any]] = []
+
+    def _bytes(self, text: str) -> bytes:
+        b = self._text.get(text)
+        if b is None:
+            if "\0" in text:
+                raise CandleTraceError(1, f"tensor stats label {text!r} holds a NUL character")
+            b = self._text[text] = text.encode()
+        return b
 
     def record(self, span: int, label: str, t: torch.Tensor) -> None:
         shape = tuple(t.shape)
+        rank = len(shape)
+        dims = (ctypes.c_int64 * max(rank, 1))(*shape)
+        st = _TensorStats(size=ctypes.sizeof(_TensorStats), label=self._bytes(label),
+                          shape=dims, rank=rank)
         if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided and t.numel():
-            nf, rms, amax, mean = self._reduce_host_f32(t, shape)
-            dtype = "f32"
+            x = t if t.is_contiguous() else t.contiguous()
+            # The tensor stays referenced (x) for the call: the library reads numel floats
+            # from its data pointer, which matches the shape by construction.
+            rc = self._reduce(ctypes.c_void_p(x.data_ptr()), dims, ctypes.c_size_t(rank),
+                              ctypes.byref(st))
+            if rc:
+                self._session._call(rc)
         else:
             nf, rms, amax, mean = tensor_stats(t)
-            dtype = dtype_name(t)
-        self._pending.append((span, label, dtype, shape, nf, rms, amax, mean))
-
-    def _reduce_host_f32(self, x: torch.Tensor,
-                         shape: Tuple[int, ...]) -> Tuple[int, float, float, float]:
-        if not x.is_contiguous():
-            x = x.contiguous()
-        rank = len(shape)
-        dims = self._dims.get(rank)
-        if dims is None:
-            dims = self._dims[rank] = (ctypes.c_int64 * max(rank, 1))()
-        dims[:rank] = shape
-        # The tensor stays referenced (x) for the call: the library reads numel floats
-        # from its data pointer, which matches the shape by construction.
-        rc = self._reduce(ctypes.c_void_p(x.data_ptr()), dims, ctypes.c_size_t(rank),
-                          self._st_ref)
-        if rc:
-            self._session._call(rc)
-        st = self._st
-        return st.non_finite, st.rms, st.abs_max, st.mean
+            st.dtype = self._bytes(dtype_name(t))
+            st.elements = t.numel()
+            st.non_finite, st.rms, st.abs_max, st.mean = nf, rms, amax, mean
+        self._pending.append((span, st, dims))
 
     def flush(self) -> None:
         """Records what was reduced (after the update: tracer work outside it)."""
         pending, self._pending = self._pending, []
-        rec = self._session.record_tensor_stats
-        for span, label, dtype, shape, nf, rms, amax, mean in pending:
-            rec(span, label, dtype=dtype, shape=shape, non_finite=nf, rms=rms, abs_max=amax,
-                mean=mean)
+        rec, hc, call = self._record, self._session._hc, self._session._call
+        for span, st, _ in pending:
+            rc = rec(hc, ctypes.c_uint64(span), ctypes.byref(st))
+            if rc:
+                call(rc)
 
     def drop(self) -> None:
         """Forgets what was reduced (an update the flight recorder does not keep)."""
