@@ -400,6 +400,18 @@ ct_status ct_record_tensor_stats(ct_session session, ct_span span, const ct_tens
 ct_status ct_record_tensor_stats_f32(ct_session session, ct_span span, const char *label,
                                      const float *data, const int64_t *shape, size_t rank);
 
+/* The reduction of ct_record_tensor_stats_f32 without recording it: fills
+ * out->elements, non_finite, rms, abs_max and mean (and out->dtype, "f32", a
+ * static string), the same numbers ct_record_tensor_stats_f32 records (one
+ * pass at memory bandwidth, float64 sums, the same bits on every CPU); label,
+ * shape and rank are left to the caller. out->size must be at least
+ * sizeof(ct_tensor_stats). It takes no session, no lock and never enters the
+ * library's runtime (it works in a fork child too): a binding reduces a tensor
+ * where its values are (inside a timed region) and records the numbers with
+ * ct_record_tensor_stats once the region is over. */
+ct_status ct_reduce_tensor_stats_f32(const float *data, const int64_t *shape, size_t rank,
+                                     ct_tensor_stats *out);
+
 /* A scalar observation (a loss, a learning rate) as single-element stats.
  * A non-finite value is recorded as non_finite 1 with zeros. */
 ct_status ct_record_scalar(ct_session session, ct_span span, const char *label, double value);

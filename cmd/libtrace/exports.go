@@ -1,7 +1,8 @@
 package main
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include -I${SRCDIR}/../../internal/session -O2 -std=gnu11 -Wall
+#cgo CFLAGS: -I${SRCDIR}/../../include -I${SRCDIR}/../../internal/session -I${SRCDIR}/../../internal/events -O2 -std=gnu11 -Wall
+#cgo LDFLAGS: -lm
 #include <stdlib.h>
 #include <string.h>
 #include "candle_trace.h"

@@ -40,43 +40,51 @@ func StatsFromF32(label string, data []float32, shape []uint64) (TensorStats, er
 	return s, nil
 }
 
-// reduceF32 is StatsFromF32's pass over the data: four independent lanes (the
-// loop is bound by the latency of float64 adds otherwise), the finiteness test
-// on the float32's exponent bits, |x| by clearing its sign bit. About 3x the
-// speed of one float64 lane with math.IsNaN/IsInf: a captured update reduces
-// every module output, megabytes each on a CNN.
-func reduceF32(data []float32) (sum, sumSq, absMax float64, finite uint64) {
-	const exp, sign = 0x7f800000, 1 << 31
-	var s0, s1, s2, s3, q0, q1, q2, q3 float64
-	var m0, m1, m2, m3 uint32 // |x| as bits: for finite floats the same order as the values
+// f32Lanes is the number of float64 accumulators of the statistics pass: element i
+// goes into lane i % f32Lanes, and the lanes are combined by one fixed tree
+// (combineLanes), so the result is the same on every CPU and every path (reduce_f32.c's
+// AVX2 and portable loops, reduceF32Lanes below): many lanes also keep the pass from
+// being bound by the latency of float64 adds.
+const f32Lanes = 16
+
+// reduceF32Lanes is the statistics pass in Go: the reference of reduce_f32.c (the tests
+// compare them bit for bit) and the pass of a build without cgo. The finiteness test is
+// on the float32's exponent bits, |x|'s maximum on its bits with the sign cleared (for
+// finite floats the same order as the values); a non-finite element adds nothing.
+func reduceF32Lanes(data []float32) (sum, sumSq, absMax float64, finite uint64) {
+	const exp, abs = 0x7f800000, 0x7fffffff
+	var s, q [f32Lanes]float64
+	var m uint32
 	var bad uint64
-	lane := func(x float32, s, q *float64, m *uint32) {
+	for i, x := range data {
 		b := math.Float32bits(x)
 		if b&exp == exp {
 			bad++
-			return
+			continue
 		}
 		v := float64(x)
-		*s += v
-		*q += v * v
-		if a := b &^ sign; a > *m {
-			*m = a
-		}
+		l := i % f32Lanes
+		s[l] += v
+		q[l] += v * v
+		m = max(m, b&abs)
 	}
-	i := 0
-	for ; i+4 <= len(data); i += 4 {
-		d := data[i : i+4 : i+4]
-		lane(d[0], &s0, &q0, &m0)
-		lane(d[1], &s1, &q1, &m1)
-		lane(d[2], &s2, &q2, &m2)
-		lane(d[3], &s3, &q3, &m3)
+	sum, sumSq = combineLanes(&s), combineLanes(&q)
+	return sum, sumSq, float64(math.Float32frombits(m)), uint64(len(data)) - bad
+}
+
+// combineLanes adds the lanes in reduce_f32.c's order: halves folded onto each other.
+func combineLanes(l *[f32Lanes]float64) float64 {
+	var h [8]float64
+	for i := range h {
+		h[i] = l[i] + l[i+8]
 	}
-	for ; i < len(data); i++ {
-		lane(data[i], &s0, &q0, &m0)
+	for i := 0; i < 4; i++ {
+		h[i] += h[i+4]
 	}
-	sum, sumSq = (s0+s1)+(s2+s3), (q0+q1)+(q2+q3)
-	absMax = float64(math.Float32frombits(max(max(m0, m1), max(m2, m3))))
-	return sum, sumSq, absMax, uint64(len(data)) - bad
+	for i := 0; i < 2; i++ {
+		h[i] += h[i+2]
+	}
+	return h[0] + h[1]
 }
 
 // ScalarStats is the tensor_stats form of one scalar observation (loss term, learning

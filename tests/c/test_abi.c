@@ -1197,6 +1197,59 @@ static void test_stats(ct_session s, ct_span span) {
     CHECK_STATUS(ct_record_tensor_stats(s, span, &st), CT_ERR_INVALID_ARGUMENT, "empty");
 }
 
+/* ct_reduce_tensor_stats_f32: the numbers, and every bad argument refused with
+ * its message (no session: it is pure C). */
+static void test_reduce_stats(void) {
+    g_section = "ct_reduce_tensor_stats_f32";
+    /* [1, -2, NaN, 4, +Inf, -0.0]: finite part 1, -2, 4, -0 -> mean 3/4, squares
+     * 1 + 4 + 16 = 21 over 4 -> rms sqrt(5.25), |max| 4; two non-finite. */
+    const float d[6] = {1, -2, NAN, 4, INFINITY, -0.0f};
+    ct_tensor_stats st = {0};
+    st.size = sizeof st;
+    st.label = "kept";
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, SHAPE23, 2, &st), CT_OK, NULL);
+    CHECK(st.elements == 6 && st.non_finite == 2, "counts %llu %llu",
+          (unsigned long long)st.elements, (unsigned long long)st.non_finite);
+    CHECK(st.mean == 0.75 && st.abs_max == 4.0 && st.rms == sqrt(5.25), "stats %g %g %g",
+          st.mean, st.abs_max, st.rms);
+    CHECK(st.dtype && strcmp(st.dtype, "f32") == 0 && strcmp(st.label, "kept") == 0,
+          "dtype %s, label left alone", st.dtype ? st.dtype : "(null)");
+    /* what it fills is what ct_record_tensor_stats accepts */
+    st.shape = SHAPE23;
+    st.rank = 2;
+    ct_session s;
+    ct_span m = 0;
+    const char *path = outpath("failed-reduced-stats.jsonl");
+    MUST(ct_open(path, RUN_INFER("test_abi::reduce"), &s));
+    MUST(ct_measurement_begin(s, "m", &m));
+    CHECK_STATUS(ct_record_tensor_stats(s, m, &st), CT_OK, NULL);
+    MUST(ct_span_end(s, m));
+    CHECK_STATUS(ct_finish_failed(s, "only the reduced stats"), CT_OK, NULL);
+    check_trace_file(path, "failed");
+
+    const float nan1[1] = {NAN};
+    st = (ct_tensor_stats){.size = sizeof st};
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(nan1, NULL, 0, &st), CT_OK, NULL);
+    CHECK(st.elements == 1 && st.non_finite == 1 && st.rms == 0 && st.mean == 0 &&
+              st.abs_max == 0, "all non-finite: zeros");
+    const int64_t empty[2] = {0, 3};
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(NULL, empty, 2, &st), CT_OK, NULL);
+    CHECK(st.elements == 0 && st.non_finite == 0 && st.rms == 0, "empty");
+
+    const int64_t big[2] = {(int64_t)1 << 62, 8};
+    const int64_t huge[2] = {(int64_t)1 << 41, 1};
+    const int64_t negative[2] = {2, -3};
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, SHAPE23, 2, NULL), CT_ERR_INVALID_ARGUMENT, "out is NULL");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(NULL, SHAPE23, 2, &st), CT_ERR_INVALID_ARGUMENT, "data is NULL");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, NULL, 2, &st), CT_ERR_INVALID_ARGUMENT, "shape is NULL");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, big, 2, &st), CT_ERR_INVALID_ARGUMENT, "64 bits");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, huge, 2, &st), CT_ERR_INVALID_ARGUMENT, "host buffer");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, negative, 2, &st), CT_ERR_INVALID_ARGUMENT, "negative");
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, SHAPE23, 65, &st), CT_ERR_INVALID_ARGUMENT, "rank");
+    st.size = 8;
+    CHECK_STATUS(ct_reduce_tensor_stats_f32(d, SHAPE23, 2, &st), CT_ERR_INVALID_ARGUMENT, "sizeof");
+}
+
 static void test_gradients_refused(ct_session s) {
     g_section = "gradient state/norm";
     const double zero = 0.0, negzero = -0.0, one = 1.0, neg = -2.0, nan_ = NAN, inf = INFINITY;
@@ -2713,6 +2766,7 @@ int main(int argc, char **argv) {
     test_escapes();
     test_thread_exit_open_span();
     test_old_closed_spans();
+    test_reduce_stats();
     test_fork();
     test_killed();
     test_poison_fsize();

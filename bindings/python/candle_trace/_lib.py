@@ -245,6 +245,8 @@ PROTOTYPES = {
         _st,
         [c_session, c_span, _p_char, _P(ctypes.c_float), _p_i64, ctypes.c_size_t],
     ),
+    "ct_reduce_tensor_stats_f32": (
+        _st, [_P(ctypes.c_float), _p_i64, ctypes.c_size_t, _P(TensorStats)]),
     "ct_record_scalar": (_st, [c_session, c_span, _p_char, ctypes.c_double]),
     "ct_record_memory": (_st, [c_session, c_span, _enum, _P(Memory)]),
     "ct_record_device_memory": (_st, [c_session, _P(DeviceMemory)]),

@@ -267,6 +267,7 @@ ct_fns! {
     pub fn ct_record_tensor(session: ct_session, span: ct_span, tensor: *const ct_tensor) -> ct_status;
     pub fn ct_record_tensor_stats(session: ct_session, span: ct_span, stats: *const ct_tensor_stats) -> ct_status;
     pub fn ct_record_tensor_stats_f32(session: ct_session, span: ct_span, label: *const c_char, data: *const c_float, shape: *const i64, rank: usize) -> ct_status;
+    pub fn ct_reduce_tensor_stats_f32(data: *const c_float, shape: *const i64, rank: usize, out: *mut ct_tensor_stats) -> ct_status;
     pub fn ct_record_scalar(session: ct_session, span: ct_span, label: *const c_char, value: c_double) -> ct_status;
     pub fn ct_record_memory(session: ct_session, span: ct_span, action: ct_memory_action, memory: *const ct_memory) -> ct_status;
     pub fn ct_record_device_memory(session: ct_session, sample: *const ct_device_memory) -> ct_status;

@@ -293,6 +293,8 @@ class Capture:
             if self.ops is not None and self._measured:
                 self.ops.stop()
                 self.ops.discard()
+            if self.stats is not None:
+                self.stats.drop()
             self.device.stop(self.session)  # type: ignore[arg-type]
         finally:
             self.spans.resume()
@@ -355,13 +357,16 @@ class Capture:
 
     def _emit(self) -> None:
         """Writes what the update buffered, once it is over: the parameters (tensor
-        records of the measured region, which carry no time) and the ops."""
+        records of the measured region, which carry no time), the statistics and the
+        ops."""
         s = self.session
         assert s is not None
         for n, p in self.params:
             s.record_tensor(self._measured, n, dtype=dtype_name(p), device=str(p.device),
                             shape=tuple(p.shape), label=n, requires_grad=p.requires_grad,
                             category="parameter")
+        if self.stats is not None:
+            self.stats.flush()
         if self.ops is not None:
             self.ops.emit()
 

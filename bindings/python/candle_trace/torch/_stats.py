@@ -1,20 +1,24 @@
 """Tensor statistics of the captured update (non-finite count, rms, abs max, mean).
 
 A non-empty float32 tensor on the CPU is reduced by the library itself, straight from
-the tensor's memory (``ct_record_tensor_stats_f32``): one call, no temporary of the
-tensor's size beyond a contiguous copy when it is not contiguous, and float64
-accumulation in the library. Everything else (CUDA tensors, float64, complex) is
-reduced with torch on the tensor's own device into five numbers and one host copy.
+the tensor's memory (``ct_reduce_tensor_stats_f32``: one pass at memory bandwidth, C
+alone, no session); everything else (CUDA tensors, float64, complex) is reduced with
+torch on the tensor's own device into five numbers and one host copy. Either way the
+reduction runs where the values are, inside the update; the numbers are recorded
+(``ct_record_tensor_stats``, which enters the library's Go runtime and encodes the
+record, tens of microseconds a call) by :meth:`StatsRecorder.flush` once the update is
+over, as the observer's ops are.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..session import Session
+from .._lib import TensorStats as _TensorStats
+from ..session import CandleTraceError, Session
 from ._common import dtype_name
 
 __all__ = ["tensor_stats", "StatsRecorder"]
@@ -49,38 +53,57 @@ def tensor_stats(t: torch.Tensor) -> Tuple[int, float, float, float]:
 
 
 class StatsRecorder:
-    """Records a tensor's statistics into a session, by the cheapest exact path."""
+    """Reduces tensors' statistics by the cheapest exact path and keeps each as the
+    ``ct_tensor_stats`` struct the library records, until :meth:`flush` records them
+    into the session (or :meth:`drop` forgets them)."""
 
     def __init__(self, session: Session) -> None:
         self._session = session
-        self._raw = session._lib.raw.ct_record_tensor_stats_f32
-        self._hc = session._hc
-        self._labels: dict = {}
+        raw = session._lib.raw
+        self._reduce = raw.ct_reduce_tensor_stats_f32
+        self._record = raw.ct_record_tensor_stats
+        self._text: Dict[str, bytes] = {}  # labels and dtypes, encoded once
+        #: (span, the struct, its shape array), in record order
+        self._pending: List[Tuple[int, _TensorStats, Any]] = []
 
-    def _label(self, label: str) -> bytes:
-        b = self._labels.get(label)
+    def _bytes(self, text: str) -> bytes:
+        b = self._text.get(text)
         if b is None:
-            b = self._labels[label] = label.encode()
+            if "\0" in text:
+                raise CandleTraceError(1, f"tensor stats label {text!r} holds a NUL character")
+            b = self._text[text] = text.encode()
         return b
 
     def record(self, span: int, label: str, t: torch.Tensor) -> None:
-        x = t.detach()
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.layout == torch.strided \
-                and x.numel():
-            self._record_host_f32(span, label, x)
-            return
-        nf, rms, amax, mean = tensor_stats(x)
-        self._session.record_tensor_stats(span, label, dtype=dtype_name(t), shape=tuple(t.shape),
-                                          non_finite=nf, rms=rms, abs_max=amax, mean=mean)
+        shape = tuple(t.shape)
+        rank = len(shape)
+        dims = (ctypes.c_int64 * max(rank, 1))(*shape)
+        st = _TensorStats(size=ctypes.sizeof(_TensorStats), label=self._bytes(label),
+                          shape=dims, rank=rank)
+        if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided and t.numel():
+            x = t if t.is_contiguous() else t.contiguous()
+            # The tensor stays referenced (x) for the call: the library reads numel floats
+            # from its data pointer, which matches the shape by construction.
+            rc = self._reduce(ctypes.c_void_p(x.data_ptr()), dims, ctypes.c_size_t(rank),
+                              ctypes.byref(st))
+            if rc:
+                self._session._call(rc)
+        else:
+            nf, rms, amax, mean = tensor_stats(t)
+            st.dtype = self._bytes(dtype_name(t))
+            st.elements = t.numel()
+            st.non_finite, st.rms, st.abs_max, st.mean = nf, rms, amax, mean
+        self._pending.append((span, st, dims))
 
-    def _record_host_f32(self, span: int, label: str, x: torch.Tensor) -> None:
-        x = x.contiguous()
-        shape = x.shape
-        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        # The tensor stays referenced (x) for the call: the library reads numel floats
-        # from its data pointer, which matches the shape by construction.
-        st = self._raw(self._hc, ctypes.c_uint64(span), self._label(label),
-                       ctypes.c_void_p(x.data_ptr()), dims,
-                       ctypes.c_size_t(len(shape)))
-        if st:
-            self._session._call(st)
+    def flush(self) -> None:
+        """Records what was reduced (after the update: tracer work outside it)."""
+        pending, self._pending = self._pending, []
+        rec, hc, call = self._record, self._session._hc, self._session._call
+        for span, st, _ in pending:
+            rc = rec(hc, ctypes.c_uint64(span), ctypes.byref(st))
+            if rc:
+                call(rc)
+
+    def drop(self) -> None:
+        """Forgets what was reduced (an update the flight recorder does not keep)."""
+        self._pending = []
