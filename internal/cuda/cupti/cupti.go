@@ -159,6 +159,7 @@ type Stats struct {
 	BadRecords     uint64 // cuptiActivityGetNextRecord errors (the rest of that buffer is lost)
 	Buffers        uint64 // buffers completed
 	BuffersRefused uint64 // buffer requests refused (too many outstanding)
+	FlushTimeouts  uint64 // forced flushes that gave up waiting for a buffer CUPTI kept (its records may be lost)
 	ClockAnchors   int
 	ClockBoundNs   uint64 // the largest error bound of a written interval's start
 	Refused        uint64 // records the session refused (InvalidArgument): not written
@@ -262,9 +263,10 @@ func (c *Collector) loop() {
 }
 
 // Flush forces every buffer out of CUPTI (records of work still running come
-// out incomplete and are counted, not written), writes what they hold and
-// states the dropped records so far: what a finish needs before its
-// terminal line. The collector keeps running.
+// out incomplete and are counted, not written), waits until every buffer
+// CUPTI held is back (one another thread was still delivering included),
+// writes what they hold and states the dropped records so far: what a finish
+// needs before its terminal line. The collector keeps running.
 func (c *Collector) Flush() error {
 	c.mu.Lock()
 	stopped := c.stopped
@@ -332,6 +334,7 @@ func (c *Collector) statsLocked() Stats {
 	s.BadRecords = uint64(k.bad_records)
 	s.Buffers = uint64(k.buffers)
 	s.BuffersRefused = uint64(k.buffers_refused)
+	s.FlushTimeouts = uint64(k.flush_timeouts)
 	s.ClockAnchors = len(c.clock.anchors)
 	return s
 }
