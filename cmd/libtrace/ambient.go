@@ -122,9 +122,7 @@ func ctgo_ambient_exit() {
 	}
 	ambient = nil
 	stopCrashFlush() // a signal from here on has nothing to wait for
-	if err := finishing(s, s.Finish); err != nil && session.CodeOf(err) == session.State {
-		_ = finishing(s, func() error {
-			return s.FinishFailed("process exited before the capture completed: " + err.Error())
-		})
+	if err := s.Finish(); err != nil && session.CodeOf(err) == session.State {
+		_ = s.FinishFailed("process exited before the capture completed: " + err.Error())
 	}
 }

@@ -333,7 +333,7 @@ func ctgo_device_stop(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(deviceStop(s))
+	return status(s.StopDevices())
 }
 
 //export ctgo_flush
@@ -353,7 +353,7 @@ func ctgo_finish(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, s.Finish))
+	return status(s.Finish())
 }
 
 //export ctgo_finish_failed
@@ -368,7 +368,7 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, func() error { return s.FinishFailed(r) }))
+	return status(s.FinishFailed(r))
 }
 
 //export ctgo_discard
@@ -378,7 +378,7 @@ func ctgo_discard(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, s.Discard))
+	return status(s.Discard())
 }
 
 //export ctgo_reopen
@@ -393,12 +393,8 @@ func ctgo_reopen(h C.ct_session, path *C.char, step C.uint64_t, out *C.ct_sessio
 	if err != nil {
 		return status(err)
 	}
-	var n *session.Session
-	if err := finishing(s, func() error {
-		var e error
-		n, e = s.Reopen(p, uint64(step))
-		return e
-	}); err != nil {
+	n, err := s.Reopen(p, uint64(step))
+	if err != nil {
 		return status(err)
 	}
 	*out = C.ct_session(n.Handle())
