@@ -590,6 +590,9 @@ func (s *Session) finishFailed(reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return errorf(InvalidArgument, "ct_finish_failed: reason is empty")
 	}
+	if len(reason) > events.MaxStringBytes {
+		return errorf(InvalidArgument, "ct_finish_failed: reason is longer than 1 MiB (%d bytes)", len(reason))
+	}
 	if !utf8.ValidString(reason) {
 		return errorf(InvalidArgument, "ct_finish_failed: reason is not valid UTF-8")
 	}
