@@ -665,6 +665,14 @@ static ct_status h_tracer_begin_earlier(ct_session s) { return ct_tracer_begin_e
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 static ct_status h_discard(ct_session s) { return ct_discard(s); }
+static ct_status h_aggregate_enable(ct_session s) { return ct_aggregate_enable(s, 1); }
+static ct_status h_aggregate_trigger(ct_session s) {
+    return ct_aggregate_trigger(s, 1, "slow", 2.0, 1.0, NULL, NULL, NULL);
+}
+static ct_status h_reopen(ct_session s) {
+    ct_session next = 0;
+    return ct_reopen(s, outpath("never-written.jsonl"), 2, &next);
+}
 
 static const struct {
     const char *name;
@@ -694,6 +702,9 @@ static const struct {
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
     {"ct_discard", h_discard},
+    {"ct_aggregate_enable", h_aggregate_enable},
+    {"ct_aggregate_trigger", h_aggregate_trigger},
+    {"ct_reopen", h_reopen},
 };
 
 static void test_handles(void) {
