@@ -314,8 +314,22 @@ __attribute__((constructor)) static void candle_trace_preload(void) {
     /* Before dlopen, so that the Go runtime forwards faults to us (above);
      * nothing when the library, linked into the program, asked already. */
     install_fatal_handlers();
-    if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
         remove_fatal_handlers();
         fprintf(stderr, "candle-trace: drop-in not started: %s\n", dlerror());
+        return;
     }
+    /* The device collectors start in the library's Go init, on its own
+     * thread, while the program runs on: a kernel launched before CUPTI is
+     * enabled is never recorded, so a short program (or one started on a
+     * loaded machine) lost its first kernels, all of them in a drop-in
+     * trace with 0 device intervals. When collectors are asked for, the
+     * program starts once they run: ct_ambient_session returns after the
+     * Go inits. Waited for here, after dlopen has returned and released the
+     * loader's lock (the Go init dlopens libcupti and libnvidia-ml), never
+     * inside the library's own constructors. */
+    const char *collect = getenv("CANDLE_TRACE_DEVICE_COLLECT");
+    uint64_t (*ambient)(void) = (uint64_t (*)(void))dlsym(h, "ct_ambient_session");
+    if (collect && *collect && ambient) ambient();
 }
