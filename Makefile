@@ -5,6 +5,7 @@
 #   make setup    what make test needs on a fresh Debian 12 (tools/setup.sh; make demo
 #                 runs its smaller part, setup-demo); both are quick once done
 #   make bench    the benchmarks (figures go into BENCHMARKS.md)
+#   make bench-peers  the span burst beside Tracy and LTTng-UST (part of make bench)
 #   make bench-view  the view page's JavaScript time budget: a >1 M-event trace's page in headless Chromium
 
 GO        ?= go
@@ -43,7 +44,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-view bench-python bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-view bench-python bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -238,6 +239,16 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	CANDLE_TRACE_AGG_CLOCK=monotonic ./$(BUILD)/bench_spans /tmp 100000 aggregate
 	./$(BUILD)/bench_spans /tmp 0 50000000
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
+	$(MAKE) --no-print-directory bench-peers
+
+# The same span burst (and a 50 M-event sustained run) through Tracy's C client
+# and LTTng-UST beside candle-trace's two modes and two clock reads, one process
+# per system per round, round-robin, printing ratios (tests/bench/peers/run.py).
+# It fetches Tracy (cargo, cached in build/peers) and installs LTTng (apt-get,
+# as root) when it can; a peer it cannot get is reported loudly and left out.
+# Not part of make test.
+bench-peers: $(LIB)
+	python3 tests/bench/peers/run.py --build $(BUILD) --json $(BUILD)/peers/results.json
 
 clean:
-	rm -rf $(BUILD)/*.so $(BUILD)/libcandle_trace.a $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/demo
+	rm -rf $(BUILD)/*.so $(BUILD)/libcandle_trace.a $(BUILD)/bench $(BUILD)/candle-trace $(BUILD)/train_step $(BUILD)/test_abi $(BUILD)/test_aggregate $(BUILD)/fastpath_asan $(BUILD)/fastpath_tsan $(BUILD)/bench_spans $(BUILD)/peers/burst_* $(BUILD)/demo

@@ -54,7 +54,10 @@
  *   without breaking compiled callers either way.
  * - Timestamps are nanoseconds on the session clock (CLOCK_MONOTONIC since
  *   ct_open, less the tracer's own time: see ct_tracer_begin); ct_now_ns
- *   reads it.
+ *   reads it. Where the CPU's cycle counter runs at a constant rate, the
+ *   clock is that counter converted to CLOCK_MONOTONIC nanoseconds (span
+ *   begin and end then read only the counter);
+ *   CANDLE_TRACE_CLOCK=monotonic reads CLOCK_MONOTONIC itself.
  * - A session whose trace write ever failed is poisoned: every later call
  *   returns CT_ERR_POISONED except ct_finish_failed, and `complete` is never
  *   written for it.

@@ -30,6 +30,7 @@ var recHdrSize = uint64(unsafe.Sizeof(C.ct_rec_hdr{}))
 // rare calls that must see every thread's spans (finish, flush) run it: a
 // producer whose ring is full waits for it (fastpath.c) rather than drain.
 func drainLocked() {
+	tscUpdate()
 	dead := false
 	for r := firstRing(); r != nil; r = r.next {
 		drainRing(r)
@@ -40,6 +41,7 @@ func drainLocked() {
 	folder.done()
 	if dead {
 		C.ct__ring_unlink_dead()
+		pruneRingNames()
 	}
 }
 
@@ -101,6 +103,9 @@ func drainRing(r *C.ct_ring) {
 	var last *Session
 	var lastHandle uint64
 	var stack *threadSpans // last's open spans on this thread
+	var t0 uint64          // last's clock at open (counter-clock records)
+	var names *[C.CT_NAME_SLOTS][]byte
+	var tsc tscSnap // taken at the first counter record, after head was read
 	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
 	tailp := (*uint64)(unsafe.Pointer(&r.tail))
 	tail := *tailp
@@ -136,21 +141,41 @@ func drainRing(r *C.ct_ring) {
 			a := (*C.ct_rec_agg)(unsafe.Pointer(h))
 			folder.scalar(uint64(r.agg_cur), uint32(a.type_key)>>8, math.Float64frombits(uint64(a.val)))
 		default:
+			var name []byte
+			if h._type == C.CT_REC_SPAN_START {
+				// Before the session's checks: the ring's name cache
+				// follows every record, whoever's it is.
+				name = spanName(r, &names, h, data, off)
+			}
 			handle := uint64(h.session)
 			if handle != lastHandle {
 				last, lastHandle = live[handle], handle
 				if last != nil {
 					stack = last.open.thread(r)
+					t0 = slotT0(last.slot)
 				}
 			}
 			if last != nil && last.poison == nil {
+				ticks := uint32(h.flags)&C.CT_RECF_TICKS != 0
+				if ticks && tsc.n == 0 {
+					tsc.take()
+				}
 				switch h._type {
 				case C.CT_REC_SPAN_START:
-					name := data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)]
-					last.onSpanStart(stack, uint64(h.id), uint64(h.parent), name, uint64(h.ts),
+					start := uint64(h.ts)
+					if ticks {
+						start = tsc.ns(start) - t0
+					}
+					last.onSpanStart(stack, uint64(h.id), uint64(h.parent), name, start,
 						uint32(h.kind), uint32(h.step), h.measured != 0, tid)
 				case C.CT_REC_SPAN_END:
-					last.onSpanEnd(stack, uint64(h.id), uint64(h.ts), h.measured != 0, uint64(h.parent))
+					dur, tracer := uint64(h.ts), uint64(h.parent)
+					if ticks {
+						// Both ends on the counter (the start in parent):
+						// no tracer time between them.
+						dur, tracer = tsc.ns(dur)-tsc.ns(tracer), 0
+					}
+					last.onSpanEnd(stack, uint64(h.id), dur, h.measured != 0, tracer)
 				}
 			}
 		}

@@ -34,8 +34,19 @@ static uint32_t ring_bytes = 1u << 19;
 
 #define CT_ID_BLOCK 64
 
+/* What every span begin and end touches, in initial-exec TLS: one load off
+ * the thread pointer instead of a __tls_get_addr call per access (the
+ * library is dlopen'ed; glibc keeps a little static TLS for that, so this
+ * stays two pointers). */
+typedef struct ct_hot {
+    ct_ring *ring;      /* this thread's ring and span stacks; NULL until its first span */
+    ct_tls_sess *last;  /* the ring's session entry used last */
+} ct_hot;
+
+static __thread ct_hot hot __attribute__((tls_model("initial-exec")));
+
+/* The rest of the thread's state, rarely touched. */
 typedef struct ct_tls {
-    ct_ring *ring; /* this thread's ring and span stacks; NULL until its first span */
     int64_t tid;
     int registered;
     char err[CT_ERR_CAP];
@@ -52,7 +63,7 @@ static void on_fork_child(void) { STORE(&ct__forked, 1); }
 
 static void thread_exit(void *arg) {
     (void)arg;
-    ct_ring *r = tls.ring;
+    ct_ring *r = hot.ring;
     if (!r) return;
     for (int i = 0; i < CT_TLS_SESSIONS; i++) {
         ct_tls_sess *ts = &r->sess[i];
@@ -70,7 +81,8 @@ static void thread_exit(void *arg) {
     }
     /* The drainer frees the ring once it has read what is left. */
     STORE(&r->dead, 1);
-    tls.ring = NULL;
+    hot.ring = NULL;
+    hot.last = NULL;
 }
 
 __attribute__((constructor)) static void ct_init(void) {
@@ -124,7 +136,8 @@ uint64_t ct__slot_alloc(void) {
         if (LOAD(&s->handle) != 0) continue;
         uint64_t gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED) + 1;
         h = (gen << 8) | (uint64_t)(i + 1);
-        s->t0 = ct__clock_ns();
+        s->tsc = (uint32_t)ct__trace_counter();
+        s->t0 = s->tsc ? ct__tsc_now() : ct__clock_ns();
         STORE(&s->tracer_seq, 0);
         s->tracer_total = s->tracer_since = s->tracer_hw = s->tracer_estimated = 0;
         s->tracer_depth = 0;
@@ -169,10 +182,16 @@ ct_slot *ct__slot_of(uint64_t handle) { return slot_get(handle); }
  * The tracer's work runs inline in the program it observes (a PyTorch hook,
  * an op observer), so what it spends is taken out of every span around it
  * rather than counted as the program's. *excluded gets the tracer ns so far. */
+/* The clock under the session clock: CLOCK_MONOTONIC, or the counter
+ * converted as the drainer converts the fast path's raw values (ticks.h). */
+static inline __attribute__((always_inline)) uint64_t base_now(const ct_slot *s) {
+    return s->tsc ? ct__tsc_now() : clock_now();
+}
+
 static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, uint64_t *excluded) {
     uint64_t seq = LOAD(&s->tracer_seq);
     if (__builtin_expect(seq == 0, 1)) {
-        uint64_t now = clock_now();
+        uint64_t now = base_now(s);
         /* Still no interval once the clock is read: the value is the plain
          * clock's. Otherwise the first interval began in between and froze
          * the clock at its own reading, which may be earlier than ours (this
@@ -189,7 +208,7 @@ static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, 
             seq = LOAD(&s->tracer_seq);
             continue;
         }
-        uint64_t mono = clock_now();
+        uint64_t mono = base_now(s);
         /* Acquire loads: the sequence's second read cannot move above them. */
         uint64_t total = LOAD(&s->tracer_total);
         uint64_t since = LOAD(&s->tracer_since);
@@ -270,14 +289,27 @@ ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns) {
                         (unsigned)UINT32_MAX);
     }
     if (s->tracer_depth == 0) {
-        uint64_t now = clock_now();
+        /* The session's first interval (since is 0 until one began; not
+         * seq == 1: a refused ct_tracer_end takes the lock too). */
+        int first = s->tracer_since == 0;
+        uint64_t now = base_now(s);
+        if (first && s->tsc) {
+            /* The first interval: a span begin or end that saw no interval
+             * (the sequence still 0) may have executed its rdtsc a few
+             * dozen cycles after that check (rdtsc is not ordered with
+             * loads), so later than this read. Freeze the clock past that
+             * window: a microsecond, once per session. */
+            uint64_t until = now + 1000;
+            while ((now = base_now(s)) < until) {
+            }
+        }
         uint64_t clock = now - s->t0 - s->tracer_total;
         /* The first interval: every value read before it came from the plain
          * clock, at most this one. */
-        uint64_t hw = seq == 1 ? clock : __atomic_load_n(&s->tracer_hw, __ATOMIC_SEQ_CST);
+        uint64_t hw = first ? clock : __atomic_load_n(&s->tracer_hw, __ATOMIC_SEQ_CST);
         uint64_t back = clock > hw ? clock - hw : 0;
         if (back > earlier_ns) back = earlier_ns;
-        if (seq == 1) STORE(&s->tracer_hw, hw);
+        if (first) STORE(&s->tracer_hw, hw);
         /* Release stores: no reader sees them before the odd sequence number. */
         STORE(&s->tracer_since, now - back);
         STORE(&s->tracer_estimated, s->tracer_estimated + back);
@@ -297,7 +329,7 @@ ct_status ct__tracer_end(ct_session h) {
         return ct__fail(CT_ERR_STATE, "ct_tracer_end: no tracer interval is open in session %llu",
                         (unsigned long long)h);
     }
-    if (s->tracer_depth == 1) STORE(&s->tracer_total, s->tracer_total + (clock_now() - s->tracer_since));
+    if (s->tracer_depth == 1) STORE(&s->tracer_total, s->tracer_total + (base_now(s) - s->tracer_since));
     STORE(&s->tracer_depth, s->tracer_depth - 1);
     tracer_unlock(s, seq);
     return CT_OK;
@@ -390,6 +422,7 @@ void ct__ring_unlink_dead(void) {
         ct_ring *next = r->next;
         if (LOAD(&r->dead) && LOAD(&r->head) == LOAD(&r->tail) && !holds_open_spans(r)) {
             STORE(link, next);
+            for (int i = 0; i < CT_NAME_SLOTS; i++) free(r->names[i].copy);
             free(r->data);
             free(r);
         } else {
@@ -423,11 +456,13 @@ uint64_t ct__open_spans(ct_session h, int64_t *tids, uint32_t *counts, int max, 
 }
 
 /* The calling thread's span state in session h; NULL when it has none. */
-static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, uint64_t h) {
-    ct_ring *r = t->ring;
+static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(uint64_t h) {
+    ct_tls_sess *last = hot.last;
+    if (__builtin_expect(last && last->handle == h, 1)) return last;
+    ct_ring *r = hot.ring;
     if (!r) return NULL;
     for (int i = 0; i < CT_TLS_SESSIONS; i++)
-        if (r->sess[i].handle == h) return &r->sess[i];
+        if (r->sess[i].handle == h) return hot.last = &r->sess[i];
     return NULL;
 }
 
@@ -436,7 +471,7 @@ static inline __attribute__((always_inline)) ct_tls_sess *tls_sess(ct_tls *t, ui
  * next time this thread opens a span in it). Only a thread holding open
  * spans in CT_TLS_SESSIONS other live sessions is refused. */
 static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
-    ct_ring *r = tls.ring; /* the caller made sure it exists */
+    ct_ring *r = hot.ring; /* the caller made sure it exists */
     ct_tls_sess *free_slot = NULL;
     for (int i = 0; i < CT_TLS_SESSIONS && !free_slot; i++) {
         ct_tls_sess *ts = &r->sess[i];
@@ -455,7 +490,7 @@ static __attribute__((noinline)) ct_tls_sess *tls_sess_new(uint64_t h) {
     STORE_RLX(&free_slot->depth, 0);
     free_slot->next_id = free_slot->end_id = 0;
     STORE_RLX(&free_slot->handle, h);
-    return free_slot;
+    return hot.last = free_slot;
 }
 
 /* ---- ring writes -------------------------------------------------------- */
@@ -507,7 +542,7 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
     }
 }
 
-ct_ring *ct__own_ring(void) { return tls.ring; }
+ct_ring *ct__own_ring(void) { return hot.ring; }
 
 void ct__ring_consumed(ct_ring *r, uint64_t tail) {
     __atomic_store_n(&r->tail, tail, __ATOMIC_SEQ_CST);
@@ -585,13 +620,12 @@ static inline __attribute__((always_inline)) uint64_t take_id(ct_slot *s, ct_tls
     return ts->next_id++;
 }
 
-static inline __attribute__((always_inline)) ct_tls_sess *thread_sess(ct_tls *t, uint64_t h, const char *fn,
-                                                                      ct_status *st) {
-    if (__builtin_expect(!t->ring, 0) && !(t->ring = ring_new())) {
+static inline __attribute__((always_inline)) ct_tls_sess *thread_sess(uint64_t h, const char *fn, ct_status *st) {
+    if (__builtin_expect(!hot.ring, 0) && !(hot.ring = ring_new())) {
         *st = ct__fail(CT_ERR_INTERNAL, "%s: out of memory for the event ring", fn);
         return NULL;
     }
-    ct_tls_sess *ts = tls_sess(t, h);
+    ct_tls_sess *ts = tls_sess(h);
     if (!ts) ts = tls_sess_new(h);
     if (!ts)
         *st = ct__fail(CT_ERR_STATE, "%s: this thread already has open spans in %d other sessions", fn,
@@ -608,9 +642,8 @@ static inline __attribute__((always_inline)) ct_status agg_begin(ct_slot *s, ct_
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);
     if ((uint32_t)step > CT_STEP_OPTIMIZER)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown step %d", fn, (int)step);
-    ct_tls *t = &tls;
     ct_status st = CT_OK;
-    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    ct_tls_sess *ts = thread_sess(h, fn, &st);
     if (!ts) return st;
     uint32_t key;
     if (!ct__agg_key_fast(ts->keys, name, (uint32_t)step, &key) &&
@@ -628,6 +661,63 @@ static inline __attribute__((always_inline)) ct_status agg_begin(ct_slot *s, ct_
     return CT_OK;
 }
 
+/* The name of a span begin, by the ring's name cache: *flags gets NAME_REF
+ * (cached: neither checked nor copied again), NAME_DEF (checked, to be
+ * cached once the record is written: name_keep) or 0 (checked, too long to
+ * cache), with the slot. */
+static inline __attribute__((always_inline)) ct_status name_lookup(ct_ring *r, const char *name, const char *fn,
+                                                                   size_t *n, uint32_t *flags) {
+    uintptr_t a = (uintptr_t)name;
+    uint32_t slot = (uint32_t)((a >> 3) ^ (a >> 11)) & (CT_NAME_SLOTS - 1);
+    ct_name_ent *e = &r->names[slot];
+    if (__builtin_expect(e->ptr == name, 1) && strcmp(e->copy, name) == 0) {
+        *n = e->len;
+        *flags = CT_RECF_NAME_REF | slot << 8;
+        return CT_OK;
+    }
+    ct_status st = ct__check_text(fn, "name", name, n);
+    if (st != CT_OK) return st;
+    *flags = *n <= CT_NAME_CACHE_MAX ? CT_RECF_NAME_DEF | slot << 8 : 0;
+    return CT_OK;
+}
+
+/* Caches the name a NAME_DEF record carries; 0 when out of memory (the
+ * record then goes without the flag). */
+static __attribute__((noinline)) int name_keep(ct_ring *r, uint32_t slot, const char *name, size_t n) {
+    ct_name_ent *e = &r->names[slot];
+    if (e->cap < n + 1) {
+        char *c = realloc(e->copy, CT_NAME_CACHE_MAX + 1);
+        if (!c) {
+            e->ptr = NULL;
+            return 0;
+        }
+        e->copy = c;
+        e->cap = CT_NAME_CACHE_MAX + 1;
+    }
+    memcpy(e->copy, name, n + 1);
+    e->len = (uint32_t)n;
+    e->ptr = name;
+    return 1;
+}
+
+/* Reads the start or end of a trace span: the raw counter (*ticks = 1) while
+ * the session is on it and has never had a tracer interval, else the session
+ * clock (and, in *tracer, the tracer ns left out of it so far). */
+static inline __attribute__((always_inline)) uint64_t span_clock(ct_slot *s, uint64_t *tracer, uint32_t *ticks) {
+    if (__builtin_expect(LOAD(&s->tracer_seq) == 0 && s->tsc, 1)) {
+        uint64_t t = ct__counter();
+        /* As session_clock: still no interval once the counter is read
+         * (the first one waits out rdtsc's reordering, ct__tracer_begin). */
+        if (__builtin_expect(__atomic_load_n(&s->tracer_seq, __ATOMIC_SEQ_CST) == 0, 1)) {
+            *tracer = 0;
+            *ticks = 1;
+            return t;
+        }
+    }
+    *ticks = 0;
+    return session_clock(s, tracer);
+}
+
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
                          int measured, ct_span *out) {
     const char *fn = measured ? "ct_measurement_begin" : "ct_span_begin";
@@ -637,26 +727,32 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     if (!out) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (!name) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
     if (s->agg) return agg_begin(s, h, name, kind, step, measured, out, fn);
-    size_t n;
-    if ((st = ct__check_text(fn, "name", name, &n)) != CT_OK) return st;
     if ((uint32_t)kind > CT_SPAN_MODULE)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown span kind %d", fn, (int)kind);
     if ((uint32_t)step > CT_STEP_OPTIMIZER)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: unknown step %d", fn, (int)step);
-
-    ct_tls *t = &tls;
-    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    ct_tls_sess *ts = thread_sess(h, fn, &st);
     if (!ts) return st;
+    ct_ring *r = hot.ring;
+    size_t n;
+    uint32_t flags;
+    if ((st = name_lookup(r, name, fn, &n, &flags)) != CT_OK) return st;
     if (ts->depth == ts->cap && (st = grow_stack(ts, fn)) != CT_OK) return st;
     uint32_t size = (uint32_t)((sizeof(ct_rec_hdr) + n + 7) & ~(size_t)7);
-    if (size > t->ring->cap / 2)
+    if (flags & CT_RECF_NAME_REF) {
+        size = sizeof(ct_rec_hdr);
+    } else if (size > r->cap / 2) {
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name of %zu bytes does not fit the event ring", fn, n);
+    }
     if (measured && (st = claim_measured(s)) != CT_OK) return st;
 
-    uint8_t *p = ring_reserve(t->ring, size);
+    if (__builtin_expect((flags & CT_RECF_NAME_DEF) != 0, 0) && !name_keep(r, flags >> 8, name, n))
+        flags = 0;
+    uint8_t *p = ring_reserve(r, size);
     uint64_t id = take_id(s, ts);
     uint64_t tracer;
-    uint64_t start = session_clock(s, &tracer);
+    uint32_t ticks;
+    uint64_t start = span_clock(s, &tracer, &ticks);
     if (measured) {
         s->measure_tracer0 = tracer;
         STORE(&s->measure_id, id);
@@ -672,13 +768,16 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     rec->parent = ts->depth ? ts->stack[ts->depth - 1].id : 1;
     rec->ts = start;
     rec->name_len = (uint32_t)n;
-    memcpy(p + sizeof *rec, name, n);
-    ring_commit(t->ring, size);
-    ts->stack[ts->depth].id = id;
-    ts->stack[ts->depth].start = start;
+    rec->flags = flags | ticks;
+    if (!(flags & CT_RECF_NAME_REF)) memcpy(p + sizeof *rec, name, n);
+    ring_commit(r, size);
+    ct_frame *f = &ts->stack[ts->depth];
+    f->id = id;
+    f->start = start;
+    f->ticks = ticks;
     STORE_RLX(&ts->depth, ts->depth + 1);
-    if (measured) STORE_RLX(&s->measure_ring, (const void *)t->ring);
-    if (__builtin_expect(LOAD_RLX(&s->track_main), 0)) track_begin(s, t->ring, id);
+    if (measured) STORE_RLX(&s->measure_ring, (const void *)r);
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0)) track_begin(s, r, id);
     *out = id;
     return CT_OK;
 }
@@ -704,7 +803,7 @@ void ct__track_main_thread(ct_session h, int on) {
 
 uint64_t ct__innermost_span(ct_session h) {
     if (!slot_get(h)) return 1;
-    ct_tls_sess *ts = tls_sess(&tls, h);
+    ct_tls_sess *ts = tls_sess(h);
     return ts && ts->depth ? ts->stack[ts->depth - 1].id : 1;
 }
 
@@ -720,7 +819,7 @@ uint64_t ct__launch_span(ct_session h, int *borrowed) {
 }
 
 uint32_t ct__innermost_key(ct_session h) {
-    ct_tls_sess *ts = tls_sess(&tls, h);
+    ct_tls_sess *ts = tls_sess(h);
     return ts && ts->depth && ts->stack ? ts->stack[ts->depth - 1].key : UINT32_MAX;
 }
 
@@ -765,8 +864,7 @@ ct_status ct__agg_scalar(ct_session h, ct_span span, const char *label, double v
     if (span > LOAD(&s->next_span))
         return ct__fail(CT_ERR_INVALID_HANDLE, "%s: span s%llu does not exist in session %llu", fn,
                         (unsigned long long)span, (unsigned long long)h);
-    ct_tls *t = &tls;
-    ct_tls_sess *ts = thread_sess(t, h, fn, &st);
+    ct_tls_sess *ts = thread_sess(h, fn, &st);
     if (!ts) return st;
     uint32_t key;
     if (!ct__agg_key_fast(ts->keys, label, CT_AGG_SCALAR, &key) &&
@@ -775,7 +873,7 @@ ct_status ct__agg_scalar(ct_session h, ct_span span, const char *label, double v
     if (!LOAD_RLX(&s->agg_on)) return CT_OK;
     uint64_t bits;
     memcpy(&bits, &value, sizeof bits);
-    agg_write(t->ring, h, CT_REC_AGG_SCALAR | (key << 8), bits);
+    agg_write(hot.ring, h, CT_REC_AGG_SCALAR | (key << 8), bits);
     return CT_OK;
 }
 
@@ -783,8 +881,7 @@ ct_status ct__span_end(ct_session h, ct_span span) {
     ct_slot *s = slot_get(h);
     ct_status st = check_slot(s, h, "ct_span_end");
     if (st != CT_OK) return st;
-    ct_tls *t = &tls;
-    ct_tls_sess *ts = tls_sess(t, h);
+    ct_tls_sess *ts = tls_sess(h);
     if (!ts || ts->depth == 0) {
         if (span == 1)
             return ct__fail(CT_ERR_SPAN_MISMATCH,
@@ -798,25 +895,41 @@ ct_status ct__span_end(ct_session h, ct_span span) {
                         "ct_span_end: span s%llu is not the innermost open span of this thread "
                         "(s%llu is)",
                         (unsigned long long)span, (unsigned long long)top.id);
+    ct_ring *r = hot.ring;
     if (s->agg) {
-        agg_end(s, h, t->ring, top);
+        agg_end(s, h, r, top);
         STORE_RLX(&ts->depth, ts->depth - 1);
         return CT_OK;
     }
-    uint8_t *p = ring_reserve(t->ring, sizeof(ct_rec_hdr));
+    uint8_t *p = ring_reserve(r, sizeof(ct_rec_hdr));
     uint64_t tracer;
-    uint64_t end = session_clock(s, &tracer);
+    uint32_t ticks;
+    uint64_t end = span_clock(s, &tracer, &ticks);
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
     rec->size = sizeof *rec;
     rec->type = CT_REC_SPAN_END;
     rec->session = h;
     rec->id = span;
-    rec->ts = end - top.start;
     rec->measured = span == LOAD_RLX(&s->measure_id);
-    rec->parent = rec->measured ? tracer - s->measure_tracer0 : 0;
-    ring_commit(t->ring, sizeof *rec);
+    if (__builtin_expect(ticks && top.ticks, 1)) {
+        /* Both ends on the counter: the drainer converts both (and no
+         * tracer time can lie between them). */
+        rec->ts = end;
+        rec->parent = top.start;
+        rec->flags = CT_RECF_TICKS;
+    } else {
+        /* A start on the counter and an end on the session clock (a tracer
+         * interval began in between), or neither: the duration in ns, as the
+         * drainer would have converted the start. */
+        if (ticks) end = ct__tsc_ns(end) - s->t0;
+        uint64_t start = top.ticks ? ct__tsc_ns(top.start) - s->t0 : top.start;
+        rec->ts = end > start ? end - start : 0;
+        rec->parent = rec->measured ? tracer - s->measure_tracer0 : 0;
+        rec->flags = 0;
+    }
+    ring_commit(r, sizeof *rec);
     STORE_RLX(&ts->depth, ts->depth - 1);
-    if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)t->ring)
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)r)
         STORE_RLX(&s->measure_top, ts->depth ? ts->stack[ts->depth - 1].id : 0);
     return CT_OK;
 }

@@ -1,10 +1,12 @@
 /* The per-event path of candle-trace, in C.
  *
  * Why C: a C->Go call through cgo costs about 70 ns, so a span begin+end that
- * crossed into Go twice could never meet the 60 ns budget. Span begin/end stay
- * here: a registry lookup, a per-thread span stack, a clock read and a copy
- * into a per-thread ring. A Go goroutine drains the rings, encodes JSON and
- * writes the file (see drain.go).
+ * crossed into Go twice could never meet the 40 ns budget. Span begin/end stay
+ * here: a registry lookup, a per-thread span stack, a clock read (the raw
+ * cycle counter where usable, ticks.h) and a record in a per-thread ring (a
+ * name the thread passed before is not copied again). A Go goroutine drains
+ * the rings, converts counter values, encodes JSON and writes the file (see
+ * drain.go).
  *
  * Everything else (ops, tensors, memory, ...) is rare enough to go through Go.
  */
@@ -32,7 +34,7 @@ typedef struct ct_slot {
     uint32_t agg;         /* 1: an aggregate session (spans take the aggregate path) */
     uint32_t agg_on;      /* aggregate sessions: statistics switched on */
     uint32_t track_main;  /* 1 while a collector wants measure_top kept (ct__track_main_thread) */
-    uint64_t t0;                  /* CLOCK_MONOTONIC ns at open */
+    uint64_t t0;                  /* the clock (CLOCK_MONOTONIC ns, or its counter estimate) at open */
     /* The tracer's own time (ct_tracer_begin/ct_tracer_end): the session
      * clock stands still while any thread is inside it. A seqlock: odd
      * while a writer changes the fields after it; 0 until the first
@@ -42,7 +44,7 @@ typedef struct ct_slot {
     uint64_t tracer_total;        /* ns in closed tracer intervals */
     uint64_t tracer_since;        /* CLOCK_MONOTONIC ns the open interval began at */
     uint32_t tracer_depth;        /* intervals open, over all threads */
-    uint32_t pad_tracer;
+    uint32_t tsc;                 /* 1: the clock is the converted counter (ticks.h), else CLOCK_MONOTONIC */
     /* The highest clock value handed out since the first interval: an
      * interval that begins earlier than its call (ct_tracer_begin_earlier)
      * never goes back past it, so the clock never runs backwards. */
@@ -66,7 +68,7 @@ typedef struct ct_frame {
     uint64_t id;
     uint64_t start;   /* session ns; aggregate sessions: ticks, CT_UNTIMED when off */
     uint32_t key;     /* aggregate sessions: the span's statistics key */
-    uint32_t pad;
+    uint32_t ticks;   /* trace sessions: 1 when start is a raw counter value (CT_RECF_TICKS) */
 } ct_frame;
 
 #define CT_UNTIMED UINT64_MAX
@@ -92,6 +94,19 @@ typedef struct ct_tls_sess {
  * the Go encoder and the file write on the application's thread): it sets
  * waiting, wakes the drainer and sleeps on a futex on room_seq, which the
  * drainer bumps after moving tail while waiting is set (ct__ring_consumed). */
+/* A thread's last span names, by address: a begin whose name is the one
+ * cached at its slot (same address, same bytes) neither checks nor copies it;
+ * its record refers to the slot, which the drainer keeps per ring. Names
+ * longer than CT_NAME_CACHE_MAX bytes always travel inline. */
+#define CT_NAME_SLOTS 64
+#define CT_NAME_CACHE_MAX 256
+
+typedef struct ct_name_ent {
+    const char *ptr; /* NULL: empty */
+    char *copy;      /* the bytes, NUL-terminated */
+    uint32_t len, cap;
+} ct_name_ent;
+
 typedef struct ct_ring {
     uint64_t head;
     char pad0[56];
@@ -108,6 +123,7 @@ typedef struct ct_ring {
     uint64_t agg_last;            /* producer: session of the last aggregate record */
     uint64_t agg_cur;             /* consumer (Go): the same, as read so far */
     ct_tls_sess sess[CT_TLS_SESSIONS];
+    ct_name_ent names[CT_NAME_SLOTS]; /* producer only */
 } ct_ring;
 
 /* Fields read by both C and Go are accessed with __atomic builtins in C and
@@ -127,9 +143,18 @@ typedef struct ct_rec_hdr {
     uint64_t id;
     uint64_t parent;    /* span_start; span_end of the measured span: tracer ns inside it */
     uint64_t ts;        /* span_start: start_ns; span_end: duration_ns */
-    uint32_t name_len;  /* span_start only; name bytes follow the header */
-    uint32_t pad;
+    uint32_t name_len;  /* span_start only; name bytes follow the header (none with CT_RECF_NAME_REF) */
+    uint32_t flags;     /* CT_RECF_*; bits 8-15: the name slot of NAME_DEF / NAME_REF */
 } ct_rec_hdr;
+
+/* ct_rec_hdr.flags. TICKS: ts is a raw counter value (ticks.h) the drainer
+ * converts: a span_start's start, a span_end's end, whose parent field then
+ * holds its start (both ends on the counter, so no tracer time inside).
+ * NAME_DEF: the name bytes that follow become the ring's name at the slot;
+ * NAME_REF: the name is the ring's name at the slot, no bytes follow. */
+#define CT_RECF_TICKS 1u
+#define CT_RECF_NAME_DEF 2u
+#define CT_RECF_NAME_REF 4u
 
 /* Aggregate sessions write 16 bytes per span end and no start record.
  * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see

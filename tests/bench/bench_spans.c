@@ -17,6 +17,10 @@
 
 #include "candle_trace.h"
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 /* Benchmark-only export: the straightforward design, one Go call per event.
  * Only build/bench/libcandle_trace.so exports it (cmd/libtrace/exports_bench.map). */
 extern ct_status ctbench_naive_span_begin(ct_session, const char *, ct_span_kind, ct_step, ct_span *);
@@ -36,6 +40,13 @@ static uint64_t cpu_ns(void) {
            ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
 }
 
+/* Minor page faults of the process so far (first touches of fresh memory). */
+static long minflt(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -50,6 +61,48 @@ static const char TRACE_RUN[] =
     "{\"entrypoint\":\"bench\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}";
 static const char AGG_RUN[] = "{\"entrypoint\":\"bench\",\"phase\":\"train\",\"device\":\"cpu\",\"mode\":\"aggregate\"}";
 
+/* The floor a span pair is compared with: two clock_gettime calls, timed in
+ * the same chunks, right before each fast-path run (its median, for the
+ * fast path's line). */
+static double baseline_median;
+
+static void baseline(long pairs) {
+    long chunks = pairs / CHUNK;
+    double *per = malloc(sizeof(double) * chunks);
+    volatile uint64_t sink = 0;
+    uint64_t cpu0 = cpu_ns();
+    uint64_t total0 = now();
+    for (long c = 0; c < chunks; c++) {
+        uint64_t t0 = now();
+        for (int i = 0; i < CHUNK; i++) {
+            uint64_t a = now();
+            sink += now() - a;
+        }
+        per[c] = (double)(now() - t0) / CHUNK;
+    }
+    uint64_t total = now() - total0;
+    double cpu = (double)(cpu_ns() - cpu0) / pairs;
+    qsort(per, chunks, sizeof *per, cmp);
+    baseline_median = per[chunks / 2];
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns\n", "baseline: 2x clock_gettime", pairs,
+           per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, cpu);
+#if defined(__x86_64__)
+    /* The floor of a pair on the cycle counter: its two reads alone. */
+    for (long c = 0; c < chunks; c++) {
+        uint64_t t0 = now();
+        for (int i = 0; i < CHUNK; i++) {
+            sink += __rdtsc();
+            sink += __rdtsc();
+        }
+        per[c] = (double)(now() - t0) / CHUNK;
+    }
+    qsort(per, chunks, sizeof *per, cmp);
+    printf("%-34s pairs=%ld median=%.1f ns\n", "floor: 2x rdtsc", pairs, per[chunks / 2]);
+#endif
+    free(per);
+    (void)sink;
+}
+
 static void run(const char *label, const char *path, const char *run_json, begin_fn b, end_fn e, long pairs) {
     ct_session s;
     if (ct_open(path, run_json, &s)) {
@@ -59,6 +112,7 @@ static void run(const char *label, const char *path, const char *run_json, begin
     long chunks = pairs / CHUNK;
     double *per = malloc(sizeof(double) * chunks);
     ct_span sp;
+    long flt0 = minflt();
     uint64_t cpu0 = cpu_ns();
     uint64_t total0 = now();
     for (long c = 0; c < chunks; c++) {
@@ -79,9 +133,13 @@ static void run(const char *label, const char *path, const char *run_json, begin
     uint64_t fin = now() - total0;
     double cpu = (double)(cpu_ns() - cpu0) / pairs; /* through ct_finish: all the drainer's work */
     qsort(per, chunks, sizeof *per, cmp);
-    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM\n",
-           label, pairs, per[chunks / 2], per[chunks * 99 / 100], (double)total / pairs, cpu,
-           2.0 * pairs / (fin / 1e9) / 1e6);
+    double median = per[chunks / 2], mean = (double)total / pairs;
+    printf("%-34s pairs=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns cpu/pair=%.0f ns events/s(incl. finish)=%.2fM "
+           "mean/median=%.1f faults=%ld",
+           label, pairs, median, per[chunks * 99 / 100], mean, cpu, 2.0 * pairs / (fin / 1e9) / 1e6, mean / median,
+           minflt() - flt0);
+    if (b == ct_span_begin && baseline_median > 0) printf(" vs-2x-clock_gettime=%.2f", median / baseline_median);
+    printf("\n");
     free(per);
 }
 
@@ -141,6 +199,7 @@ int main(int argc, char **argv) {
     snprintf(p3, sizeof p3, "%s/bench-aggregate.json", dir);
     snprintf(p4, sizeof p4, "%s/bench-naive-aggregate.json", dir);
     for (int round = 0; round < 3; round++) {
+        baseline(pairs);
         if (trace_only) {
             run("trace: fast path (C ring)", p1, TRACE_RUN, ct_span_begin, ct_span_end, pairs);
             continue;

@@ -97,8 +97,69 @@ static unsigned long drained_scalars[2][NAMES];
 static double scalar_sum;
 static unsigned long trace_starts, trace_ends, bad_records;
 
+/* Trace spans of tick_handle (on the counter clock) as the drainer sees
+ * them: each ring's open starts, converted as drain.go converts them, and
+ * the latest end among each open span's children. */
+static uint64_t tick_handle;
+static unsigned long tick_spans, tick_refs, tick_bad, tick_segments;
+#define TICK_RINGS 8
+static struct tick_ring {
+    const ct_ring *r;
+    int depth;
+    uint64_t last_start;
+    uint64_t start[8], child_end[8];
+} tick_rings[TICK_RINGS];
+
+static void tick_record(const ct_ring *r, const ct_rec_hdr *h) {
+    struct tick_ring *tr = NULL;
+    for (int i = 0; i < TICK_RINGS && !tr; i++)
+        if (tick_rings[i].r == r || !tick_rings[i].r) tr = &tick_rings[i];
+    if (!tr) {
+        tick_bad++;
+        return;
+    }
+    tr->r = r;
+    uint64_t t0 = ct__slot_of(tick_handle)->t0;
+    if (h->type == CT_REC_SPAN_START) {
+        uint64_t start = (h->flags & CT_RECF_TICKS) ? ct__tsc_ns(h->ts) - t0 : h->ts;
+        if (h->flags & CT_RECF_NAME_REF) tick_refs++;
+        if (start < tr->last_start || (tr->depth && start < tr->start[tr->depth - 1]) || tr->depth == 8) {
+            tick_bad++;
+            return;
+        }
+        tr->last_start = start;
+        tr->start[tr->depth] = start;
+        tr->child_end[tr->depth] = start;
+        tr->depth++;
+        return;
+    }
+    if (tr->depth == 0) {
+        tick_bad++;
+        return;
+    }
+    tr->depth--;
+    uint64_t start = tr->start[tr->depth], end;
+    if (h->flags & CT_RECF_TICKS) {
+        uint64_t s2 = ct__tsc_ns(h->parent) - t0;
+        end = ct__tsc_ns(h->ts) - t0;
+        if (s2 != start) tick_bad++;
+    } else {
+        end = start + h->ts;
+    }
+    if (end < start || end < tr->child_end[tr->depth]) tick_bad++;
+    if (tr->depth && end > tr->child_end[tr->depth - 1]) tr->child_end[tr->depth - 1] = end;
+    tick_spans++;
+}
+
 static void drain_locked(void) {
     int dead = 0;
+    /* As drain.go: a new counter-clock segment (here at every drain, not
+     * every 20 ms) only as every ring is drained, so no record waits across
+     * more than two of them. */
+    if (__atomic_load_n(&tick_handle, __ATOMIC_ACQUIRE)) {
+        ct__tsc_update(1);
+        tick_segments++;
+    }
     for (ct_ring *r = __atomic_load_n(&ct__rings, __ATOMIC_ACQUIRE); r; r = r->next) {
         uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
         uint64_t tail = r->tail;
@@ -132,6 +193,9 @@ static void drain_locked(void) {
                 } else {
                     drained[sess][name][e->step]++;
                 }
+            } else if ((type == CT_REC_SPAN_START || type == CT_REC_SPAN_END) && tick_handle &&
+                       ((ct_rec_hdr *)p)->session == tick_handle) {
+                tick_record(r, (ct_rec_hdr *)p);
             } else if (type == CT_REC_SPAN_START) {
                 trace_starts++;
             } else if (type == CT_REC_SPAN_END) {
@@ -315,6 +379,73 @@ static void first_intervals(int sessions) {
           first_backwards);
 }
 
+/* Nested trace spans on the counter clock while drains publish segments and
+ * another thread reads the converted clock: every record checked by
+ * tick_record. */
+static int tick_stop;
+static unsigned long tick_backwards;
+
+static void *tick_spanner(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 20000; i++) {
+        ct_span a, b, c;
+        ct_status st = ct__span_begin(tick_handle, "outer", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &a);
+        if (st == CT_OK) st = ct__span_begin(tick_handle, "middle", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &b);
+        if (st == CT_OK) st = ct__span_begin(tick_handle, "inner", CT_SPAN_OP, CT_STEP_NONE, 0, &c);
+        if (st == CT_OK) st = ct__span_end(tick_handle, c);
+        if (st == CT_OK) st = ct__span_end(tick_handle, b);
+        if (st == CT_OK) st = ct__span_end(tick_handle, a);
+        if (st != CT_OK) {
+            CHECK(0, "counter-clock spans: %s", ct__errbuf());
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Reads the converted counter while drains publish segments: it must never
+ * go back. */
+static void *tick_publisher(void *arg) {
+    (void)arg;
+    uint64_t last = 0;
+    while (!__atomic_load_n(&tick_stop, __ATOMIC_ACQUIRE)) {
+        uint64_t now = ct__tsc_now();
+        if (now < last) tick_backwards++;
+        last = now;
+    }
+    return NULL;
+}
+
+static void counter_clock_spans(void) {
+    if (!ct__trace_counter()) {
+        printf("fastpath_sanitize: no constant-rate counter here; the counter-clock phase is skipped\n");
+        return;
+    }
+    uint64_t h = ct__slot_alloc();
+    CHECK(h && ct__slot_of(h)->tsc, "a trace session on the counter clock");
+    __atomic_store_n(&tick_handle, h, __ATOMIC_RELEASE);
+    __atomic_store_n(&stop_drainer, 0, __ATOMIC_RELEASE);
+    pthread_t d, pub, sp[2];
+    pthread_create(&d, NULL, drainer, NULL);
+    pthread_create(&pub, NULL, tick_publisher, NULL);
+    for (int i = 0; i < 2; i++) pthread_create(&sp[i], NULL, tick_spanner, NULL);
+    for (int i = 0; i < 2; i++) pthread_join(sp[i], NULL);
+    __atomic_store_n(&tick_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(pub, NULL);
+    __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
+    pthread_join(d, NULL);
+    drain_rings();
+    CHECK(tick_spans == 2ul * 20000 * 3 && tick_bad == 0,
+          "counter clock: %lu spans checked (want %lu), %lu out of order or outside their parents", tick_spans,
+          2ul * 20000 * 3, tick_bad);
+    CHECK(tick_refs >= 2ul * 3 * (20000 - 1), "counter clock: only %lu span names came from the name cache",
+          tick_refs);
+    CHECK(tick_segments > 0 && tick_backwards == 0, "counter clock: %lu segments, went back %lu times",
+          tick_segments, tick_backwards);
+    ct__slot_release(h);
+    drain_rings();
+}
+
 static void *leaver(void *arg) {
     (void)arg;
     ct_span sp;
@@ -410,12 +541,13 @@ int main(void) {
     ct__slot_release(agg_handles[1]);
     ct__slot_release(trace_handle);
     first_intervals(2000);
+    counter_clock_spans();
     ct__ring_unlink_dead();
     int rings = 0;
     for (ct_ring *r = ct__rings; r; r = r->next) rings++;
     CHECK(rings == 0, "%d rings left, want 0 (every thread that made spans has exited)", rings);
 
-    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %lu tracer intervals, %lu clock reads, %d failure(s)\n", total,
-           THREADS, intern_calls, launches, borrowed_launches, tracer_intervals, clock_reads, failures);
+    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %lu tracer intervals, %lu clock reads, %lu counter-clock spans over %lu segments, %d failure(s)\n", total,
+           THREADS, intern_calls, launches, borrowed_launches, tracer_intervals, clock_reads, tick_spans, tick_segments, failures);
     return failures != 0;
 }

@@ -38,7 +38,7 @@ from candle_trace.torch._distributed import job_id, rank_path, rank_tags  # noqa
 
 JOB = Path(__file__).with_name("ddp_job.py")
 CAPTURE_STEP = 3
-SLEEP_S = 0.15  # the straggler's extra forward time: far above 2 busy cores' noise
+SLEEP_S = 0.4  # the straggler's extra forward time: far above what 2 cores at load 14 delay a rank (a 100 ms late start still passes)
 
 
 def free_port() -> int:

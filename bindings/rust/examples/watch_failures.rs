@@ -48,13 +48,13 @@ fn main() {
     let outcome = failures::train(&mut s, &schedule, failure, updates, &wait);
     let (fired, traces) = (schedule.fired(), schedule.traces());
     let done = match &outcome {
-        Ok(_) => schedule.finish().map(|_| ()),
-        Err(e) => schedule.finish_failed(&e.to_string()),
+        Ok(_) => schedule.finish().map(|f| f.findings),
+        Err(e) => schedule.finish_failed(&e.to_string()).map(|_| vec![]),
     };
-    if let Err(e) = done {
+    let findings = done.unwrap_or_else(|e| {
         eprintln!("watch_failures: {e}");
         std::process::exit(1)
-    }
+    });
     match &outcome {
         Ok(losses) => println!("{} updates, last loss {:?}", losses.len(), losses.last()),
         Err(e) => println!("the loop stopped: {e}"),
@@ -64,5 +64,11 @@ fn main() {
     }
     for t in &traces {
         println!("wrote {}", t.display());
+    }
+    for (t, notes) in &findings {
+        println!("{}: {} finding(s)", t.display(), notes.len());
+        for n in notes {
+            println!("  {n}");
+        }
     }
 }

@@ -28,7 +28,7 @@ use candle_nn::{Module, Optimizer, VarMap};
 use candle_core::backprop::GradStore;
 
 use crate::error::Result;
-use crate::run::GradientContract;
+use crate::run::{CaptureContract, GradientContract, Level, MeasurementScope};
 use crate::session::{current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta, TensorStats};
 
 mod ops;
@@ -127,6 +127,21 @@ pub fn named_vars(varmap: &VarMap) -> Vec<(String, Tensor)> {
 /// `frozen`, `data_conditional`).
 pub fn gradient_contract(root: &str, varmap: &VarMap) -> GradientContract {
     GradientContract::from_keys(root, named_vars(varmap).iter().map(|(k, _)| k.as_str()))
+}
+
+/// The capture contract of an update this module records: the profiled work
+/// measured, operations and tensors partial (what [`trace_op`],
+/// [`Traced`] and [`backward_step`] record, not every candle op), no
+/// activations, and [`gradient_contract`] of `varmap`. Add what a program
+/// records beyond that (`logical_memory` with [`crate::heap`], the
+/// `required_labels` its statistics carry).
+pub fn capture_contract(root: &str, varmap: &VarMap) -> CaptureContract {
+    CaptureContract::new()
+        .measurement_scope(MeasurementScope::ProfiledWork)
+        .operations(Level::Partial)
+        .activations(Level::None)
+        .tensors(Level::Partial)
+        .gradient_contract(gradient_contract(root, varmap))
 }
 
 fn dims(t: &Tensor) -> &[usize] {

@@ -120,6 +120,13 @@ impl Completed {
         self.findings().is_empty()
     }
 
+    /// The path and the findings, which are then the caller's to show
+    /// (nothing is written to stderr).
+    pub fn into_parts(mut self) -> (PathBuf, Vec<Finding>) {
+        self.read.store(true, Ordering::Relaxed);
+        (std::mem::take(&mut self.path), std::mem::take(&mut self.findings))
+    }
+
     /// The path, dropping the findings (written to stderr when unread).
     pub fn into_path(self) -> PathBuf {
         let path = self.path.clone();

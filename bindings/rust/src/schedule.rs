@@ -25,6 +25,9 @@
 //! for f in &done.fired {
 //!     println!("update {} {}: {} -> {:?}", f.update, f.trigger, f.detail, f.trace);
 //! }
+//! for (trace, findings) in &done.findings {
+//!     println!("{}: {} finding(s)", trace.display(), findings.len()); // never printed for you
+//! }
 //! # Ok(()) }
 //! ```
 //!
@@ -93,6 +96,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{check, Error, Result, Status};
+use crate::contract::GradientContract;
+use crate::finding::{Completed, Finding};
 use crate::ffi;
 use crate::run::Run;
 use crate::session::{panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TriggerTrace};
@@ -142,6 +147,9 @@ struct Watch {
     full: Value,
     /// The same with the flight recorder's `buffer`.
     flight: Value,
+    /// The run's gradient contract, as `Session::open` takes it from the run
+    /// (its defaulted families noted, not declared), for every trace.
+    contract: Option<GradientContract>,
     state: RefCell<WatchState>,
 }
 
@@ -180,6 +188,8 @@ pub struct Schedule {
     in_update: Cell<bool>,
     /// The fixed capture's outcome once its update ended.
     trace: RefCell<Option<Result<PathBuf>>>,
+    /// Each written trace's findings, for [`Finished::findings`].
+    findings: RefCell<Vec<(PathBuf, Vec<Finding>)>>,
     watch: Option<Watch>,
     clock: Box<dyn Clock>,
     system_clock: bool,
@@ -199,6 +209,10 @@ pub struct Finished {
     pub fired: Vec<Fired>,
     /// The traces a watching schedule wrote, in order.
     pub traces: Vec<PathBuf>,
+    /// The findings of each trace written (fixed capture and watch alike)
+    /// that has any, in the order written: a schedule hands them over here
+    /// instead of printing them as each trace is written.
+    pub findings: Vec<(PathBuf, Vec<Finding>)>,
 }
 
 impl Schedule {
@@ -212,6 +226,7 @@ impl Schedule {
             next: Cell::new(1),
             in_update: Cell::new(false),
             trace: RefCell::new(None),
+            findings: RefCell::new(Vec::new()),
             watch: None,
             clock: Box::new(SystemClock::new()),
             system_clock: true,
@@ -240,6 +255,10 @@ impl Schedule {
         if opts.flight_recorder == Some(0) {
             return Err(Error::invalid("watch: the flight recorder's bound must be at least 1 byte (None turns it off)"));
         }
+        let contract = run.gradient_contract_ref().cloned();
+        if let Some(c) = &contract {
+            c.check_builders()?;
+        }
         let mut full: Value = serde_json::from_str(&run.to_json()).map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
         if let Value::Object(m) = &mut full {
             // Each trace's update decides them (ct_open's defaults from its capture step).
@@ -256,6 +275,7 @@ impl Schedule {
             opts,
             full,
             flight,
+            contract,
             state: RefCell::new(WatchState { eval, fired: Vec::new(), traces: Vec::new(), spare: None, after: None, cpu_wait: CpuWait::default() }),
         });
         Ok(s)
@@ -452,7 +472,8 @@ impl Schedule {
             None => None,
         };
         let trace = self.trace.borrow_mut().take().transpose()?;
-        Ok(Finished { trace, summary, updates, fired, traces })
+        let findings = self.findings.take();
+        Ok(Finished { trace, summary, updates, fired, traces, findings })
     }
 
     /// Ends the aggregate session with a `failed` summary carrying `reason`
@@ -463,6 +484,17 @@ impl Schedule {
             Some(a) => a.finish_failed(reason),
             None => Ok(()),
         }
+    }
+
+    /// Keeps a written trace's findings for [`Finished`] (under `renamed`,
+    /// the trace's final name, when it moved) and returns its path.
+    fn keep_findings(&self, done: Completed, renamed: Option<PathBuf>) -> PathBuf {
+        let (path, findings) = done.into_parts();
+        let path = renamed.unwrap_or(path);
+        if !findings.is_empty() {
+            self.findings.borrow_mut().push((path.clone(), findings));
+        }
+        path
     }
 
     /// Drops the spare flight recorder unwritten; the watch's record.
@@ -506,7 +538,7 @@ impl Watch {
     fn open(&self, json: &Value, n: u64, path: &Path) -> Result<Session> {
         let mut json = json.clone();
         json["capture_step"] = n.into();
-        Session::open_json(path, &json.to_string(), false)
+        Session::open_with(path, &json.to_string(), false, self.contract.clone())
     }
 
     /// The session recording update `n`, if any.
@@ -756,7 +788,7 @@ impl<'a> Update<'a> {
         let capture = self.capture.take().expect("checked");
         // Kept for Schedule::finish, also when the span failed: the capture
         // is a file the caller may still want.
-        let outcome = capture.finish().map(PathBuf::from);
+        let outcome = capture.finish().map(|done| self.schedule.keep_findings(done, None));
         let result = match &outcome {
             Ok(_) => measured,
             Err(e) => Err(Error::Trace { status: e.status().unwrap_or(Status::Internal), message: e.message() }),
@@ -871,13 +903,16 @@ impl<'a> Update<'a> {
         let ended = self.end_measured();
         let c = self.capture.take().expect("a capture to close");
         let path = c.path().to_path_buf();
-        let finished = c.finish().map(|_| ());
+        let finished = c.finish();
         let what = match (kind, fired.as_deref()) {
             (Kind::After(t), _) => format!("after-{t}"),
             (_, Some(f)) => f.trigger.to_string(),
             _ => "recording".to_string(),
         };
         let kept = w.keep(st, &path, n, &what);
+        let finished = finished.map(|done| {
+            self.schedule.keep_findings(done, kept.clone());
+        });
         // A trigger that fired in an update captured in full names that
         // trace too: it holds the anomalous update.
         if let Some(f) = fired {

@@ -425,7 +425,7 @@ impl Session {
         Self::open_with(path.as_ref(), run_json, device_synchronized, contract)
     }
 
-    fn open_with(path: &Path, run_json: &str, device_synchronized: bool, contract: Option<GradientContract>) -> Result<Session> {
+    pub(crate) fn open_with(path: &Path, run_json: &str, device_synchronized: bool, contract: Option<GradientContract>) -> Result<Session> {
         check_abi()?;
         install_panic_hook();
         let cpath = cstring(

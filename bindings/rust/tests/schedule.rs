@@ -156,7 +156,7 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
         update.end().unwrap();
     }
     let done = schedule.finish().unwrap();
-    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![] });
+    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![], findings: vec![] });
     assert!(!trace.exists(), "no capture was opened before update 3");
 }
 
@@ -237,4 +237,70 @@ fn reopen_refuses_a_bad_step_and_keeps_the_session() {
     let (kept, err) = plain.reopen(dir.path().join("d.jsonl"), 2).unwrap_err();
     assert_eq!(err.status(), Some(Status::State), "{err}");
     kept.unwrap().finish_failed("done").unwrap();
+}
+
+/// A run whose contract names two families that no update records a
+/// gradient of: each trace written has a note per family.
+fn run_without_gradients(capture_step: u64) -> Run {
+    let contract = GradientContract::from_keys("vb", ["a.weight", "b.weight"]);
+    Run::training("rust::schedule", capture_step, "cpu").capture_contract(CaptureContract::new().gradient_contract(contract))
+}
+
+/// Both of the contract's parameters, recorded without a gradient.
+fn no_gradients(trace: &SessionRef) {
+    for key in ["a.weight", "b.weight"] {
+        trace.gradient("vb", key, Gradient::Missing).unwrap();
+    }
+}
+
+fn noted_families(findings: &[Finding]) -> Vec<(&'static str, Severity, Option<String>)> {
+    findings.iter().map(|f| (f.check, f.severity, f.family.clone())).collect()
+}
+
+#[test]
+fn the_fixed_captures_findings_are_handed_over_in_finished() {
+    let dir = fresh_dir("schedule-findings");
+    let trace = dir.path().join("t.jsonl");
+    let schedule = Schedule::new(&trace, run_without_gradients(2));
+    for _ in 0..3 {
+        let update = schedule.begin_update().unwrap();
+        if let Some(t) = update.capture() {
+            let _m = t.measure("train/update").unwrap();
+            no_gradients(t);
+        }
+        update.end().unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    assert_eq!(done.trace.as_deref(), Some(trace.as_path()));
+    assert_valid_complete(&trace);
+    let [(path, findings)] = done.findings.as_slice() else { panic!("one trace with findings: {:?}", done.findings) };
+    assert_eq!(path, &trace);
+    let note = "gradient_family_without_gradient";
+    assert_eq!(noted_families(findings), [(note, Severity::Note, Some("a".into())), (note, Severity::Note, Some("b".into()))]);
+}
+
+#[test]
+fn a_watchs_findings_are_keyed_by_each_traces_final_name() {
+    let dir = fresh_dir("schedule-watch-findings");
+    let schedule = Schedule::watch(dir.path(), run_without_gradients(1)).unwrap();
+    for n in 1..=3 {
+        let update = schedule.begin_update().unwrap();
+        if let Some(t) = update.trace() {
+            no_gradients(t);
+        }
+        if n == 2 {
+            update.trigger("look at this one").unwrap();
+        }
+        update.end().unwrap();
+    }
+    let done = schedule.finish().unwrap();
+    let (user, after) = (dir.path().join("update-000002-user.jsonl"), dir.path().join("update-000003-after-user.jsonl"));
+    assert_eq!(done.traces, [user.clone(), after.clone()]);
+    let paths: Vec<&Path> = done.findings.iter().map(|(p, _)| p.as_path()).collect();
+    assert_eq!(paths, [user.as_path(), after.as_path()], "every written trace, under its final name");
+    for (path, findings) in &done.findings {
+        assert_valid_complete(path);
+        assert_eq!(findings.len(), 2, "{path:?}: {findings:?}");
+        assert!(findings.iter().all(|f| f.severity == Severity::Note), "{findings:?}");
+    }
 }

@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_nn::{embedding, linear_no_bias, rms_norm, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, RmsNorm, VarBuilder, VarMap};
-use candle_trace::candle::{backward_step, named_vars, phase, trace_op, TraceOps};
+use candle_trace::candle::{backward_step, capture_contract, named_vars, phase, trace_op, TraceOps};
 use candle_trace::heap::{HeapCapture, HeapSummary};
-use candle_trace::{CaptureContract, Finding, Level, MeasurementScope, Run, Session, Step};
+use candle_trace::{Finding, Level, Run, Session, Step};
 
 #[path = "rng.rs"]
 mod rng;
@@ -329,14 +329,7 @@ pub fn run_description(s: &Setup) -> Run {
         .tag("model", format!("llama2-c dim {} hidden {} layers {} heads {}/{} vocab {} seq {}", c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len))
         .tag("batch", s.batch.to_string())
         .capture_contract(
-            CaptureContract::new()
-                .measurement_scope(MeasurementScope::ProfiledWork)
-                .operations(Level::Partial)
-                .activations(Level::None)
-                .tensors(Level::Partial)
-                .logical_memory(Level::Partial)
-                .gradient_contract(candle_trace::candle::gradient_contract(ROOT, &s.varmap))
-                .required_labels(LABELS),
+            capture_contract(ROOT, &s.varmap).logical_memory(Level::Partial).required_labels(LABELS),
         )
 }
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, Optimizer, VarBuilder, VarMap, SGD};
-use candle_trace::candle::{backward_step, gradient_contract, Traced};
-use candle_trace::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Run, Schedule, Session, SpanKind, Step};
+use candle_trace::candle::{backward_step, capture_contract, Traced};
+use candle_trace::{ComparisonIdentity, Run, Schedule, Session, SpanKind, Step};
 
 pub const IN: usize = 64;
 pub const HIDDEN: usize = 64;
@@ -109,13 +109,7 @@ pub fn run_description(s: &Setup) -> Run {
         .tag("batch", BATCH.to_string())
         .tag("model", "mlp-64-64-10")
         .capture_contract(
-            CaptureContract::new()
-                .measurement_scope(MeasurementScope::ProfiledWork)
-                .operations(Level::Partial)
-                .activations(Level::None)
-                .tensors(Level::Partial)
-                .gradient_contract(gradient_contract(ROOT, &s.varmap))
-                .required_labels(LABELS),
+            capture_contract(ROOT, &s.varmap).required_labels(LABELS),
         )
         .comparison_identity(identity())
 }
