@@ -35,8 +35,8 @@
  *   most 8 sessions at a time; span names up to 262,096 bytes (half the
  *   per-thread event ring of 512 KiB less a record header;
  *   CANDLE_TRACE_RING_KB changes it) and every other string up to 1 MiB
- *   (CT_ERR_INVALID_ARGUMENT beyond); shapes up to 64 dimensions; ops up to
- *   65536 inputs.
+ *   (CT_ERR_INVALID_ARGUMENT beyond), an op's strings up to 8 MiB together;
+ *   shapes up to 64 dimensions; ops up to 65536 inputs.
  * - Every function may be called from any thread on any session. Spans nest
  *   per OS thread: ct_span_begin's parent is the innermost open span of the
  *   calling thread (the root when it has none), and ct_span_end must close that

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/candle-trace/candle-trace/internal/events"
 	"github.com/candle-trace/candle-trace/internal/session"
 )
 
@@ -122,9 +123,18 @@ func ctgo_ambient_exit() {
 	}
 	ambient = nil
 	stopCrashFlush() // a signal from here on has nothing to wait for
-	if err := finishing(s, s.Finish); err != nil && session.CodeOf(err) == session.State {
-		_ = finishing(s, func() error {
-			return s.FinishFailed("process exited before the capture completed: " + err.Error())
-		})
+	if err := s.Finish(); err != nil && session.CodeOf(err) == session.State {
+		_ = s.FinishFailed(clipReason("process exited before the capture completed: " + err.Error()))
 	}
+}
+
+// clipReason keeps a reason the library composes within what FinishFailed
+// takes (events.MaxStringBytes): the refusal names up to five open spans,
+// and a span name may be up to 262,096 bytes.
+func clipReason(r string) string {
+	const more = " ..."
+	if len(r) <= events.MaxStringBytes {
+		return r
+	}
+	return strings.ToValidUTF8(r[:events.MaxStringBytes-len(more)], "") + more
 }

@@ -85,7 +85,7 @@ func startCrashFlush(s *session.Session) {
 func crashFlush(s *session.Session, sig int) {
 	defer func() { _ = recover() }()
 	reason := fmt.Sprintf("killed by %s (signal %d) before the capture completed", signalName(sig), sig)
-	if err := finishing(s, func() error { return s.FinishFailed(reason) }); err != nil {
+	if err := s.FinishFailed(reason); err != nil {
 		_ = s.Flush()
 	}
 }

@@ -334,7 +334,7 @@ func ctgo_device_stop(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(deviceStop(s))
+	return status(s.StopDevices())
 }
 
 //export ctgo_flush
@@ -354,7 +354,7 @@ func ctgo_finish(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, s.Finish))
+	return status(s.Finish())
 }
 
 //export ctgo_finish_failed
@@ -369,7 +369,7 @@ func ctgo_finish_failed(h C.ct_session, reason *C.char) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, func() error { return s.FinishFailed(r) }))
+	return status(s.FinishFailed(r))
 }
 
 //export ctgo_discard
@@ -379,7 +379,7 @@ func ctgo_discard(h C.ct_session) (rc C.int) {
 	if err != nil {
 		return status(err)
 	}
-	return status(finishing(s, s.Discard))
+	return status(s.Discard())
 }
 
 //export ctgo_reopen
@@ -394,12 +394,8 @@ func ctgo_reopen(h C.ct_session, path *C.char, step C.uint64_t, out *C.ct_sessio
 	if err != nil {
 		return status(err)
 	}
-	var n *session.Session
-	if err := finishing(s, func() error {
-		var e error
-		n, e = s.Reopen(p, uint64(step))
-		return e
-	}); err != nil {
+	n, err := s.Reopen(p, uint64(step))
+	if err != nil {
 		return status(err)
 	}
 	*out = C.ct_session(n.Handle())

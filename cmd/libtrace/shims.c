@@ -1,10 +1,14 @@
 /* The public ct_* functions: thin shims over the fast path (spans, clock) and
  * the private Go exports (everything else). Each refuses to run in a fork
  * child before touching Go: the Go runtime does not survive fork(). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_DEFAULT */
+#endif
 #include "candle_trace.h"
 #include "fastpath.h"
 #include "_cgo_export.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 
 /* Kept equal to session.Version (a test checks). */
@@ -214,6 +218,17 @@ static void ambient_exit(void) {
     /* A fork child must not touch Go; its parent finishes the session. */
     if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return;
     ctgo_ambient_exit();
+}
+
+/* A program linked with this library and run under the drop-in shim
+ * initialises the library before the shim: the shim's fatal-signal handlers
+ * must still go in before the Go runtime's, which forwards the faults of
+ * non-Go code only to a handler that was there before it. Priority 101 puts
+ * this ahead of the Go runtime's own initialiser in .init_array; the shim,
+ * preloaded, is mapped already. Without the shim: nothing. */
+__attribute__((constructor(101))) static void ct_preload_early(void) {
+    void (*early)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "ct__preload_install_early");
+    if (early) early();
 }
 
 /* Registered at load, so a program that exits before the Go runtime has

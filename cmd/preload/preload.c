@@ -43,6 +43,10 @@
  *    turning faults in Go code into panics; installed after, ours would
  *    replace Go's handler and break them. Go installs nothing for SIGILL,
  *    SIGABRT and SIGTERM in a c-shared library, so those reach ours directly.
+ *    A program linked with the library has it initialised before this
+ *    shim's constructor; the library's first constructor then asks the shim
+ *    to install them (ct__preload_install_early), still before its Go
+ *    runtime starts.
  *  - Only the shim installs handlers: the library linked normally (or
  *    preloaded without the shim) never touches signal dispositions.
  *  - The handshake is two futex words owned by the shim (req: a flush is
@@ -190,6 +194,8 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *uctx) {
 }
 
 static void install_fatal_handlers(void) {
+    static int done_once;
+    if (__atomic_exchange_n(&done_once, 1, __ATOMIC_ACQ_REL)) return; /* early, then the constructor */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fatal_signal;
@@ -266,14 +272,32 @@ void ct__preload_crash_stop(void) {
     futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
 }
 
-__attribute__((constructor)) static void candle_trace_preload(void) {
-    if (!getenv("CANDLE_TRACE_PATH")) return;
+/* Whether this process is one to trace: CANDLE_TRACE_PATH set and the
+ * program's name matching CANDLE_TRACE_MATCH. */
+static int traced(void) {
+    if (!getenv("CANDLE_TRACE_PATH")) return 0;
     const char *match = getenv("CANDLE_TRACE_MATCH");
     char exe[PATH_MAX] = "", arg0[PATH_MAX] = "";
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) exe[n] = 0;
     argv0(arg0, sizeof arg0);
-    if (match && *match && !matches(match, base(exe), base(arg0))) return;
+    return !(match && *match && !matches(match, base(exe), base(arg0)));
+}
+
+/* A program linked with libcandle_trace.so (not only preloaded) has the
+ * library initialised before this shim's constructor: the Go runtime's
+ * SIGSEGV/SIGBUS/SIGFPE handlers would be in place when the shim looks, and
+ * the shim would leave them alone, so a fault in the program's code would
+ * kill it with nothing flushed. The library therefore calls this from a
+ * constructor that runs before its Go runtime starts (cmd/libtrace/shims.c),
+ * and the handlers go in first, as when the shim dlopens the library:
+ * Go forwards non-Go faults to them and keeps its own panics. */
+void ct__preload_install_early(void) {
+    if (traced()) install_fatal_handlers();
+}
+
+__attribute__((constructor)) static void candle_trace_preload(void) {
+    if (!traced()) return;
 
     char lib[PATH_MAX];
     const char *want = getenv("CANDLE_TRACE_LIB");
@@ -287,10 +311,25 @@ __attribute__((constructor)) static void candle_trace_preload(void) {
         size_t dir = slash ? (size_t)(slash - lib + 1) : 0;
         snprintf(lib + dir, sizeof lib - dir, "libcandle_trace.so");
     }
-    /* Before dlopen, so that the Go runtime forwards faults to us (above). */
+    /* Before dlopen, so that the Go runtime forwards faults to us (above);
+     * nothing when the library, linked into the program, asked already. */
     install_fatal_handlers();
-    if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
         remove_fatal_handlers();
         fprintf(stderr, "candle-trace: drop-in not started: %s\n", dlerror());
+        return;
     }
+    /* The device collectors start in the library's Go init, on its own
+     * thread, while the program runs on: a kernel launched before CUPTI is
+     * enabled is never recorded, so a short program (or one started on a
+     * loaded machine) lost its first kernels, all of them in a drop-in
+     * trace with 0 device intervals. When collectors are asked for, the
+     * program starts once they run: ct_ambient_session returns after the
+     * Go inits. Waited for here, after dlopen has returned and released the
+     * loader's lock (the Go init dlopens libcupti and libnvidia-ml), never
+     * inside the library's own constructors. */
+    const char *collect = getenv("CANDLE_TRACE_DEVICE_COLLECT");
+    uint64_t (*ambient)(void) = (uint64_t (*)(void))dlsym(h, "ct_ambient_session");
+    if (collect && *collect && ambient) ambient();
 }

@@ -111,7 +111,7 @@ func Start(t Target, o StartOptions, opts ...Option) (*Collectors, error) {
 // prefixed names ct_device_start in a message that does not already.
 func prefixed(err error) error {
 	if e, ok := err.(interface{ Error() string }); ok && !strings.HasPrefix(e.Error(), "ct_device_start") {
-		if se := asSessionError(err); se != nil {
+		if se := asCTError(err); se != nil {
 			se.Msg = "ct_device_start: " + se.Msg
 			return se
 		}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/candle-trace/candle-trace/internal/cterr"
 	"github.com/candle-trace/candle-trace/internal/cuda/nvmlbind"
-	"github.com/candle-trace/candle-trace/internal/session"
 )
 
 // Library is the part of NVML the sampler uses: the seam tests fill with
@@ -53,11 +53,11 @@ func OpenNVML(path string) (Library, error) {
 func DefaultOpenNVML() (Library, error) { return OpenNVML(os.Getenv(NVMLLibraryEnv)) }
 
 func unavailable(format string, args ...any) error {
-	return &session.Error{Code: session.Unavailable, Msg: fmt.Sprintf(format, args...)}
+	return &cterr.Error{Code: cterr.Unavailable, Msg: fmt.Sprintf(format, args...)}
 }
 
 func invalidArg(format string, args ...any) error {
-	return &session.Error{Code: session.InvalidArgument, Msg: fmt.Sprintf(format, args...)}
+	return &cterr.Error{Code: cterr.InvalidArgument, Msg: fmt.Sprintf(format, args...)}
 }
 
 // retName spells an nvmlReturn_t as NVML_ERROR_* plus NVML's own message.
@@ -108,8 +108,8 @@ func parseVisible(env string, set bool, count int) ([]visibleDevice, error) {
 	return out, nil
 }
 
-func asSessionError(err error) *session.Error {
-	if e, ok := err.(*session.Error); ok {
+func asCTError(err error) *cterr.Error {
+	if e, ok := err.(*cterr.Error); ok {
 		return e
 	}
 	return nil

@@ -14,9 +14,28 @@ import (
 // about it at the call instead of from a broken trace. Span ids are not checked here: they
 // are session handles, resolved by the session.
 
-// requireText checks a required string: valid UTF-8 and not blank. Blank is refused even
-// where candle-graph only needs the key present, because an empty id or name joins nothing.
+// Every string a record carries is bounded, and so are an op's strings together: a trace
+// line longer than the readers take (internal/report/trace's DefaultMaxLineBytes, 64 MiB)
+// would make a trace the session accepted unreadable. Escaped for JSON a byte takes at most
+// 6 bytes (\u00XX), so MaxRecordStringBytes of strings stay within such a line. The C ABI
+// refuses a string over MaxStringBytes before it reaches Go; these bounds hold for Go callers
+// too.
+const (
+	MaxStringBytes       = 1 << 20
+	MaxRecordStringBytes = 8 << 20
+)
+
+func tooLong(record, field string, n int) error {
+	return fmt.Errorf("%s: %q is longer than 1 MiB (%d bytes)", record, field, n)
+}
+
+// requireText checks a required string: valid UTF-8, not blank, at most MaxStringBytes.
+// Blank is refused even where candle-graph only needs the key present, because an empty id
+// or name joins nothing.
 func requireText(record, field, v string) error {
+	if len(v) > MaxStringBytes {
+		return tooLong(record, field, len(v))
+	}
 	if !utf8.ValidString(v) {
 		return fmt.Errorf("%s: %q must be valid UTF-8", record, field)
 	}
@@ -26,8 +45,12 @@ func requireText(record, field, v string) error {
 	return nil
 }
 
-// optionalText checks an optional string: valid UTF-8 ("" is fine, it means absent).
+// optionalText checks an optional string: valid UTF-8 ("" is fine, it means absent), at
+// most MaxStringBytes.
 func optionalText(record, field, v string) error {
+	if len(v) > MaxStringBytes {
+		return tooLong(record, field, len(v))
+	}
 	if !utf8.ValidString(v) {
 		return fmt.Errorf("%s: %q must be valid UTF-8", record, field)
 	}
@@ -44,7 +67,7 @@ func checkFinite(record, field string, v float64) error {
 // errNilRecord: a nil record is a caller bug, reported rather than dereferenced.
 func errNilRecord(record string) error { return fmt.Errorf("%s: record is nil", record) }
 
-// ValidateSpanName checks a span name: valid UTF-8 and not blank.
+// ValidateSpanName checks a span name: valid UTF-8, not blank, at most MaxStringBytes.
 func ValidateSpanName(name string) error { return requireText("span", "name", name) }
 
 // resolveDense checks shape against dtype and, when the caller gave no explicit size and the
@@ -75,10 +98,15 @@ func (o *Op) Validate() error {
 	if err := requireText(rec, "device", o.Device); err != nil {
 		return err
 	}
+	total := len(o.OpName) + len(o.Dtype) + len(o.Device) + len(o.Output)
 	for i, in := range o.Inputs {
 		if err := requireText(rec, fmt.Sprintf("inputs[%d]", i), in); err != nil {
 			return err
 		}
+		total += len(in)
+	}
+	if total > MaxRecordStringBytes {
+		return fmt.Errorf("%s: its strings are %d bytes together, more than the 8 MiB one record may carry (a longer trace line is refused by its readers)", rec, total)
 	}
 	if o.HasOutput {
 		if err := requireText(rec, "output", o.Output); err != nil {

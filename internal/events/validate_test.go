@@ -2,6 +2,7 @@ package events
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -79,6 +80,17 @@ func TestOpValidate(t *testing.T) {
 		{"empty output", func(o *Op) { o.HasOutput = true }, `op: "output" must not be empty`},
 		{"overflowing shape", func(o *Op) { o.Shape = []uint64{1 << 40, 1 << 40} }, `op: "shape"`},
 		{"end overflows", func(o *Op) { o.TimestampNs = math.MaxUint64 }, `"timestamp_ns" + "duration_ns" overflows`},
+		// Issue 14, defect 7: through Go no string had a bound, and a 64 MiB one made a
+		// trace line the readers refuse.
+		{"op_name of 1 MiB", func(o *Op) { o.OpName = strings.Repeat("a", MaxStringBytes) }, ""},
+		{"op_name of 1 MiB + 1", func(o *Op) { o.OpName = strings.Repeat("a", MaxStringBytes+1) },
+			`op: "op_name" is longer than 1 MiB (1048577 bytes)`},
+		{"64 MiB op_name", func(o *Op) { o.OpName = strings.Repeat("a", 64<<20) }, `op: "op_name" is longer than 1 MiB (67108864 bytes)`},
+		{"input of 1 MiB + 1", func(o *Op) { o.Inputs = []string{"t0", strings.Repeat("b", MaxStringBytes+1)} },
+			`op: "inputs[1]" is longer than 1 MiB (1048577 bytes)`},
+		{"strings of 8 MiB together", func(o *Op) { o.Inputs = inputsOf(MaxRecordStringBytes - len("matmulf32cpu")) }, ""},
+		{"strings of 8 MiB + 1 together", func(o *Op) { o.Inputs = inputsOf(MaxRecordStringBytes - len("matmulf32cpu") + 1) },
+			"op: its strings are 8388609 bytes together, more than the 8 MiB one record may carry"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,6 +104,30 @@ func TestOpValidate(t *testing.T) {
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
+}
+
+// inputsOf is op inputs of total bytes together, none longer than MaxStringBytes.
+func inputsOf(total int) []string {
+	var ins []string
+	for total > 0 {
+		n := min(total, MaxStringBytes)
+		ins = append(ins, strings.Repeat("i", n))
+		total -= n
+	}
+	return ins
+}
+
+// The bound on a record's strings keeps its line within what the trace
+// readers take, however the strings escape (at most 6 bytes a byte).
+func TestRecordStringBoundFitsALine(t *testing.T) {
+	o := Op{OpName: "m", Dtype: "f32", Device: "cpu", Shape: []uint64{1}, DurationNs: 1, TimestampNs: 1}
+	for left := MaxRecordStringBytes - len("mf32cpu"); left > 0; left -= MaxStringBytes {
+		o.Inputs = append(o.Inputs, strings.Repeat("\x01", min(left, MaxStringBytes))) // escapes to \u0001
+	}
+	require.NoError(t, o.Validate())
+	line := AppendOp(nil, &o)
+	assert.Greater(t, len(line), 5*MaxRecordStringBytes, "the worst escaping")
+	assert.LessOrEqual(t, len(line), 64<<20, "internal/report/trace's DefaultMaxLineBytes")
 }
 
 func TestOpValidateDerivesDenseBytes(t *testing.T) {

@@ -236,11 +236,11 @@ func (s *Session) dropEndedLocked(line []byte, mark, lines int) {
 	s.buf = s.buf[:mark]
 }
 
-// Discard ends a buffered session without writing anything (ct_discard):
+// discard ends a buffered session without writing anything (ct_discard):
 // nothing is on disk, the memory goes and the handle is invalid; open spans
 // do not matter. A session that writes as it records has nothing to
 // discard: CT_ERR_STATE, and it stays open.
-func (s *Session) Discard() error {
+func (s *Session) discard() error {
 	mu.Lock()
 	defer mu.Unlock()
 	if live[s.handle] != s {
@@ -264,14 +264,14 @@ func (s *Session) discardLocked() []byte {
 	return data
 }
 
-// Reopen discards the buffered session s (as Discard does) and opens the
+// reopen discards the buffered session s (as Discard does) and opens the
 // next one at path with s's run for capture step step (ct_reopen: a flight
 // recorder keeps one run JSON, parsed once, for every update it records).
 // A refusal that is the caller's (step 0 or a warmup_steps it no longer
 // exceeds, s not buffered, s unknown) leaves s as it was; once s is
 // discarded, a failure to open the next one (the path) is returned and
 // nothing is open.
-func (s *Session) Reopen(path string, step uint64) (*Session, error) {
+func (s *Session) reopen(path string, step uint64) (*Session, error) {
 	if Forked() {
 		return nil, errForked("ct_reopen")
 	}

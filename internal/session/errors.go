@@ -1,53 +1,30 @@
 package session
 
-import "fmt"
+import "github.com/candle-trace/candle-trace/internal/cterr"
 
-// Status mirrors ct_status of include/candle_trace.h; the values are fixed.
-type Status int
-
-const (
-	OK              Status = 0
-	InvalidArgument Status = 1
-	InvalidHandle   Status = 2
-	SpanMismatch    Status = 3
-	State           Status = 4
-	IO              Status = 5
-	Poisoned        Status = 6
-	Unavailable     Status = 7
-	Internal        Status = 8
+// The session's errors are package cterr's (the device collectors return
+// them too, without importing the session); these names keep the session's
+// callers as they were.
+type (
+	// Status mirrors ct_status of include/candle_trace.h.
+	Status = cterr.Status
+	// Error is what every failing call returns.
+	Error = cterr.Error
 )
 
-var statusNames = [...]string{"CT_OK", "CT_ERR_INVALID_ARGUMENT", "CT_ERR_INVALID_HANDLE",
-	"CT_ERR_SPAN_MISMATCH", "CT_ERR_STATE", "CT_ERR_IO", "CT_ERR_POISONED",
-	"CT_ERR_UNAVAILABLE", "CT_ERR_INTERNAL"}
+const (
+	OK              = cterr.OK
+	InvalidArgument = cterr.InvalidArgument
+	InvalidHandle   = cterr.InvalidHandle
+	SpanMismatch    = cterr.SpanMismatch
+	State           = cterr.State
+	IO              = cterr.IO
+	Poisoned        = cterr.Poisoned
+	Unavailable     = cterr.Unavailable
+	Internal        = cterr.Internal
+)
 
-func (s Status) String() string {
-	if s >= 0 && int(s) < len(statusNames) {
-		return statusNames[s]
-	}
-	return fmt.Sprintf("ct_status(%d)", int(s))
-}
-
-// Error is what every failing call returns: the status the C ABI reports and
-// the message ct_last_error() shows.
-type Error struct {
-	Code Status
-	Msg  string
-}
-
-func (e *Error) Error() string { return e.Msg }
-
-func errorf(code Status, format string, args ...any) *Error {
-	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
-}
+var errorf = cterr.Errorf
 
 // CodeOf extracts the status of err (Internal for foreign errors, OK for nil).
-func CodeOf(err error) Status {
-	if err == nil {
-		return OK
-	}
-	if e, ok := err.(*Error); ok {
-		return e.Code
-	}
-	return Internal
-}
+func CodeOf(err error) Status { return cterr.CodeOf(err) }

@@ -291,6 +291,8 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 	switch {
 	case strings.TrimSpace(name) == "":
 		return 0, errorf(InvalidArgument, "%s: name is empty", fn)
+	case len(name) > events.MaxStringBytes:
+		return 0, errorf(InvalidArgument, "%s: name is longer than 1 MiB (%d bytes)", fn, len(name))
 	case !utf8.ValidString(name):
 		return 0, errorf(InvalidArgument, "%s: name is not valid UTF-8", fn)
 	case !kind.Valid():

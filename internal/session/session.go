@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -37,6 +38,9 @@ type Session struct {
 	bound        *bufferSink // the sink of a buffered session; nil otherwise
 
 	aggr *aggState // aggregate sessions only
+
+	devMu   sync.Mutex
+	devices Devices // the device collectors (devices.go); guarded by devMu
 
 	// Everything below is guarded by mu.
 	buf          []byte
@@ -467,9 +471,8 @@ func (s *Session) Flush() error {
 	return nil
 }
 
-// Finish closes the root, writes terminal complete and releases the handle.
-// It refuses (leaving the session open) when the capture is not complete.
-func (s *Session) Finish() error {
+// finish is Finish (devices.go) once the device collectors are flushed.
+func (s *Session) finish() error {
 	mu.Lock()
 	defer mu.Unlock()
 	if err := s.usableLocked("ct_finish"); err != nil {
@@ -581,11 +584,14 @@ func sortedKeys(m map[string]int) []string {
 	return keys
 }
 
-// FinishFailed writes terminal failed with reason and releases the handle,
-// also on a poisoned session.
-func (s *Session) FinishFailed(reason string) error {
+// finishFailed is FinishFailed (devices.go) once the device collectors are
+// flushed.
+func (s *Session) finishFailed(reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return errorf(InvalidArgument, "ct_finish_failed: reason is empty")
+	}
+	if len(reason) > events.MaxStringBytes {
+		return errorf(InvalidArgument, "ct_finish_failed: reason is longer than 1 MiB (%d bytes)", len(reason))
 	}
 	if !utf8.ValidString(reason) {
 		return errorf(InvalidArgument, "ct_finish_failed: reason is not valid UTF-8")

@@ -665,6 +665,14 @@ static ct_status h_tracer_begin_earlier(ct_session s) { return ct_tracer_begin_e
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 static ct_status h_discard(ct_session s) { return ct_discard(s); }
+static ct_status h_aggregate_enable(ct_session s) { return ct_aggregate_enable(s, 1); }
+static ct_status h_aggregate_trigger(ct_session s) {
+    return ct_aggregate_trigger(s, 1, "slow", 2.0, 1.0, NULL, NULL, NULL);
+}
+static ct_status h_reopen(ct_session s) {
+    ct_session next = 0;
+    return ct_reopen(s, outpath("never-written.jsonl"), 2, &next);
+}
 
 static const struct {
     const char *name;
@@ -694,6 +702,9 @@ static const struct {
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
     {"ct_discard", h_discard},
+    {"ct_aggregate_enable", h_aggregate_enable},
+    {"ct_aggregate_trigger", h_aggregate_trigger},
+    {"ct_reopen", h_reopen},
 };
 
 static void test_handles(void) {
@@ -901,6 +912,9 @@ static const struct {
     {"ct_record_gradient key", s_grad_key, 0},
 };
 
+/* The longest span name (include/candle_trace.h), with the default ring. */
+#define CT_TEST_SPAN_NAME_MAX 262096
+
 static void test_strings(ct_session s, ct_span span) {
     g_section = "strings";
     for (size_t t = 0; t < sizeof STR_TARGETS / sizeof STR_TARGETS[0]; t++) {
@@ -924,6 +938,32 @@ static void test_strings(ct_session s, ct_span span) {
         snprintf(desc, sizeof desc, "%s = 1 MiB + 1 byte", STR_TARGETS[t].name);
         CHECK_ROW(desc, STR_TARGETS[t].fn(s, span, big), CT_ERR_INVALID_ARGUMENT, "longer than 1 MiB");
     }
+
+    /* Each within 1 MiB, together more than a record may carry: 9 inputs of
+     * 1 MiB made a 9 MiB line, and 70 one that the trace's readers refuse
+     * (line_too_long) after the call said OK. */
+    big[n - 1] = 0; /* 1 MiB */
+    const char *nine[9];
+    for (int i = 0; i < 9; i++) nine[i] = big;
+    ct_op op = op_tmpl();
+    op.inputs = nine;
+    op.n_inputs = 9;
+    CHECK_STATUS(ct_record_op(s, span, &op), CT_ERR_INVALID_ARGUMENT,
+                 "ct_record_op: op: its strings are 9437196 bytes together, more than the 8 MiB one record may carry");
+    op.n_inputs = 7; /* 7 MiB and the short fields: taken, and the trace stays valid (run.sh) */
+    CHECK_STATUS(ct_record_op(s, span, &op), CT_OK, NULL);
+
+    /* Span names: the header's 262,096 bytes exactly (half the default
+     * 512 KiB ring less the 48-byte record header). */
+    ct_span sp;
+    memset(big, 'n', CT_TEST_SPAN_NAME_MAX + 1);
+    big[CT_TEST_SPAN_NAME_MAX] = 0;
+    CHECK_STATUS(ct_span_begin(s, big, CT_SPAN_FUNCTION, CT_STEP_NONE, &sp), CT_OK, NULL);
+    CHECK_STATUS(ct_span_end(s, sp), CT_OK, NULL);
+    big[CT_TEST_SPAN_NAME_MAX] = 'n';
+    big[CT_TEST_SPAN_NAME_MAX + 1] = 0;
+    CHECK_STATUS(ct_span_begin(s, big, CT_SPAN_FUNCTION, CT_STEP_NONE, &sp), CT_ERR_INVALID_ARGUMENT,
+                 "ct_span_begin: name of 262097 bytes does not fit the event ring");
     free(big);
 }
 

@@ -209,7 +209,9 @@ def test_dropin_starts_the_collectors_named_in_the_environment(tmp_path, fake_nv
     (trace,) = tmp_path.glob("run-*.jsonl")
     events = lines(trace)
     samples = [e for e in events if e["kind"] == "device_memory"]
-    assert len(samples) >= 10, len(samples)
+    # One round of both devices at least, the one before the terminal line;
+    # how many more the 5 ms interval adds depends on the machine's load.
+    assert len(samples) >= 2, len(samples)
     assert {e["device"] for e in samples} == {"cuda:0", "cuda:1"}
     assert events[-1]["outcome"] == "complete"
     require_valid(trace, tmp_path)
@@ -240,6 +242,31 @@ def fake_cupti_env(lib: Path) -> dict:
     """What a script driving the fake libcupti needs: the library for the
     collector and for the script (one path, one library), and the helper."""
     return {"CANDLE_TRACE_CUPTI_LIB": str(lib), "FAKE_CUPTI": str(lib), "PYTHONPATH": fake_cupti_helper.HERE}
+
+
+def test_dropin_keeps_the_kernels_launched_just_before_exit(tmp_path, fake_cupti):
+    """Issue 14, defect 6: the exit's flush waits for every buffer CUPTI held,
+    even one still on its way. The fake delivers each buffer 100 ms late from
+    another thread, so a flush that only asks cuptiActivityFlushAll finds
+    nothing and the trace ends with no device interval, every time. And the
+    kernels come right at the start: under the shim the program starts once
+    the collectors run (they start in the library's Go init, on its own
+    thread; before, a loaded machine let the script launch first)."""
+    shim = REPO / "build" / "libcandle_trace_preload.so"
+    assert shim.exists(), f"{shim} is not built (make build/libcandle_trace_preload.so)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLE_TRACE_")}
+    env.update(LD_PRELOAD=str(shim), CANDLE_TRACE_LIB=str(LIB), CANDLE_TRACE_PATH=str(tmp_path / "run-%p.jsonl"),
+               CANDLE_TRACE_DEVICE_COLLECT="cupti", FAKE_CUPTI_DELIVERY_DELAY_MS="100",
+               **fake_cupti_env(fake_cupti))
+    script = "from fake_cupti import launch\nfor i in range(5): launch(b'_Z4lastv', 1000)\n"
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "device collectors not started" not in r.stderr, r.stderr
+    (trace,) = tmp_path.glob("run-*.jsonl")
+    events = lines(trace)
+    assert [e["name"] for e in events if e["kind"] == "device_interval"] == ["last()"] * 5
+    assert events[-1]["outcome"] == "complete"
+    require_valid(trace, tmp_path)
 
 
 CUPTI_PRELUDE = """

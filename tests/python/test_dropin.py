@@ -297,18 +297,27 @@ int main(void) {
 """
 
 
-def build_c(tmp_path: Path, name: str, source: str) -> Path:
+def build_c(tmp_path: Path, name: str, source: str, link: list[str] | None = None) -> Path:
     src, exe = tmp_path / f"{name}.c", tmp_path / name
     src.write_text(source)
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O0", "-Wall", "-Werror", "-pthread", f"-I{REPO / 'include'}", str(src), "-o", str(exe), "-ldl"],
-                   check=True, timeout=60)
+    subprocess.run([cc, "-O0", "-Wall", "-Werror", "-pthread", f"-I{REPO / 'include'}", str(src), "-o", str(exe), "-ldl",
+                    *(link or [])], check=True, timeout=60)
     return exe
 
 
 @pytest.fixture(scope="module")
 def dying(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory.mktemp("dying"), "dying", DYING)
+
+
+@pytest.fixture(scope="module")
+def dying_linked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DYING with libcandle_trace.so linked in (a DT_NEEDED entry): the
+    library, and its Go runtime's signal handlers, initialise before the
+    preloaded shim's constructor runs."""
+    return build_c(tmp_path_factory.mktemp("dying-linked"), "dying", DYING,
+                   ["-Wl,--no-as-needed", f"-L{LIB.parent}", f"-l:{LIB.name}", f"-Wl,-rpath,{LIB.parent}"])
 
 
 def shim_env(trace: Path, flush_ms: str | None = "60000") -> dict:
@@ -372,6 +381,21 @@ def test_a_fatal_signal_under_the_shim_flushes_every_record(tmp_path: Path, dyin
     assert proc.returncode == -signum, f"the program still dies of its own signal: {proc.returncode} {proc.stderr!r}"
     assert took < 3, f"dying took {took:.2f} s"
     check_flushed(trace, tmp_path, ["work"], n, signal.Signals(signum).name)
+
+
+@pytest.mark.parametrize("how,signum", [("segv", signal.SIGSEGV), ("abort", signal.SIGABRT),
+                                        ("threads", signal.SIGSEGV)])
+def test_a_fatal_signal_in_a_program_linked_with_the_library_flushes_every_record(
+        tmp_path: Path, dying_linked: Path, how: str, signum: int) -> None:
+    # Issue 14, defect 7: linked in, the library's Go runtime installed its
+    # SIGSEGV handler before the shim looked, the shim left it alone, and a
+    # fault kept what the flusher had happened to write, with no terminal line.
+    trace, n = tmp_path / "linked.jsonl", 1000
+    proc = subprocess.run([str(dying_linked), how, str(n)], env=shim_env(trace), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signum, f"the program still dies of its own signal: {proc.returncode} {proc.stderr!r}"
+    check_flushed(trace, tmp_path, ["work", "other"] if how == "threads" else ["work"], n,
+                  signal.Signals(signum).name)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])

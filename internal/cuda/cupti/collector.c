@@ -19,10 +19,12 @@
 #include "collector.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -186,6 +188,35 @@ static ct_cupti_counters counters;
 static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;   /* the completed-buffer queue */
 static ct_cupti_buf *done_head, *done_tail;
 
+/* Buffers CUPTI holds: handed out by buffer_requested, not yet back through
+ * buffer_completed. A flush must wait for them: cuptiActivityFlushAll does
+ * not wait for a buffer another thread is delivering (CUPTI's own, when one
+ * fills, or the drain loop's unforced flush), so a record launched just
+ * before exit could reach the queue after the terminal line. Each buffer
+ * carries this header in front of what CUPTI sees; the list is in request
+ * order, so its head is the oldest buffer still out. Guarded by done_mu;
+ * returns are signalled on done_cv. */
+typedef struct held_buf {
+    struct held_buf *prev, *next;
+    uint64_t seq;    /* 1, 2, ... in request order */
+    uint64_t linked; /* on the list (a flush gave up on it: no longer); also keeps the data 8-byte aligned */
+} held_buf;
+#define HELD_HDR sizeof(held_buf)
+static held_buf *held_head, *held_tail;
+static uint64_t held_seq;
+static pthread_cond_t done_cv;
+static pthread_once_t done_cv_once = PTHREAD_ONCE_INIT;
+
+static void done_cv_init(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&done_cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static held_buf *held_of(uint8_t *data) { return (held_buf *)(void *)(data - HELD_HDR); }
+
 static const CUpti_ActivityKind kinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
     CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
@@ -221,14 +252,75 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
         return;
     }
     size_t n = LOAD(&buf_bytes);
-    void *p = aligned_alloc(8, n); /* CUPTI wants ACTIVITY_RECORD_ALIGNMENT (8) */
-    if (!p) {
+    held_buf *h = aligned_alloc(8, HELD_HDR + n); /* CUPTI wants ACTIVITY_RECORD_ALIGNMENT (8) */
+    if (!h) {
         ADD(&outstanding, -1);
         ADD(&counters.buffers_refused, 1);
         return;
     }
-    *buffer = p;
+    pthread_mutex_lock(&done_mu);
+    h->seq = ++held_seq;
+    h->linked = 1;
+    h->next = NULL;
+    h->prev = held_tail;
+    if (held_tail)
+        held_tail->next = h;
+    else
+        held_head = h;
+    held_tail = h;
+    pthread_mutex_unlock(&done_mu);
+    *buffer = (uint8_t *)h + HELD_HDR;
     *size = n;
+}
+
+/* Takes h off the held list; done_mu held. */
+static void held_unlink(held_buf *h) {
+    if (!h->linked) return;
+    h->linked = 0;
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        held_head = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    else
+        held_tail = h->prev;
+    h->prev = h->next = NULL;
+}
+
+/* Waits until every buffer handed out up to seq mark is back, at most
+ * CT_CUPTI_FLUSH_WAIT_MS; returns 0 when they are, -1 when the bound
+ * passed (counted). */
+static int wait_returned(uint64_t mark) {
+    pthread_once(&done_cv_once, done_cv_init);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += CT_CUPTI_FLUSH_WAIT_MS / 1000;
+    until.tv_nsec += (long)(CT_CUPTI_FLUSH_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    int rc = 0;
+    pthread_mutex_lock(&done_mu);
+    while (held_head && held_head->seq <= mark) {
+        if (pthread_cond_timedwait(&done_cv, &done_mu, &until) == ETIMEDOUT) {
+            /* Given up on: later flushes do not wait for these again (one
+             * that still comes back is queued as any other). */
+            while (held_head && held_head->seq <= mark) {
+                held_unlink(held_head);
+                rc = -1;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&done_mu);
+    if (rc) ADD(&counters.flush_timeouts, 1);
+    return rc;
+}
+
+static uint64_t held_mark(void) {
+    pthread_mutex_lock(&done_mu);
+    uint64_t m = held_seq;
+    pthread_mutex_unlock(&done_mu);
+    return m;
 }
 
 static void buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
@@ -238,22 +330,28 @@ static void buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, si
     if (fn.activityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
         ADD(&counters.dropped, (uint64_t)dropped);
     if (!buffer) return;
+    pthread_once(&done_cv_once, done_cv_init);
+    held_buf *h = held_of(buffer);
     ct_cupti_buf *b = valid ? calloc(1, sizeof *b) : NULL;
-    if (!b) {
-        free(buffer);
-        ADD(&outstanding, -1);
-        return;
-    }
-    b->data = buffer;
-    b->valid = valid;
-    ADD(&counters.buffers, 1);
     pthread_mutex_lock(&done_mu);
-    if (done_tail)
-        done_tail->next = b;
-    else
-        done_head = b;
-    done_tail = b;
+    held_unlink(h);
+    if (b) {
+        b->data = buffer;
+        b->valid = valid;
+        ADD(&counters.buffers, 1);
+        if (done_tail)
+            done_tail->next = b;
+        else
+            done_head = b;
+        done_tail = b;
+    }
+    /* Queued before the flush waiting for it is told: it takes the queue next. */
+    pthread_cond_broadcast(&done_cv);
     pthread_mutex_unlock(&done_mu);
+    if (!b) {
+        free(h);
+        ADD(&outstanding, -1);
+    }
 }
 
 static void disable_all(int upto) {
@@ -327,20 +425,28 @@ int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, int b
 
 CUptiResult ct_cupti_flush(int forced) {
     if (!LOAD(&lib)) return CUPTI_ERROR_NOT_INITIALIZED;
-    return fn.activityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
+    if (!forced) return fn.activityFlushAll(0);
+    /* Every buffer handed out before the flush holds records launched
+     * before it: forced out, each comes back, here or on another thread. */
+    uint64_t mark = held_mark();
+    CUptiResult r = fn.activityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    wait_returned(mark);
+    return r;
 }
 
 void ct_cupti_stop(void) {
     pthread_mutex_lock(&state_mu);
     uint64_t session = LOAD(&active_session);
     if (session) {
-        fn.activityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        ct_cupti_flush(1);
         disable_all(NKINDS);
         fn.unsubscribe(subscriber);
         subscriber = NULL;
         STORE(&active_session, 0);
         if (LOAD(&borrow_main)) ct__track_main_thread(session, 0);
+        uint64_t mark = held_mark();
         fn.activityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        wait_returned(mark);
         ct_cupti_poll_dropped();
     }
     pthread_mutex_unlock(&state_mu);
@@ -356,7 +462,7 @@ ct_cupti_buf *ct_cupti_take(void) {
 
 void ct_cupti_buf_free(ct_cupti_buf *b) {
     if (!b) return;
-    free(b->data);
+    free(held_of(b->data));
     free(b);
     ADD(&outstanding, -1);
 }

@@ -72,8 +72,15 @@ enum {
  * *kind say what CUPTI answered. */
 CT_CUPTI_HIDDEN int ct_cupti_start(uint64_t session, size_t buffer_bytes, int max_buffers, int borrow_main,
                                    CUptiResult *res, int *kind);
+/* How long a forced flush waits for the buffers CUPTI still holds to come
+ * back (a CUPTI that never returns one must not hang a process's exit). */
+#define CT_CUPTI_FLUSH_WAIT_MS 5000
+
 /* Forces out every buffer (cuptiActivityFlushAll(FLUSH_FORCED) when forced,
- * else only the buffers whose records are complete). */
+ * else only the buffers whose records are complete). A forced flush returns
+ * once every buffer handed out before it is back in the completed queue
+ * (ct_cupti_take), wherever CUPTI delivered it from, or after
+ * CT_CUPTI_FLUSH_WAIT_MS (counted in flush_timeouts). */
 CT_CUPTI_HIDDEN CUptiResult ct_cupti_flush(int forced);
 /* Flushes (forced), disables the kinds and unsubscribes. The correlation
  * table stays until the next start, so what was flushed can be decoded. */
@@ -130,6 +137,7 @@ typedef struct ct_cupti_counters {
     uint64_t bad_records;       /* cuptiActivityGetNextRecord errors (rest of buffer lost) */
     uint64_t unattributed;      /* device records whose correlation id was not recorded */
     uint64_t borrowed;          /* launches from a thread with no open span given the main thread's span */
+    uint64_t flush_timeouts;    /* forced flushes that gave up waiting for a buffer CUPTI kept */
 } ct_cupti_counters;
 
 CT_CUPTI_HIDDEN void ct_cupti_read_counters(ct_cupti_counters *out);

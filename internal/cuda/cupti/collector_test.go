@@ -30,6 +30,7 @@ func fakeOptions(t testing.TB) (Options, *cuptitest.Fake) {
 	f := cuptitest.Open(t, path)
 	f.Hold(false, 0)
 	f.SetClock(0, 0, 0)
+	f.SetDeliveryDelay(0)
 	return Options{Library: path, Sonames: []string{}, LookupEnv: noEnv, DrainInterval: time.Hour}, f
 }
 
@@ -375,6 +376,48 @@ func TestCollectorDrainsPeriodically(t *testing.T) {
 	require.NoError(t, c.Stop())
 	require.NoError(t, s.Finish())
 	assert.Len(t, testutil.OfKind(testutil.Lines(t, path), "device_interval"), 1)
+}
+
+// Records launched just before a finish are in the trace even when their
+// buffers are still on their way to the collector as it flushes: one taken
+// out by an unforced flush (the drain loop's, or CUPTI's own thread with a
+// full buffer) and one the forced flush takes out, both delivered late from
+// another thread. Flush waits for every buffer CUPTI held to come back; a
+// collector that only calls cuptiActivityFlushAll and takes the queue finds
+// it empty and the finish writes its terminal line without them (issue 14,
+// defect 6: a drop-in trace with 0 device intervals).
+func TestFlushWaitsForBuffersStillBeingDelivered(t *testing.T) {
+	o, f := fakeOptions(t)
+	s, path := openSession(t)
+	c, err := Start(s, o)
+	require.NoError(t, err)
+	f.SetDeliveryDelay(200 * time.Millisecond)
+	defer f.SetDeliveryDelay(0)
+
+	runtime.LockOSThread()
+	first := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+	second := f.API(cuptitest.DomainRuntime, cuptitest.CbidCudaLaunchKernel)
+	runtime.UnlockOSThread()
+	now := f.Now()
+	f.Kernel(first, "in_the_buffer_being_delivered", 0, 7, now, now+10)
+	f.Complete() // taken out by an unforced flush: on its way
+	f.Kernel(second, "in_the_buffer_the_flush_forces_out", 0, 7, now+20, now+30)
+	time.Sleep(time.Millisecond) // every record ends before the session's "now"
+
+	require.NoError(t, c.Flush())
+	st := c.Stats()
+	assert.Equal(t, uint64(2), st.Kernels, "both buffers were back and written when Flush returned")
+	assert.Zero(t, st.FlushTimeouts)
+	require.NoError(t, s.Finish())
+	require.NoError(t, c.Stop())
+
+	testutil.RequireValid(t, path)
+	var names []string
+	for _, iv := range testutil.OfKind(testutil.Lines(t, path), "device_interval") {
+		names = append(names, iv["name"].(string))
+	}
+	assert.ElementsMatch(t, []string{"in_the_buffer_being_delivered", "in_the_buffer_the_flush_forces_out"}, names,
+		"in any order: the two deliveries race")
 }
 
 func TestCandidates(t *testing.T) {

@@ -39,8 +39,8 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/candle-trace/candle-trace/internal/cterr"
 	"github.com/candle-trace/candle-trace/internal/events"
-	"github.com/candle-trace/candle-trace/internal/session"
 )
 
 // LibraryEnv names a libcupti to load first (a file, or a folder holding one).
@@ -159,6 +159,7 @@ type Stats struct {
 	BadRecords     uint64 // cuptiActivityGetNextRecord errors (the rest of that buffer is lost)
 	Buffers        uint64 // buffers completed
 	BuffersRefused uint64 // buffer requests refused (too many outstanding)
+	FlushTimeouts  uint64 // forced flushes that gave up waiting for a buffer CUPTI kept (its records may be lost)
 	ClockAnchors   int
 	ClockBoundNs   uint64 // the largest error bound of a written interval's start
 	Refused        uint64 // records the session refused (InvalidArgument): not written
@@ -262,9 +263,10 @@ func (c *Collector) loop() {
 }
 
 // Flush forces every buffer out of CUPTI (records of work still running come
-// out incomplete and are counted, not written), writes what they hold and
-// states the dropped records so far: what a finish needs before its
-// terminal line. The collector keeps running.
+// out incomplete and are counted, not written), waits until every buffer
+// CUPTI held is back (one another thread was still delivering included),
+// writes what they hold and states the dropped records so far: what a finish
+// needs before its terminal line. The collector keeps running.
 func (c *Collector) Flush() error {
 	c.mu.Lock()
 	stopped := c.stopped
@@ -332,6 +334,7 @@ func (c *Collector) statsLocked() Stats {
 	s.BadRecords = uint64(k.bad_records)
 	s.Buffers = uint64(k.buffers)
 	s.BuffersRefused = uint64(k.buffers_refused)
+	s.FlushTimeouts = uint64(k.flush_timeouts)
 	s.ClockAnchors = len(c.clock.anchors)
 	return s
 }
@@ -406,7 +409,7 @@ func (c *Collector) writeRecords(data []byte) error {
 	}
 	p := C.aligned_alloc(8, C.size_t((len(data)+7)&^7)) // CUPTI's record alignment
 	if p == nil {
-		return &session.Error{Code: session.Internal, Msg: "no memory for an activity buffer"}
+		return &cterr.Error{Code: cterr.Internal, Msg: "no memory for an activity buffer"}
 	}
 	defer C.free(p)
 	C.memcpy(p, unsafe.Pointer(&data[0]), C.size_t(len(data)))
@@ -506,14 +509,14 @@ func (c *Collector) write(r *C.ct_cupti_rec) error {
 		span = 1
 	}
 	err := c.sink.RecordDeviceInterval(span, &c.iv)
-	if err != nil && span != 1 && session.CodeOf(err) == session.InvalidHandle {
+	if err != nil && span != 1 && cterr.CodeOf(err) == cterr.InvalidHandle {
 		// The span closed too long ago for the session to check against.
 		c.stats.Reattributed++
 		err = c.sink.RecordDeviceInterval(1, &c.iv)
 	}
 	if err != nil {
 		c.stats.LastError = err.Error()
-		if session.CodeOf(err) == session.InvalidArgument {
+		if cterr.CodeOf(err) == cterr.InvalidArgument {
 			c.stats.Refused++ // this record only: go on with the others
 			return nil
 		}
@@ -843,7 +846,7 @@ func startError(stage, res, kind int, path string) error {
 	case C.CT_CUPTI_STAGE_ENABLE:
 		return unavailable("CUPTI could not start: cuptiActivityEnable(CUPTI_ACTIVITY_KIND_%s) returned %s (%s)", kindNames[kind], resultName(res), path)
 	case C.CT_CUPTI_STAGE_MEMORY:
-		return &session.Error{Code: session.Internal, Msg: "CUPTI could not start: no memory for the correlation table"}
+		return &cterr.Error{Code: cterr.Internal, Msg: "CUPTI could not start: no memory for the correlation table"}
 	}
 	return unavailable("CUPTI could not start (stage %d)", stage)
 }
@@ -859,5 +862,5 @@ func cudaProblem() string {
 }
 
 func unavailable(format string, args ...any) error {
-	return &session.Error{Code: session.Unavailable, Msg: fmt.Sprintf(format, args...)}
+	return &cterr.Error{Code: cterr.Unavailable, Msg: fmt.Sprintf(format, args...)}
 }

@@ -15,6 +15,7 @@ typedef void (*memcpy_fn)(uint32_t, uint32_t, uint32_t, uint64_t, uint32_t, uint
 typedef void (*memset_fn)(uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t);
 typedef void (*void_fn)(void);
 typedef void (*u64_fn)(uint64_t);
+typedef void (*u32_fn)(uint32_t);
 typedef void (*hold_fn)(int, int);
 typedef void (*clock_fn)(int64_t, uint32_t, uint32_t);
 typedef int (*enabled_fn)(int, uint32_t);
@@ -28,6 +29,7 @@ static void call_memcpy(void *f, uint32_t cid, uint32_t rt, uint32_t k, uint64_t
 static void call_memset(void *f, uint32_t cid, uint64_t by, uint32_t dev, uint32_t s, uint64_t a, uint64_t b) { ((memset_fn)f)(cid, by, dev, s, a, b); }
 static void call_void(void *f) { ((void_fn)f)(); }
 static void call_u64(void *f, uint64_t v) { ((u64_fn)f)(v); }
+static void call_u32(void *f, uint32_t v) { ((u32_fn)f)(v); }
 static void call_hold(void *f, int h, int r) { ((hold_fn)f)(h, r); }
 static void call_clock(void *f, int64_t o, uint32_t s, uint32_t e) { ((clock_fn)f)(o, s, e); }
 static int call_enabled(void *f, int d, uint32_t c) { return ((enabled_fn)f)(d, c); }
@@ -45,6 +47,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -158,6 +161,13 @@ func (f *Fake) Memset(cid uint32, bytes uint64, dev, stream uint32, start, end u
 
 // Complete delivers the current buffer, as CUPTI does when one fills.
 func (f *Fake) Complete() { C.call_void(f.sym("fake_cupti_complete")) }
+
+// SetDeliveryDelay makes every buffer reach the completion callback from a
+// detached thread d later, the call that took it out returning at once (0:
+// delivered before that call returns, the default).
+func (f *Fake) SetDeliveryDelay(d time.Duration) {
+	C.call_u32(f.sym("fake_cupti_set_delivery_delay"), C.uint32_t(d/time.Microsecond))
+}
 
 // Drop makes CUPTI report n more dropped records.
 func (f *Fake) Drop(n uint64) { C.call_u64(f.sym("fake_cupti_drop"), C.uint64_t(n)) }

@@ -22,6 +22,9 @@
  * as CUPTI does from its own. cuptiActivityGetNextRecord walks a buffer by
  * each record's kind.
  *
+ * fake_cupti_set_delivery_delay (or FAKE_CUPTI_DELIVERY_DELAY_MS) makes every
+ * delivery asynchronous and late instead (see deliver).
+ *
  * Test hooks (fake_cupti_*): simulate an API call on the calling thread
  * (the subscriber's callback runs there, at entry and exit, with a fresh
  * correlation id), append device records, inject dropped records, hold the
@@ -101,8 +104,48 @@ static void *deliver_thread(void *arg) {
     return NULL;
 }
 
+/* Delayed delivery (fake_cupti_set_delivery_delay, or FAKE_CUPTI_DELIVERY_DELAY_MS
+ * in the environment at load): a buffer taken out reaches the completion
+ * callback from a detached thread delay_us later, and whoever took it out
+ * (a flush, forced or not, or an append that filled it) returns at once.
+ * That is the window a record launched just before exit falls into when
+ * CUPTI's own thread, or the client's periodic unforced flush, is still
+ * delivering its buffer as the exit's forced flush runs: widened
+ * deterministically. */
+static uint32_t delivery_delay_us;
+
+static void *deliver_later(void *arg) {
+    delivery *d = arg;
+    struct timespec t = {(time_t)(delivery_delay_us / 1000000), (long)(delivery_delay_us % 1000000) * 1000};
+    while (nanosleep(&t, &t) != 0) {
+    }
+    complete((CUcontext)0x1, 7, d->buf, d->size, d->used);
+    free(d);
+    return NULL;
+}
+
+__attribute__((constructor)) static void read_delivery_delay(void) {
+    const char *ms = getenv("FAKE_CUPTI_DELIVERY_DELAY_MS");
+    if (ms && *ms) delivery_delay_us = (uint32_t)strtoul(ms, NULL, 10) * 1000;
+}
+
+void fake_cupti_set_delivery_delay(uint32_t us) { __atomic_store_n(&delivery_delay_us, us, __ATOMIC_RELAXED); }
+
 /* Hands a buffer to the completion callback from another thread. */
 static void deliver(uint8_t *buf, size_t size, size_t used) {
+    if (__atomic_load_n(&delivery_delay_us, __ATOMIC_RELAXED)) {
+        delivery *later = malloc(sizeof *later);
+        pthread_attr_t a;
+        pthread_t t;
+        if (later && pthread_attr_init(&a) == 0) {
+            *later = (delivery){buf, size, used};
+            pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+            int rc = pthread_create(&t, &a, deliver_later, later);
+            pthread_attr_destroy(&a);
+            if (rc == 0) return;
+        }
+        free(later);
+    }
     delivery d = {buf, size, used};
     pthread_t t;
     if (pthread_create(&t, NULL, deliver_thread, &d) == 0)
