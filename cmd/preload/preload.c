@@ -117,7 +117,7 @@ static int matches(const char *patterns, const char *a, const char *b) {
  * flush itself takes well under a millisecond for the few MB a ring and the
  * write buffer can hold; the bound is for when it cannot happen at all (the
  * crashed thread holds the library's lock). */
-#define CRASH_FLUSH_WAIT_MS 500
+#define CRASH_FLUSH_WAIT_MS 10000
 
 /* Not SIGINT: CPython (and others) install their own SIGINT handler only over
  * SIG_DFL, so taking it at load would turn Ctrl-C's KeyboardInterrupt into a

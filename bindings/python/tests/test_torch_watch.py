@@ -313,9 +313,17 @@ def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
                 w.step()
     finally:
         gc.enable()
-    assert [(f.update, f.trigger) for f in w.fired] == [(20, "user")], [
+    # What the capture and the recorder after it cost is on updates 21-23. A stall of
+    # the machine elsewhere in 40 real updates (a page fault's I/O on a busy machine is
+    # a block, which the slow rule rightly keeps) may fire the slow trigger: it is
+    # allowed there, with its trace, and nowhere near the capture.
+    fired = [(f.update, f.trigger) for f in w.fired]
+    elsewhere = [(u, t) for u, t in fired[1:] if t == "slow" and not 21 <= u <= 23]
+    assert fired[:1] == [(20, "user")] and fired[1:] == elsewhere, [
         (f.update, f.trigger, f.detail) for f in w.fired]
-    assert sorted(os.listdir(folder)) == ["update-000020-user.jsonl", "update-000021-after-user.jsonl"]
+    noise = {f"update-{u:06d}-slow.jsonl" for u, _ in elsewhere} | {
+        f"update-{u + 1:06d}-after-slow.jsonl" for u, _ in elsewhere}
+    assert set(os.listdir(folder)) - noise == {"update-000020-user.jsonl", "update-000021-after-user.jsonl"}
 
 
 def test_the_programs_own_trigger_and_the_cap(tmp_path):
