@@ -2,7 +2,8 @@
 (ct_reduce_tensor_stats_f32, through StatsRecorder) against float64 references on the
 buffers it treats apart -- NaN, +-Inf, -0, denormals, float32's extremes, empty and
 non-contiguous tensors, a count float32 cannot hold -- and what the trace records
-(after the update: StatsRecorder.flush) being what it reduced."""
+(after the update: StatsRecorder.flush) being what it reduced; and the argument check
+StatsRecorder and the module spans share with the rest of the binding."""
 
 from __future__ import annotations
 
@@ -152,3 +153,25 @@ def test_a_refused_record_raises_the_librarys_message(session):
     rec.record(999, "orphan", torch.ones(2))
     with pytest.raises(CandleTraceError, match="span"):
         rec.flush()
+
+
+def test_a_label_holding_a_nul_is_refused_before_anything_is_reduced(session):
+    """The binding's own argument check (_args.text), as every other string argument."""
+    from candle_trace import CandleTraceValueError, Status
+    rec = StatsRecorder(session)
+    with pytest.raises(CandleTraceValueError) as e:
+        rec.record(1, "a\0b", torch.ones(2))
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
+    assert "candle_trace: StatsRecorder.record: label contains a NUL character ('a\\x00b')" in str(e.value)
+    rec.flush()  # nothing was kept
+
+
+def test_a_module_span_name_holding_a_nul_is_refused_with_the_same_check(session):
+    """Module spans (torch._spans.Spans) take the same argument check for their names."""
+    from candle_trace import CandleTraceValueError, Status
+    from candle_trace.torch._spans import Spans
+    spans = Spans(session)
+    with pytest.raises(CandleTraceValueError) as e:
+        spans.push("model", "a\0b", "module", "forward")
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
+    assert "candle_trace: Spans.push: name contains a NUL character ('a\\x00b')" in str(e.value)

@@ -17,7 +17,8 @@ import ctypes
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..session import CandleTraceError, Session, _raise
+from .. import _args
+from ..session import Session, _raise
 
 __all__ = ["Spans"]
 
@@ -76,9 +77,7 @@ class Spans:
     def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
         b = self._names.get(name)
         if b is None:
-            if "\0" in name:
-                raise CandleTraceError(1, f"span name {name!r} holds a NUL character")
-            b = self._names[name] = name.encode()
+            b = self._names[name] = _args.text(name, "Spans.push", "name")
         out = ctypes.c_uint64()
         st = self._begin(self._hc, b, _KIND[kind], _STEP[step], ctypes.byref(out))
         if st:

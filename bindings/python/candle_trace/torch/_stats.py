@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from .._lib import TensorStats as _TensorStats
-from ..session import CandleTraceError, Session
+from .. import _args
+from ..session import Session
 from ._common import dtype_name
 
 __all__ = ["tensor_stats", "StatsRecorder"]
@@ -66,19 +67,17 @@ class StatsRecorder:
         #: (span, the struct, its shape array), in record order
         self._pending: List[Tuple[int, _TensorStats, Any]] = []
 
-    def _bytes(self, text: str) -> bytes:
+    def _bytes(self, text: str, arg: str) -> bytes:
         b = self._text.get(text)
         if b is None:
-            if "\0" in text:
-                raise CandleTraceError(1, f"tensor stats label {text!r} holds a NUL character")
-            b = self._text[text] = text.encode()
+            b = self._text[text] = _args.text(text, "StatsRecorder.record", arg)
         return b
 
     def record(self, span: int, label: str, t: torch.Tensor) -> None:
         shape = tuple(t.shape)
         rank = len(shape)
         dims = (ctypes.c_int64 * max(rank, 1))(*shape)
-        st = _TensorStats(size=ctypes.sizeof(_TensorStats), label=self._bytes(label),
+        st = _TensorStats(size=ctypes.sizeof(_TensorStats), label=self._bytes(label, "label"),
                           shape=dims, rank=rank)
         if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided and t.numel():
             x = t if t.is_contiguous() else t.contiguous()
@@ -90,7 +89,7 @@ class StatsRecorder:
                 self._session._call(rc)
         else:
             nf, rms, amax, mean = tensor_stats(t)
-            st.dtype = self._bytes(dtype_name(t))
+            st.dtype = self._bytes(dtype_name(t), "dtype")
             st.elements = t.numel()
             st.non_finite, st.rms, st.abs_max, st.mean = nf, rms, amax, mean
         self._pending.append((span, st, dims))
