@@ -385,9 +385,8 @@ pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_t
             let session = Session::open(out, run_description(&s))?;
             let c = captured_update(&session, &mut s, &x, &y)?;
             losses.push(c.loss);
-            let done = session.finish()?;
-            let findings = done.findings().to_vec();
-            written = Some((done.into_path(), c.heap, findings));
+            let (path, findings) = session.finish()?.into_parts();
+            written = Some((path, c.heap, findings));
         } else {
             losses.push(plain_update(&mut s, &x, &y)?);
         }
