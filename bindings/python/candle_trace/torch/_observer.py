@@ -130,6 +130,8 @@ class Observer:
         dll.ct_obs_counts.restype = None
         self._emit_dll.ct_obs_emit.restype = ctypes.c_uint64
         dll.ct_obs_discard.restype = None
+        dll.ct_obs_calibrating.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+        dll.ct_obs_calibrating.restype = None
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
@@ -158,44 +160,54 @@ class Observer:
             n,
         )
 
-    def calibrate(self, session: Any, batch: int = 200, batches: int = 7) -> int:
+    def calibrate(self, session: Any = None, batch: int = 200, batches: int = 7) -> int:
         """What recording an op costs that no tracer interval covers -- torch setting up
         the record function and boxing inputs and outputs for the callbacks, the calls
-        into the library -- as the session clock sees it: four small ops timed on the
-        wall clock untraced, and on ``session``'s clock while the observer records them
-        (then discarded); the fastest of ``batches`` batches each (interference only
-        adds time). Measured once per process, before the first capture's update;
-        ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then counts that cost as the
-        model's)."""
+        into the observer -- in ns per op: four small ops timed untraced, and while the
+        observer records them less its own intervals (then discarded); the fastest of
+        ``batches`` batches each (interference only adds time). The observer runs on
+        a clock of its own meanwhile (``ct_obs_calibrating``): no session's clock is
+        read or stopped, so this may run inside a tracer interval (a capture arms in
+        one) and nobody's trace counts it. Measured once per process, before the first
+        capture's update; ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then
+        counts that cost as the model's). ``session`` is not used."""
         if self.per_op_ns is not None:
             return self.per_op_ns
         if os.environ.get("CANDLE_TRACE_CALIBRATE", "1").strip() == "0":
             self.per_op_ns = 0
             return 0
         a, b = torch.ones(8), torch.ones(8)
-        now, hc = session._lib.raw.ct_now_ns, session._hc
 
-        def ops(clock: Any, *arg: Any) -> int:
-            t = clock(*arg)
+        def ops() -> int:
+            t = time.perf_counter_ns()
             for _ in range(batch):
                 torch.add(a, b)
                 torch.mul(a, b)
                 a.view(2, 4)
                 a.sum()
-            return clock(*arg) - t
+            return time.perf_counter_ns() - t
 
         offs, ons = [], []
         nobody = self.named([])
+        x0, x1 = ctypes.c_uint64(), ctypes.c_uint64()
+        calibrating = self._dll.ct_obs_calibrating
         with torch.no_grad():
-            ops(time.perf_counter_ns)  # warm
+            ops()  # warm
             for _ in range(batches):
-                offs.append(ops(time.perf_counter_ns))
-                self.begin(session.handle, 1, True, nobody, earlier_ns=0)
+                offs.append(ops())
+                calibrating(1, None)
                 try:
-                    ons.append(ops(now, hc))
+                    self.begin(0, 1, True, nobody, earlier_ns=0)
+                    try:
+                        calibrating(1, ctypes.byref(x0))
+                        on = ops()
+                        calibrating(1, ctypes.byref(x1))
+                    finally:
+                        self.stop()
+                        self.discard()
                 finally:
-                    self.stop()
-                    self.discard()
+                    calibrating(0, None)
+                ons.append(on - (x1.value - x0.value))
         self.per_op_ns = max(0, int((min(ons) - min(offs)) / (4 * batch)))
         return self.per_op_ns
 
