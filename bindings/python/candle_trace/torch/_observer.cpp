@@ -219,7 +219,7 @@ struct Thread {
     bool rf_in_op = true;           // RecordFunction's state before the recorded op
     bool op_quiet = false;          // the recorded op switched RecordFunction off
     bool learning = false;          // the recorded op's kind learns whether to (see quiet_for)
-    bool saw_nested = false;        // a record function began inside the recorded op
+    int nested = 0;                 // record functions begun inside the recorded op
     bool after_user_scope = false;  // a USER_SCOPE record function just began
     bool maybe_handle = false;      // the op being recorded came right after one
     bool rf_was_enabled = true;
@@ -310,7 +310,7 @@ struct TracerWork {
 // inside a tracer interval of its session, whose clock stands still there, and the
 // calibration's ops are nobody's program. One thread, between captures.
 namespace calib {
-uint64_t excluded = 0, since = 0;
+uint64_t excluded = 0, since = 0, intervals = 0;
 int depth = 0;
 now_fn saved_now = nullptr;
 tracer_earlier_fn saved_begin = nullptr;
@@ -323,6 +323,7 @@ uint64_t steady_ns() {
 }
 uint64_t clock(ct_session) { return (depth ? since : steady_ns()) - excluded; }
 int begin(ct_session, uint64_t) {
+    ++intervals;
     if (depth++ == 0) since = steady_ns();
     return 0;
 }
@@ -451,11 +452,14 @@ inline void quiet_nested(Thread &t) {
 // ---- which recorded ops switch RecordFunction off ------------------------------------
 // Switching it off and on again (at::enableRecordFunction) rebuilds torch's callback
 // cache of every record scope twice: ~5.6k instructions per op (torch 1.13), tracer work
-// that an op calling no other op -- a view, a reshape alias, most of an optimizer's
-// in-place updates: a third of a GPT-style update's ops -- does not need. So a kind is
-// left on until one of its calls is seen to begin a record function inside it
-// (nested_start: that call's nested record functions are bracketed as tracer work, as
-// calibrated), and quieted from then on; the decision is kept per process.
+// that an op calling no other op -- a view, a reshape alias, an optimizer's addcdiv_: a
+// third of a GPT-style update's ops -- does not need, and one calling a single op
+// (detach, transpose) pays more for than that op's record function left on costs (~2.5k
+// instructions of torch's and our two callbacks' ~0.9k). So a kind is left on until one
+// of its calls is seen to begin kQuietFrom record functions inside it (nested_start:
+// they are bracketed as tracer work, as calibrated), and quieted from then on; the
+// decision is kept per process.
+constexpr int kQuietFrom = 2;
 std::unordered_map<const char *, bool> g_quiet;  // op name -> quieted; under g_kind_mu
 
 bool quiet_for(Thread::KindSlot &slot, const char *name) {
@@ -467,10 +471,11 @@ bool quiet_for(Thread::KindSlot &slot, const char *name) {
     return slot.quiet == 1;  // not known yet: left on, learned as it runs
 }
 
-// The end of a recorded op left on: its kind is quieted if it began a record function.
+// The end of a recorded op left on: its kind is quieted if it began enough record
+// functions.
 void learn_quiet(Thread &t) {
     Thread::KindSlot &slot = kind_slot(t, t.name);
-    int8_t q = t.saw_nested ? 1 : 0;
+    int8_t q = t.nested >= kQuietFrom ? 1 : 0;
     if (slot.name != t.name || slot.quiet == 1 || slot.quiet == q) return;
     slot.quiet = q;
     std::lock_guard<std::mutex> lock(g_kind_mu);
@@ -480,7 +485,7 @@ void learn_quiet(Thread &t) {
 // A record function begun inside a recorded op left on: not recorded, its cost
 // (torch's, for our callbacks) is tracer work, and its op's kind calls other ops.
 std::unique_ptr<at::ObserverContext> nested_start(Thread &t) {
-    t.saw_nested = true;
+    ++t.nested;
     TracerWork work;
     return nullptr;
 }
@@ -513,7 +518,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
-        t.op_quiet = t.learning = t.saw_nested = false;
+        t.op_quiet = t.learning = false;
+        t.nested = 0;
         if (k == kRecord) {
             if (quiet_for(kind_slot(t, name), name))
                 quiet_nested(t);
@@ -742,7 +748,9 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
     void reportMemoryUsage(void *ptr, int64_t alloc_size, total_t, total_t,
                            c10::Device) override {
         if (!g_active.load(std::memory_order_relaxed) || !ptr || alloc_size == 0) return;
-        TracerWork work(0);  // inside the op: nothing before the call is ours
+        // Not a tracer interval: noting an event is a clock read and a push, fewer
+        // instructions than an interval's own begin and end, about half of which would
+        // fall outside it anyway (before its clock read, after its end's).
         try {
             Thread &t = thread_state();
             uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
@@ -750,12 +758,13 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
                 if (t.rec_depth < 0 || t.opaque) return;  // not inside a recorded op
                 if (t.pending.size() >= kPendingMax) t.pending.clear();
                 t.pending.push_back(
-                    Pending{work.at, span_of(t), static_cast<uint64_t>(alloc_size), p});
+                    Pending{p_now(g_session), span_of(t), static_cast<uint64_t>(alloc_size), p});
                 return;
             }
+            uint64_t ts = p_now(g_session);
             Buf &b = buffer(t);
             std::lock_guard<std::mutex> lock(b.mu);
-            b.frees.push_back(FreeRec{work.at, span_of(t), p});
+            b.frees.push_back(FreeRec{ts, span_of(t), p});
         } catch (...) {
         }
     }
@@ -1120,14 +1129,14 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
 }
 
 // Calibration (Observer.calibrate): on=1 gives the observer its own clock and tracer
-// intervals (namespace calib) until on=0 restores the library's; *excluded (may be NULL)
-// gets the ns its own intervals have left out so far.
-CT_OBS_EXPORT void ct_obs_calibrating(int on, uint64_t *excluded) {
+// intervals (namespace calib) until on=0 restores the library's; out (may be NULL) gets
+// the ns its own intervals have left out so far and how many it opened.
+CT_OBS_EXPORT void ct_obs_calibrating(int on, uint64_t *out) {
     if (on && !calib::saved_now) {
         calib::saved_now = p_now;
         calib::saved_begin = p_tracer_begin_earlier;
         calib::saved_end = p_tracer_end;
-        calib::excluded = calib::since = 0;
+        calib::excluded = calib::since = calib::intervals = 0;
         calib::depth = 0;
         p_now = calib::clock;
         p_tracer_begin_earlier = calib::begin;
@@ -1138,7 +1147,10 @@ CT_OBS_EXPORT void ct_obs_calibrating(int on, uint64_t *excluded) {
         p_tracer_end = calib::saved_end;
         calib::saved_now = nullptr;
     }
-    if (excluded) *excluded = calib::excluded;
+    if (out) {
+        out[0] = calib::excluded;
+        out[1] = calib::intervals;
+    }
 }
 
 // Publishes the innermost span of the calling thread (0: none, ops go to the measured

@@ -141,8 +141,8 @@ class Observer:
         self.set_span = dll.ct_obs_set_span
         self.suspend = dll.ct_obs_suspend
         self.running = False
-        #: ns torch spends per recorded op for the observer before and after its
-        #: callbacks run (calibrate()); None until measured
+        #: ns torch spends per record function the observer sees, before and after
+        #: its callbacks run (calibrate()); None until measured
         self.per_op_ns: Optional[int] = None
 
     def error(self) -> str:
@@ -160,55 +160,65 @@ class Observer:
             n,
         )
 
-    def calibrate(self, session: Any = None, batch: int = 200, batches: int = 7) -> int:
-        """What recording an op costs that no tracer interval covers -- torch setting up
-        the record function and boxing inputs and outputs for the callbacks, the calls
-        into the observer -- in ns per op: four small ops timed untraced, and while the
-        observer records them less its own intervals (then discarded); the fastest of
-        ``batches`` batches each (interference only adds time). The observer runs on
-        a clock of its own meanwhile (``ct_obs_calibrating``): no session's clock is
-        read or stopped, so this may run inside a tracer interval (a capture arms in
-        one) and nobody's trace counts it. Measured once per process, before the first
-        capture's update; ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then
-        counts that cost as the model's). ``session`` is not used."""
+    def calibrate(self, session: Any = None, batch: int = 20, batches: int = 7) -> int:
+        """What recording costs that no tracer interval covers -- torch setting up each
+        record function, boxing its inputs and outputs, naming an autograd node's record
+        function (which it does only when a callback listens), the calls into the
+        observer -- in ns per record function the observer sees: ``batch`` miniature
+        training steps (a linear layer's forward, backward and in-place update: the
+        record functions of an update) timed untraced, and while the observer records
+        them less its own intervals (then discarded); the fastest of ``batches`` batches
+        each (interference only adds time). Each callback's interval then begins half
+        of it early (:meth:`begin`). The observer runs on a clock of its own meanwhile
+        (``ct_obs_calibrating``): no session's clock is read or stopped, so this may run
+        inside a tracer interval (a capture arms in one) and nobody's trace counts it.
+        Measured once per process, before the first capture's update;
+        ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then counts that cost as the
+        model's). ``session`` is not used."""
         if self.per_op_ns is not None:
             return self.per_op_ns
         if os.environ.get("CANDLE_TRACE_CALIBRATE", "1").strip() == "0":
             self.per_op_ns = 0
             return 0
-        a, b = torch.ones(8), torch.ones(8)
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(8, 8, generator=gen).requires_grad_()
+        x = torch.randn(4, 8, generator=gen)
 
-        def ops() -> int:
+        @torch.enable_grad()
+        def steps() -> int:
             t = time.perf_counter_ns()
             for _ in range(batch):
-                torch.add(a, b)
-                torch.mul(a, b)
-                a.view(2, 4)
-                a.sum()
+                torch.nn.functional.linear(x, weight).relu().sum().backward()
+                with torch.no_grad():
+                    weight.add_(weight.grad, alpha=-1e-3)
+                weight.grad = None
             return time.perf_counter_ns() - t
 
         offs, ons = [], []
         nobody = self.named([])
-        x0, x1 = ctypes.c_uint64(), ctypes.c_uint64()
+        before, after = (ctypes.c_uint64 * 2)(), (ctypes.c_uint64 * 2)()
         calibrating = self._dll.ct_obs_calibrating
-        with torch.no_grad():
-            ops()  # warm
-            for _ in range(batches):
-                offs.append(ops())
-                calibrating(1, None)
+        seen = 0
+        steps()  # warm
+        for i in range(batches + 1):
+            offs.append(steps())
+            calibrating(1, None)
+            try:
+                self.begin(0, 1, True, nobody, earlier_ns=0)
                 try:
-                    self.begin(0, 1, True, nobody, earlier_ns=0)
-                    try:
-                        calibrating(1, ctypes.byref(x0))
-                        on = ops()
-                        calibrating(1, ctypes.byref(x1))
-                    finally:
-                        self.stop()
-                        self.discard()
+                    calibrating(1, before)
+                    on = steps()
+                    calibrating(1, after)
                 finally:
-                    calibrating(0, None)
-                ons.append(on - (x1.value - x0.value))
-        self.per_op_ns = max(0, int((min(ons) - min(offs)) / (4 * batch)))
+                    self.stop()
+                    self.discard()
+            finally:
+                calibrating(0, None)
+            if i:  # the first: the observer learns which ops call others (quiet_for)
+                ons.append(on - (after[0] - before[0]))
+                seen = after[1] - before[1]
+        # two intervals per record function seen (its start and end callbacks)
+        self.per_op_ns = max(0, int((min(ons) - min(offs)) * 2 / max(seen, 1)))
         return self.per_op_ns
 
     def begin(self, session: int, measured: int, memory: bool, named: tuple,
