@@ -551,6 +551,27 @@ def test_calibration_inside_a_tracer_interval_still_measures(tmp_path):
 
 
 @pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
+def test_a_calibration_that_cannot_run_backdates_nothing_and_says_so(monkeypatch):
+    # It runs on a private session in a temporary folder: without one the capture goes
+    # on, its trace counting torch's cost for the observer as the model's (0 estimated).
+    import tempfile
+
+    from candle_trace.torch import _observer
+
+    def no_tmp(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    obs = _observer.get()
+    saved, obs.per_op_ns = obs.per_op_ns, None
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_tmp)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not be calibrated .*No space left"):
+            assert obs.calibrate() == 0
+    finally:
+        obs.per_op_ns = saved
+
+
+@pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
 def test_a_capture_backdates_by_its_calibration(tmp_path):
     # The first capture of a process calibrates when it arms; its trace states the
     # calibrated part of the tracer time apart (0 when the calibration measured nothing).

@@ -293,8 +293,16 @@ inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; 
 // interval's backdating: the library never backdates past a value it handed out, but
 // nothing else stops a backdated interval from reaching back into the previous one and
 // leaving the same time out twice.
+//
+// While the calibration counts (ct_obs_count_intervals), each interval is counted: it
+// divides what torch spent for the observer by the record functions it saw (two
+// intervals each).
+bool g_counting = false;
+uint64_t g_counted = 0;
+
 struct TracerWork {
     explicit TracerWork(uint64_t earlier = g_earlier_ns) {
+        if (g_counting) ++g_counted;
         p_tracer_begin_earlier(g_session, earlier);
         at = p_now(g_session);
     }
@@ -303,35 +311,6 @@ struct TracerWork {
     TracerWork &operator=(const TracerWork &) = delete;
     uint64_t at;
 };
-
-// ---- calibration (Observer.calibrate) ------------------------------------------------
-// While calibrating, the observer's clock and tracer intervals are its own -- a steady
-// clock less its own intervals -- and no session's: the capture arms (and calibrates)
-// inside a tracer interval of its session, whose clock stands still there, and the
-// calibration's ops are nobody's program. One thread, between captures.
-namespace calib {
-uint64_t excluded = 0, since = 0, intervals = 0;
-int depth = 0;
-now_fn saved_now = nullptr;
-tracer_earlier_fn saved_begin = nullptr;
-tracer_fn saved_end = nullptr;
-
-uint64_t steady_ns() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
-}
-uint64_t clock(ct_session) { return (depth ? since : steady_ns()) - excluded; }
-int begin(ct_session, uint64_t) {
-    ++intervals;
-    if (depth++ == 0) since = steady_ns();
-    return 0;
-}
-int end(ct_session) {
-    if (depth > 0 && --depth == 0) excluded += steady_ns() - since;
-    return 0;
-}
-}  // namespace calib
 
 // The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
 // pointer lives as long as the operator, so it keys the caches) are recorded, except
@@ -1128,29 +1107,13 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
     }
 }
 
-// Calibration (Observer.calibrate): on=1 gives the observer its own clock and tracer
-// intervals (namespace calib) until on=0 restores the library's; out (may be NULL) gets
-// the ns its own intervals have left out so far and how many it opened.
-CT_OBS_EXPORT void ct_obs_calibrating(int on, uint64_t *out) {
-    if (on && !calib::saved_now) {
-        calib::saved_now = p_now;
-        calib::saved_begin = p_tracer_begin_earlier;
-        calib::saved_end = p_tracer_end;
-        calib::excluded = calib::since = calib::intervals = 0;
-        calib::depth = 0;
-        p_now = calib::clock;
-        p_tracer_begin_earlier = calib::begin;
-        p_tracer_end = calib::end;
-    } else if (!on && calib::saved_now) {
-        p_now = calib::saved_now;
-        p_tracer_begin_earlier = calib::saved_begin;
-        p_tracer_end = calib::saved_end;
-        calib::saved_now = nullptr;
-    }
-    if (out) {
-        out[0] = calib::excluded;
-        out[1] = calib::intervals;
-    }
+// Calibration (Observer.calibrate): on=1 starts counting the tracer intervals the
+// observer opens (from 0), on=0 stops; returns the count so far.
+CT_OBS_EXPORT uint64_t ct_obs_count_intervals(int on) {
+    uint64_t n = g_counted;
+    if (on) g_counted = 0;
+    g_counting = on != 0;
+    return n;
 }
 
 // Publishes the innermost span of the calling thread (0: none, ops go to the measured
