@@ -364,10 +364,19 @@ Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
     return k;
 }
 
+// Room for n more elements, grown geometrically: reserve(size() + n) grows a vector to
+// exactly that, so one grown by it per record is copied whole each time -- quadratic in
+// the capture's records (2.8M instructions of memcpy in a GPT-style 1x8 update's 627
+// ops, inside the tracer's intervals).
+template <class V>
+inline void room(V &v, size_t n) {
+    if (v.capacity() - v.size() < n) v.reserve(std::max(v.size() + n, 2 * v.capacity()));
+}
+
 inline void add_input(Thread &t, const at::Tensor &x) {
     if (!x.defined()) return;
     Impl *impl = x.unsafeGetTensorImpl();
-    t.ins.reserve(t.ins.size() + 1);  // no throw between the incref and the push
+    room(t.ins, 1);  // no throw between the incref and the push
     c10::raw::weak_intrusive_ptr::incref(impl);
     t.ins.push_back(impl);
     t.in_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
@@ -529,8 +538,8 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     r.name = t.name;
     r.in_off = static_cast<uint32_t>(b.inputs.size());
     r.in_n = static_cast<uint32_t>(t.ins.size());
-    b.inputs.reserve(b.inputs.size() + t.ins.size());
-    b.pinned.reserve(b.pinned.size() + t.ins.size() + 1);
+    room(b.inputs, t.ins.size());
+    room(b.pinned, t.ins.size() + 1);
     for (const Impl *impl : t.ins) {  // the references pinned at the op's start
         b.inputs.push_back(impl);
         b.pinned.push_back(const_cast<Impl *>(impl));
