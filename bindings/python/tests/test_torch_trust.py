@@ -551,6 +551,24 @@ def test_calibration_inside_a_tracer_interval_still_measures(tmp_path):
 
 
 @pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
+def test_the_calibration_is_invisible_to_what_wraps_the_programs_backward(monkeypatch):
+    # Its training steps take gradients without torch.autograd.backward, which a
+    # whole-run session, a watch (the loss) or the user wraps: none of them may count it.
+    from candle_trace.torch import _observer
+
+    calls = []
+    orig = torch.autograd.backward
+    monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: (calls.append(a), orig(*a, **k)))
+    obs = _observer.get()
+    saved, obs.per_op_ns = obs.per_op_ns, None
+    try:
+        assert obs.calibrate() > 0
+    finally:
+        obs.per_op_ns = saved
+    assert calls == []
+
+
+@pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
 def test_a_calibration_that_cannot_run_backdates_nothing_and_says_so(monkeypatch):
     # It runs on a private session in a temporary folder: without one the capture goes
     # on, its trace counting torch's cost for the observer as the model's (0 estimated).
