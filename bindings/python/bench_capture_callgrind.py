@@ -1,7 +1,8 @@
 """Where a captured update's instructions go, counted by callgrind (deterministic: the
 figures do not move with the machine's load, unlike bench_capture.py's times).
 
-    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_capture_callgrind.py [WORKLOAD...]
+    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_capture_callgrind.py \
+        [--repo CHECKOUT] [WORKLOAD...]
 
 For each workload of examples/python/workloads.py (default: mlp gpt-b1), one update is
 counted four ways, each in its own valgrind process, instructions collected only while
@@ -21,6 +22,7 @@ The library's tracer intervals are reached through the shim, which switches coll
 when the outermost interval opens and closes: an interval's own begin counts outside,
 its end inside (in time, each is split at its clock read). The leak (outside minus
 untraced) is before the calibrated backdating (tracer_estimated_ns), which is time.
+``--repo`` counts another checkout's binding and workloads (main's, for a before/after).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(os.environ.get("CANDLE_TRACE_BENCH_REPO") or Path(__file__).resolve().parents[2])
 MODES = ("untraced", "tp", "outside", "inside")
 
 SHIM = r"""
@@ -137,7 +139,8 @@ def _child(name: str, mode: str, shim_path: str) -> None:
 
 def _count(name: str, mode: str, shim: str, tmp: str) -> int:
     out = os.path.join(tmp, f"cg.{name}.{mode}")
-    env = dict(os.environ, PYTHONHASHSEED="0", GODEBUG="asyncpreemptoff=1")
+    env = dict(os.environ, PYTHONHASHSEED="0", GODEBUG="asyncpreemptoff=1",
+               CANDLE_TRACE_BENCH_REPO=str(REPO))
     r = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
                         "--collect-atstart=no", f"--callgrind-out-file={out}",
                         sys.executable, __file__, "--child", name, mode, shim],
@@ -180,7 +183,12 @@ def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         _child(*sys.argv[2:5])
         return 0
-    names = sys.argv[1:] or ["mlp", "gpt-b1"]
+    global REPO
+    args = sys.argv[1:]
+    if args[:1] == ["--repo"]:
+        REPO = Path(args[1]).resolve()
+        args = args[2:]
+    names = args or ["mlp", "gpt-b1"]
     res = run(names)
     print_table(res)
     print(json.dumps(res))
