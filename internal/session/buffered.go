@@ -271,8 +271,9 @@ func (t *traceSession) discardLocked() []byte {
 
 // reopen discards the buffered session s (as Discard does) and opens the
 // next one at path with s's run for capture step step (ct_reopen: a flight
-// recorder keeps one run JSON, parsed once, for every update it records).
-// A refusal that is the caller's (step 0 or a warmup_steps it no
+// recorder keeps one run JSON, parsed once, for every update it records);
+// the next takes what s found out about the process and the folder
+// (sameRun). A refusal that is the caller's (step 0 or a warmup_steps it no
 // longer exceeds, s not buffered, s unknown) leaves s as it was; once s is
 // discarded, a failure to open the next one (the path) is returned and
 // nothing is open.
@@ -300,9 +301,9 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 	}
 	// The update before's memory holds the next: no new chunk to clear, and
 	// none of the growth the update before already went through.
-	data, o := t.discardLocked(), s.opts
+	data, same, o := t.discardLocked(), t.sameRun, s.opts
 	mu.Unlock()
-	n, err := openRun(path, next, o, data)
+	n, err := openRun(path, next, o, &same, data)
 	if err != nil {
 		if e, ok := err.(*Error); ok && strings.HasPrefix(e.Msg, "ct_open:") {
 			return nil, &Error{Code: e.Code, Msg: "ct_reopen" + e.Msg[len("ct_open"):]}

@@ -89,13 +89,14 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if err != nil {
 		return nil, errorf(InvalidArgument, "ct_open: %v", err)
 	}
-	return openRun(path, run, newOptions(opts), nil)
+	return openRun(path, run, newOptions(opts), nil, nil)
 }
 
 // openRun is Open once the run JSON is parsed (Reopen skips the parse, most
-// of what opening a flight recorder's session costs); a buffered session
-// keeps its trace in reuse's memory when given.
-func openRun(path string, run *events.Run, o options, reuse []byte) (*Session, error) {
+// of what opening a flight recorder's session costs); a reopened trace
+// takes prev, what the run's session before found out, and keeps its trace
+// in reuse's memory.
+func openRun(path string, run *events.Run, o options, prev *sameRun, reuse []byte) (*Session, error) {
 	if dir := filepath.Dir(path); run.Buffer == nil && dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
@@ -124,7 +125,7 @@ func openRun(path string, run *events.Run, o options, reuse []byte) (*Session, e
 	if run.Mode == "aggregate" {
 		err = openAggregate(s)
 	} else {
-		err = openTrace(s, reuse)
+		err = openTrace(s, prev, reuse)
 	}
 	if err != nil {
 		slotRelease(h)

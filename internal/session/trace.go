@@ -22,11 +22,25 @@ type traceSession struct {
 	sess  *Session
 	sink  Sink
 	bound *bufferSink // the sink of a buffered session; nil otherwise
+	// sameRun is what the next session of a flight recorder's run takes
+	// from this one (Reopen).
+	sameRun sameRun
+
 	// Guarded by mu.
 	names        map[string]string   // span names of open spans (intern)
 	lastName     string              // the name intern returned last
 	required     map[string]int      // required semantic label -> spans seen
 	pendingEdges map[uint64][]uint64 // to -> from, written when `to` closes
+}
+
+// sameRun is what every session of one run shares, so a flight recorder's
+// next session (Reopen, one per training update) takes it from the update
+// before instead of asking the system again: the meta line's facts about
+// the process (the host name is a file read, rank and world size two
+// parses) and the folder its last path check found usable.
+type sameRun struct {
+	facts  *processFacts
+	folder string
 }
 
 // processFacts are the meta line's facts about the process writing a trace.
@@ -71,10 +85,15 @@ func envInt(name string) int {
 
 // openTrace makes s a trace session: it creates the sink (a buffered
 // session's only checks its path, buffered.go) and writes the meta line and
-// the root's span_start; reuse is memory for a buffered trace (Reopen: the
-// update before's).
-func openTrace(s *Session, reuse []byte) error {
+// the root's span_start. prev is the session before in a flight recorder's
+// run (Reopen; nil otherwise) and reuse the memory it kept its trace in.
+func openTrace(s *Session, prev *sameRun, reuse []byte) error {
 	t := &traceSession{sess: s, names: map[string]string{}}
+	if prev != nil {
+		t.sameRun = *prev
+	} else {
+		t.sameRun.facts = newProcessFacts(s.opts.producer, s.run)
+	}
 	if labels := s.run.RequiredLabels(); len(labels) > 0 {
 		t.required = make(map[string]int, len(labels))
 		for _, l := range labels {
@@ -82,9 +101,11 @@ func openTrace(s *Session, reuse []byte) error {
 		}
 	}
 	if b := s.run.Buffer; b != nil {
-		if err := outfile.CheckCreate(s.path, aggregate.OwnFile); err != nil {
+		folder, err := outfile.CheckCreateIn(s.path, aggregate.OwnFile, t.sameRun.folder)
+		if err != nil {
 			return errorf(IO, "ct_open: buffered trace %s: %v (nothing was created)", s.path, err)
 		}
+		t.sameRun.folder = folder
 		t.bound = newBufferSink(s.path, b, s.opts.opener, reuse)
 		t.sink = t.bound
 	} else {
@@ -95,7 +116,7 @@ func openTrace(s *Session, reuse []byte) error {
 		t.sink = sink
 	}
 	s.product, s.traceSession = t, t
-	s.buf = s.run.AppendMeta(s.buf, newProcessFacts(s.opts.producer, s.run).extras(time.Now()))
+	s.buf = s.run.AppendMeta(s.buf, t.sameRun.facts.extras(time.Now()))
 	s.buf = events.AppendSpanStart(s.buf, 1, 0, s.run.Entrypoint, 0, events.SpanFunction, s.run.MeasuredRoot, events.StepNone, threadID())
 	s.countLabel(s.run.Entrypoint)
 	if err := s.writeOut(); err != nil {
