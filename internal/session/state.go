@@ -12,6 +12,17 @@ package session
 // check_slot). The poison's Go error is the whole message (the slot's copy
 // is cut to CT_POISON_CAP bytes); writeLocked sets both, and nothing else
 // poisons.
+//
+// Who writes what of a session, then (the C slot, fastpath.h ct_slot, and
+// the Go Session):
+//
+//	handle, generation     C's slot_alloc/release, called by registry.go and releaseLocked only
+//	state, poison text     Go, here (and writeLocked); C reads them
+//	measured               C (ct_measurement_begin's CAS); Go once at open for measured_root
+//	next_span              one counter: C's per-thread id blocks, Go's nextSpanID (atomic adds)
+//	agg, agg_on            Go (at open, SetAggregateEnabled); C reads them
+//	clock, tracer fields   C (ct_tracer_*, the session clock); Go reads them
+//	everything else        Go: the span tables, the record checks, the product
 
 // usableLocked refuses calls on a gone, poisoned or finishing session.
 func (s *Session) usableLocked(fn string) error {
