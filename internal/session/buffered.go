@@ -36,21 +36,6 @@ import (
 // lines when it ends (one when ct_finish_failed finds it still open), so a
 // span revived as an ancestor is never counted.
 
-// lineClass says what the bound may do with a line.
-type lineClass uint8
-
-const (
-	// lineDetail: dropped from the moment the trace would outgrow max_bytes.
-	lineDetail lineClass = iota
-	// lineStructure: dropped from the moment it would outgrow the hard cap.
-	lineStructure
-	// lineSpan: a span_start (or a completed span's two lines), dropped as
-	// lineStructure but counted by the session when the span ends.
-	lineSpan
-	// lineNeeded: never dropped (a gradient of the contract).
-	lineNeeded
-)
-
 // bufferSink is a buffered session's sink: the trace in memory, written to
 // path at Close with the session's opener (the file rules of every trace:
 // no final symbolic link followed, nobody else's file truncated). Guarded by

@@ -44,3 +44,19 @@ type product interface {
 	naiveBeginLocked(id, parent uint64, name string, kind events.SpanKind, step events.Step, start uint64)
 	naiveEndLocked(o openSpan, id, dur uint64)
 }
+
+// lineClass is what a record line is to a trace that must drop lines to
+// stay within its bound (a buffered session, buffered.go).
+type lineClass uint8
+
+const (
+	// lineDetail: dropped from the moment the trace would outgrow max_bytes.
+	lineDetail lineClass = iota
+	// lineStructure: dropped from the moment it would outgrow the hard cap.
+	lineStructure
+	// lineSpan: a span_start (or a completed span's two lines), dropped as
+	// lineStructure but counted by the session when the span ends.
+	lineSpan
+	// lineNeeded: never dropped (a gradient of the contract).
+	lineNeeded
+)
