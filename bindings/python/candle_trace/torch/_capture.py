@@ -151,7 +151,7 @@ class Capture:
                                run=run)
         self.spans = Spans(self.session)
         if c.stats:
-            self.stats = StatsRecorder(self.session)
+            self.stats = StatsRecorder(self.session, self.ops_suspend)
         self.state = "open"
 
     def _contract(self) -> dict:
@@ -413,11 +413,7 @@ class Capture:
         sid = self.spans.push("backward", "backward", "function", "backward")
         if isinstance(tensors, torch.Tensor) and self.stats is not None and \
                 tensors.numel() == 1 and tensors.is_floating_point():
-            self.ops_suspend(True)
-            try:
-                self.stats.record(sid, "loss", tensors)
-            finally:
-                self.ops_suspend(False)
+            self.stats.record(sid, "loss", tensors)
         return sid
 
     def _backward_end(self, sid: int) -> None:

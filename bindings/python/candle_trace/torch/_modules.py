@@ -127,11 +127,7 @@ class ModuleSpans:
         cap = self._cap
         t = out if isinstance(out, torch.Tensor) else first_tensor(out)
         if t is not None and cap.stats is not None and t.is_floating_point():
-            cap.ops_suspend(True)
-            try:
-                cap.stats.record(sid, f"{name}/output", t)
-            finally:
-                cap.ops_suspend(False)
+            cap.stats.record(sid, f"{name}/output", t)  # pauses op recording if it must
         if t is not None and t.requires_grad and torch.is_grad_enabled():
             begin, end = hooks
             self._tensor_hook(t, begin, True)
