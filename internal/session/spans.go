@@ -5,7 +5,11 @@ package session
 */
 import "C"
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+)
 
 // openSpan is what the session needs of a span until it closes.
 type openSpan struct {
@@ -16,6 +20,9 @@ type openSpan struct {
 	// is in the trace), kept until the span ends in case a span the trace
 	// needs opens under it (keepSpanStart).
 	line []byte
+	// ref is the id as spelled in the span_start, for its span_end and its
+	// children's parent_id; zero for spans opened in Go.
+	ref events.SpanRef
 }
 
 // closedSpan keeps the bounds records are checked against.
@@ -110,6 +117,51 @@ type openSpans struct {
 type threadSpans struct {
 	ring *C.ct_ring // the thread's ring: records may need it drained (recordSpan)
 	open []stackSpan
+	tail events.StartTail // the end of this thread's span_start lines
+	// The id this thread began a span with last, spelled: its ids come in
+	// runs (blocks of CT_ID_BLOCK), so the next is mostly a digit's step.
+	lastID  uint64
+	lastRef events.SpanRef
+}
+
+// spell spells id, a span this thread begins, into dst. The two refs are
+// stepped on each on their own rather than one copied from the other just
+// after it changed (a wide load of bytes just stored stalls the core).
+func (ts *threadSpans) spell(id uint64, dst *events.SpanRef) {
+	if id == ts.lastID+1 {
+		*dst = ts.lastRef
+		if dst.Next() {
+			ts.lastRef.Next()
+			ts.lastID = id
+			return
+		}
+	}
+	dst.Spell(id)
+	ts.lastRef.Spell(id)
+	ts.lastID = id
+}
+
+// innermost is the thread's innermost open span; nil when it has none.
+func (ts *threadSpans) innermost() *stackSpan {
+	if n := len(ts.open); n > 0 {
+		return &ts.open[n-1]
+	}
+	return nil
+}
+
+// parentRef spells parent, the span under the one just pushed (the
+// innermost before it) or the root; valid until the next push.
+func (ts *threadSpans) parentRef(parent uint64) *events.SpanRef {
+	if n := len(ts.open); n >= 2 {
+		if p := &ts.open[n-2]; p.id == parent && !p.ref.IsZero() {
+			return &p.ref
+		}
+	}
+	if parent == 1 {
+		return &events.RootRef
+	}
+	r := events.RefOf(parent)
+	return &r
 }
 
 type stackSpan struct {
@@ -133,23 +185,28 @@ func (t *openSpans) thread(ring *C.ct_ring) *threadSpans {
 	return ts
 }
 
-func (t *openSpans) push(ts *threadSpans, id uint64, o openSpan) {
-	ts.open = append(ts.open, stackSpan{id, o})
+// pushed opens span id on ts and returns its entry to be filled in place
+// (valid until ts's stack changes again): no openSpan is built and copied
+// per span.
+func (t *openSpans) pushed(ts *threadSpans, id uint64) *stackSpan {
+	n := len(ts.open)
+	if n == cap(ts.open) {
+		ts.open = append(ts.open, stackSpan{})
+	}
+	// Entries past the top are zero: fresh from append, or cleared by pop.
+	ts.open = ts.open[:n+1]
+	sp := &ts.open[n]
+	sp.id = id
 	t.n++
+	return sp
 }
 
-// pop ends span id of ts: the top, as the fast path only ends a thread's
-// innermost span.
-func (t *openSpans) pop(ts *threadSpans, id uint64) (openSpan, bool) {
+// pop ends ts's innermost span, the only one the fast path ends.
+func (t *openSpans) pop(ts *threadSpans) {
 	n := len(ts.open)
-	if n == 0 || ts.open[n-1].id != id {
-		return openSpan{}, false
-	}
-	o := ts.open[n-1].openSpan
 	ts.open[n-1] = stackSpan{} // no stale name or line kept alive
 	ts.open = ts.open[:n-1]
 	t.n--
-	return o, true
 }
 
 // begin and end are for spans opened in Go.

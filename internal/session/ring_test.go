@@ -1,0 +1,167 @@
+package session
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+	"github.com/candle-trace/candle-trace/internal/testutil"
+)
+
+// compactPairBytes is what a span pair of a cached name on the counter
+// clock takes in a ring: a 24-byte begin and a 16-byte end (fastpath.h).
+const compactPairBytes = 40
+
+// holdDrainer keeps every drain out (it holds mu) until release is called
+// or patience runs out; stuck reports whether it had to give up, which
+// means a producer waited for a drain that could not come.
+func holdDrainer(patience time.Duration) (release func(), stuck func() bool) {
+	held, done := make(chan struct{}), make(chan struct{})
+	var gaveUp bool
+	finished := make(chan struct{})
+	go func() {
+		mu.Lock()
+		close(held)
+		select {
+		case <-done:
+		case <-time.After(patience):
+			gaveUp = true
+		}
+		mu.Unlock()
+		close(finished)
+	}()
+	<-held
+	return func() { close(done); <-finished }, func() bool { return gaveUp }
+}
+
+// A burst the ring's address space holds never makes the producer wait,
+// even with no drain at all while it runs: the ring stretches past its
+// everyday size into pages it had not touched. Once drained, the next time
+// the producer reaches its limit it wraps back to the start and the pages
+// it stretched into go back to the kernel.
+func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
+	s, path := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	require.NoError(t, spanPairsC(s.Handle(), 1)) // the thread's ring exists
+	require.NoError(t, s.Flush())
+	before := ownRingProbe()
+	require.Greater(t, before.cap, before.soft, "the ring has room to stretch into")
+	require.GreaterOrEqual(t, before.cap, 4*before.soft)
+	pairs := int(3 * before.soft / compactPairBytes) // twice past the everyday size, inside the address space
+
+	release, stuck := holdDrainer(10 * time.Second)
+	err := spanPairsC(s.Handle(), pairs)
+	burst := ownRingProbe()
+	release()
+	require.NoError(t, err)
+	require.False(t, stuck(), "the producer waited for a drain while its ring had room to stretch")
+	assert.Equal(t, before.waits, burst.waits, "no wait for room")
+	assert.Greater(t, burst.offset, before.soft, "records went past the everyday size")
+	assert.GreaterOrEqual(t, burst.resident, uint64(pairs)*compactPairBytes*9/10, "the burst's pages are resident")
+
+	require.NoError(t, s.Flush())
+	const after = 5000 // more than a stretch step (64 KiB) past the flush: the producer looks again
+	require.NoError(t, spanPairsC(s.Handle(), after))
+	back := ownRingProbe()
+	assert.Less(t, back.offset, back.soft, "wrapped back to the everyday size")
+	assert.LessOrEqual(t, back.resident, back.soft+(back.soft/2), "stretched pages went back to the kernel (%d bytes resident)", back.resident)
+
+	require.NoError(t, s.Finish())
+	starts, ends := countSpanLines(t, path)
+	assert.Equal(t, 1+1+pairs+after, starts)
+	assert.Equal(t, 1+1+pairs+after, ends)
+	testutil.RequireValid(t, path)
+}
+
+// countSpanLines counts a trace's span_start and span_end lines without
+// decoding them (hundreds of thousands of lines).
+func countSpanLines(t *testing.T, path string) (starts, ends int) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.True(t, bytes.HasSuffix(data, []byte("}\n")), "whole lines")
+	return bytes.Count(data, []byte(`{"kind":"span_start",`)), bytes.Count(data, []byte(`{"kind":"span_end",`))
+}
+
+// Two sessions' spans interleaved on one thread: the compact records carry
+// no session, the ring's session markers say whose they are, and each
+// trace gets its own spans, nested as they were made.
+func TestInterleavedSessionsOnOneThreadKeepTheirSpans(t *testing.T) {
+	a, pathA := openT(t, measuredRootRun)
+	dir := t.TempDir()
+	pathB := filepath.Join(dir, "b.jsonl")
+	b, err := Open(pathB, []byte(measuredRootRun))
+	require.NoError(t, err)
+	const iters = 3000 // a few ring laps' worth of markers, with drains in between
+	for i := 0; i < iters; i++ {
+		outerA := begin(t, a, "a/outer")
+		outerB := begin(t, b, "b/outer")
+		innerA := begin(t, a, fmt.Sprintf("a/inner%d", i%3))
+		end(t, a, innerA)
+		innerB := begin(t, b, "b/inner")
+		end(t, b, innerB)
+		end(t, a, outerA)
+		end(t, b, outerB)
+	}
+	require.NoError(t, a.Finish())
+	require.NoError(t, b.Finish())
+	for _, tc := range []struct {
+		path, outer, inner string
+	}{{pathA, "a/outer", "a/inner"}, {pathB, "b/outer", "b/inner"}} {
+		lines := testutil.Lines(t, tc.path)
+		starts := testutil.OfKind(lines, "span_start")
+		require.Len(t, starts, 1+2*iters)
+		require.Len(t, testutil.OfKind(lines, "span_end"), 1+2*iters)
+		byID := map[string]map[string]any{}
+		for _, st := range starts {
+			byID[st["id"].(string)] = st
+		}
+		for _, st := range starts[1:] {
+			name := st["name"].(string)
+			parent := byID[st["parent_id"].(string)]
+			if name == tc.outer {
+				assert.Equal(t, "s1", st["parent_id"])
+			} else {
+				require.Contains(t, name, tc.inner)
+				assert.Equal(t, tc.outer, parent["name"], "%s nests in its session's outer span", name)
+			}
+		}
+		testutil.RequireValid(t, tc.path)
+	}
+}
+
+// The measured span, new names (their first record carries the bytes) and
+// spans around a tracer interval take the long record form, the rest the
+// compact one; in one trace, the two give the same lines.
+func TestLongAndCompactRecordsMakeOneTrace(t *testing.T) {
+	s, path := openT(t, trainRun)
+	m, err := s.BeginMeasurement("update")
+	require.NoError(t, err)
+	for i := 0; i < 100; i++ {
+		outer := begin(t, s, "step")
+		inner, err := s.BeginSpan(fmt.Sprintf("op%d", i%7), events.SpanOp, events.StepForward)
+		require.NoError(t, err)
+		if i == 50 {
+			require.NoError(t, s.TracerBegin())
+			require.NoError(t, s.TracerEnd())
+		}
+		end(t, s, inner)
+		end(t, s, outer)
+	}
+	end(t, s, m)
+	require.NoError(t, s.Finish())
+	lines := testutil.Lines(t, path)
+	require.Len(t, testutil.OfKind(lines, "span_start"), 2+200)
+	for _, st := range testutil.OfKind(lines, "span_start") {
+		if st["span_kind"] == "op" {
+			assert.Equal(t, "forward", st["step"])
+		}
+	}
+	testutil.RequireValid(t, path)
+}
