@@ -398,15 +398,34 @@ int ct__utf8_len(const char *str, size_t *len, int *blank) {
 
 /* ---- per-thread state --------------------------------------------------- */
 
+/* A ring's address space: its own mapping, not malloc's, so that pages no
+ * burst reached are never touched, so never resident. Past its first huge
+ * page it asks for transparent huge pages: a burst stretches into
+ * megabytes, and a 4 KiB page fault costs ~2 us on the VMs we measured, a
+ * huge page ~0.2 us per 4 KiB of it. The everyday part stays in small
+ * pages (resident as far as it is used). */
+#define CT_HUGE (2u << 20)
+
+static uint8_t *ring_map(uint32_t cap) {
+    size_t len = (size_t)cap + (cap > CT_HUGE ? CT_HUGE : 0);
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (cap <= CT_HUGE) return p;
+    /* Aligned to a huge page, the excess at either end unmapped. */
+    uint8_t *a = (uint8_t *)(((uintptr_t)p + CT_HUGE - 1) & ~(uintptr_t)(CT_HUGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (a + cap < p + len) munmap(a + cap, (size_t)(p + len - (a + cap)));
+    madvise(a + CT_HUGE, cap - CT_HUGE, MADV_HUGEPAGE);
+    return a;
+}
+
 static ct_ring *ring_new(void) {
     ct_ring *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     uint32_t cap = ring_bytes <= CT_RING_MAX / CT_RING_REACH ? ring_bytes * CT_RING_REACH : CT_RING_MAX;
     if (cap < ring_bytes) cap = ring_bytes;
-    /* Its own mapping, not malloc's: pages no burst reached are never
-     * touched, so never resident. */
-    void *data = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (data == MAP_FAILED) { free(r); return NULL; }
+    uint8_t *data = ring_map(cap);
+    if (!data) { free(r); return NULL; }
     r->data = data;
     r->cap = cap;
     r->soft = ring_bytes;

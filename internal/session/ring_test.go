@@ -165,3 +165,38 @@ func TestLongAndCompactRecordsMakeOneTrace(t *testing.T) {
 	}
 	testutil.RequireValid(t, path)
 }
+
+// Closed-span tables are memory of their own (mapClosed): a finished
+// session's is kept for the next one, and one more goes back to the kernel;
+// a session that takes the kept one finds it empty.
+func TestClosedTablesAreKeptForTheNextSessionOrGivenBack(t *testing.T) {
+	mu.Lock()
+	kept := len(closedMaps)
+	if spareClosed != nil {
+		kept--
+	}
+	mu.Unlock()
+	a, _ := openT(t, measuredRootRun)
+	b, pathB := openT(t, measuredRootRun)
+	for _, s := range []*Session{a, b} {
+		require.NoError(t, spanPairsC(s.Handle(), 2000))
+		require.NoError(t, s.Flush())
+	}
+	require.NoError(t, a.Finish())
+	require.NoError(t, b.Finish())
+	mu.Lock()
+	require.NotNil(t, spareClosed, "a finished session's table is kept")
+	require.Equal(t, kept+1, len(closedMaps), "one kept, the other given back")
+	mu.Unlock()
+	testutil.RequireValid(t, pathB)
+
+	c, pathC := openT(t, measuredRootRun)
+	require.NoError(t, spanPairsC(c.Handle(), 100))
+	id := begin(t, c, "late")
+	end(t, c, id)
+	require.NoError(t, c.Flush())
+	require.NoError(t, c.RecordScalar(id, "loss", 1), "the kept table holds the new session's spans")
+	requireCode(t, c.RecordScalar(1500, "loss", 1), InvalidHandle, "s1500") // closed in a and b, never in c
+	require.NoError(t, c.Finish())
+	testutil.RequireValid(t, pathC)
+}
