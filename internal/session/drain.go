@@ -136,6 +136,9 @@ func drainRing(r *C.ct_ring) {
 		return
 	}
 	mask := uint64(r.cap) - 1
+	if head&mask >= uint64(r.soft) {
+		C.ct__ring_prefault(r, C.uint64_t(head))
+	}
 	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
 	tid := int64(r.tid)
 	compact.to(uint64(r.trace_cur), r)

@@ -560,6 +560,17 @@ static void ring_stretch(ct_ring *r, uint64_t limit) {
     if (limit > r->reach) r->reach = limit;
 }
 
+/* How far ahead of a stretching producer the drainer faults pages in. */
+#define CT_RING_AHEAD (2u << 20)
+
+void ct__ring_prefault(ct_ring *r, uint64_t head) {
+    uint64_t off = head & (r->cap - 1);
+    if (off < r->soft) return;
+    uint64_t from = page_up(off), to = from + CT_RING_AHEAD;
+    if (to > r->cap) to = r->cap;
+    if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
+}
+
 /* The producer wraps back early at off, the drainer tail bytes into this
  * lap: the pages a burst stretched into go back to the kernel (it faults
  * them in again at the next stretch), so a burst's memory is resident only
@@ -569,9 +580,9 @@ static void ring_release(ct_ring *r, uint64_t tail, uint64_t off) {
     uint64_t keep_from = page_down(tail), keep_to = page_up(off + sizeof(ct_rec_hdr));
     uint64_t from = page_up(r->soft);
     if (keep_from > from) madvise(r->data + from, keep_from - from, MADV_DONTNEED);
-    uint64_t to = page_up(r->reach);
-    if (to > r->cap) to = r->cap;
-    if (to > keep_to) madvise(r->data + keep_to, to - keep_to, MADV_DONTNEED);
+    /* To the end: the drainer faults pages in ahead of the producer's
+     * reach (ct__ring_prefault). */
+    if (r->cap > keep_to) madvise(r->data + keep_to, r->cap - keep_to, MADV_DONTNEED);
     r->reach = r->soft;
 }
 

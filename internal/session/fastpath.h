@@ -299,6 +299,14 @@ ct_ring *ct__own_ring(void);
 /* How many bytes of r's address space are resident (mincore; tests). */
 uint64_t ct__ring_resident(const ct_ring *r);
 
+/* The drainer, about to read r up to head: while the producer has
+ * stretched r past its everyday size, faults in the next pages it will
+ * write (2 MiB past head), so that a burst's page faults are the drainer's
+ * rather than the application thread's. Concurrent with the producer's
+ * own (it faults in what is still missing as it stretches) and harmless
+ * to it: a page already present is left as it is. */
+void ct__ring_prefault(ct_ring *r, uint64_t head);
+
 /* The drainer has read r up to tail: publishes it and wakes a producer
  * waiting for room. Go does the same inline (drain.go) and calls this only
  * when waiting is set. */

@@ -43,9 +43,10 @@ func holdDrainer(patience time.Duration) (release func(), stuck func() bool) {
 
 // A burst the ring's address space holds never makes the producer wait,
 // even with no drain at all while it runs: the ring stretches past its
-// everyday size into pages it had not touched. Once drained, the next time
-// the producer reaches its limit it wraps back to the start and the pages
-// it stretched into go back to the kernel.
+// everyday size into pages it had not touched. A drain faults in pages
+// ahead of the producer; once drained, the next time the producer reaches
+// its limit it wraps back to the start and the pages past its everyday
+// size, those ahead included, go back to the kernel.
 func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	s, path := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
 	require.NoError(t, spanPairsC(s.Handle(), 1)) // the thread's ring exists
@@ -66,6 +67,9 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	assert.GreaterOrEqual(t, burst.resident, uint64(pairs)*compactPairBytes*9/10, "the burst's pages are resident")
 
 	require.NoError(t, s.Flush())
+	drained := ownRingProbe()
+	assert.GreaterOrEqual(t, drained.resident, burst.resident+(1<<20),
+		"the drain faulted in pages ahead of the stretched producer (%d bytes resident, %d before)", drained.resident, burst.resident)
 	const after = 5000 // more than a stretch step (64 KiB) past the flush: the producer looks again
 	require.NoError(t, spanPairsC(s.Handle(), after))
 	back := ownRingProbe()

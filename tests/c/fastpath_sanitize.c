@@ -179,6 +179,7 @@ static void drain_locked(void) {
     for (ct_ring *r = __atomic_load_n(&ct__rings, __ATOMIC_ACQUIRE); r; r = r->next) {
         uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
         uint64_t tail = r->tail;
+        ct__ring_prefault(r, head); /* as drain.go, racing the producer's stretch and release */
         while (tail < head) {
             uint8_t *p = r->data + (tail & (r->cap - 1));
             uint32_t size = *(uint32_t *)p;
