@@ -429,7 +429,12 @@ func TestInnermostSpanPerThread(t *testing.T) {
 
 // A refused ct_finish leaves the session as it was: another thread's spans
 // go on without a single refusal while finish is refused over and over.
+// The worker makes a batch of pairs as each Finish begins, not as many as it
+// can: a refused Finish drains all the worker made, and a thread's ring holds
+// megabytes of them (it stretches), so an unbounded worker made this test
+// as slow as the drainer (past the test timeout under -race).
 func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
+	const batch = 100
 	tests := []struct {
 		name, file, run string
 	}{
@@ -444,46 +449,41 @@ func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
 			require.NoError(t, err)
 			open := begin(t, s, "held/open")
 
-			stop := make(chan struct{})
-			started := make(chan struct{})
 			type result struct {
 				pairs, refused int
 				first          error
 			}
+			next, began := make(chan bool), make(chan struct{})
 			done := make(chan result)
 			go func() {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				var r result
-				for {
-					id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
-					if err == nil {
-						err = s.EndSpan(id)
-					}
-					if err != nil {
-						if r.first == nil {
-							r.first = err
+				for <-next { // a batch per Finish, begun as it begins
+					began <- struct{}{}
+					for k := 0; k < batch; k++ {
+						id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
+						if err == nil {
+							err = s.EndSpan(id)
 						}
-						r.refused++
-					} else {
-						r.pairs++
-					}
-					if r.pairs+r.refused == 1 {
-						close(started)
-					}
-					select {
-					case <-stop:
-						done <- r
-						return
-					default:
+						if err != nil {
+							if r.first == nil {
+								r.first = err
+							}
+							r.refused++
+						} else {
+							r.pairs++
+						}
 					}
 				}
+				done <- r
 			}()
-			<-started
 			for i := 0; i < 2000; i++ {
+				next <- true
+				<-began
 				requireCode(t, s.Finish(), State, "spans still open")
 			}
-			close(stop)
+			next <- false
 			r := <-done
 			assert.Zero(t, r.refused, "the worker's span calls were refused %d times (first: %v)", r.refused, r.first)
 			assert.NotZero(t, r.pairs)
