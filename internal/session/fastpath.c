@@ -946,7 +946,6 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     return CT_OK;
 }
 
-
 /* The main thread, for device work launched where no span is open: the one
  * that began the measured region, else the first to open a span. */
 static __attribute__((noinline)) void track_begin(ct_slot *s, const ct_ring *r, uint64_t id) {
@@ -1107,4 +1106,3 @@ ct_status ct__span_end(ct_session h, ct_span span) {
     end_frame(s, ts, r);
     return CT_OK;
 }
-
