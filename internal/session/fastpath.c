@@ -571,11 +571,12 @@ void ct__ring_prefault(ct_ring *r, uint64_t head) {
     if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
 }
 
-/* The producer wraps back early at off, the drainer tail bytes into this
- * lap: the pages a burst stretched into go back to the kernel (it faults
- * them in again at the next stretch), so a burst's memory is resident only
- * until the drainer has caught up. Kept: the everyday size, the records
- * the drainer has still to read ([tail, off)) and the padding record at off. */
+/* The producer wraps back to the start from off (early, or at the end of the
+ * address space) with the drainer caught up to tail in this lap: the pages
+ * a burst stretched into go back to the kernel (faulted in again at the
+ * next stretch), so a burst's memory is resident only until the drainer has
+ * caught up. Kept: the everyday size, the records the drainer has still to
+ * read ([tail, off)) and the padding record at off. */
 static void ring_release(ct_ring *r, uint64_t tail, uint64_t off) {
     uint64_t keep_from = page_down(tail), keep_to = page_up(off + sizeof(ct_rec_hdr));
     uint64_t from = page_up(r->soft);
@@ -608,7 +609,6 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
              * else on into pages no record has touched yet. */
             if (used <= r->soft / 2 && off >= used + size) {
                 wrap = 1;
-                if (r->reach > r->soft) ring_release(r, tail & (r->cap - 1), off);
             } else if (stretch) {
                 uint64_t limit = off + size + CT_RING_STEP;
                 ring_stretch(r, limit < r->cap ? limit : r->cap);
@@ -621,6 +621,9 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
         if (r->cap - used >= need) {
             if (waiting) STORE_RLX(&r->waiting, 0);
             if (wrap) {
+                /* Back to the start, early or at the end: the pages past
+                 * the everyday size go if the drainer has caught up. */
+                if (r->reach > r->soft && used <= r->soft / 2) ring_release(r, tail & (r->cap - 1), off);
                 ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
                 pad->size = (uint32_t)to_end;
                 pad->type = CT_REC_PAD;

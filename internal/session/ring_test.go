@@ -49,8 +49,18 @@ func holdDrainer(patience time.Duration) (release func(), stuck func() bool) {
 // size, those ahead included, go back to the kernel.
 func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	s, path := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
-	require.NoError(t, spanPairsC(s.Handle(), 1)) // the thread's ring exists
-	require.NoError(t, s.Flush())
+	// The thread's ring (a test before may have left it stretched) at its
+	// everyday size, drained: after a wrap back, the padding record to the
+	// end of its address space counts as written until the drainer has read
+	// it, so a burst then has only the lap's start to fill; and a ring a
+	// test left full gives its stretched pages back at its next wrap.
+	setup := 0
+	for p := ownRingProbe(); p.cap == 0 || p.offset >= p.soft || p.resident > 2*p.soft; p = ownRingProbe() {
+		require.Less(t, setup, 1_000_000, "the ring never came back to its everyday size: %+v", p)
+		require.NoError(t, spanPairsC(s.Handle(), 2000))
+		setup += 2000
+		require.NoError(t, s.Flush())
+	}
 	before := ownRingProbe()
 	require.Greater(t, before.cap, before.soft, "the ring has room to stretch into")
 	require.GreaterOrEqual(t, before.cap, 4*before.soft)
@@ -61,7 +71,7 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	burst := ownRingProbe()
 	release()
 	require.NoError(t, err)
-	require.False(t, stuck(), "the producer waited for a drain while its ring had room to stretch")
+	require.False(t, stuck(), "the producer waited for a drain while its ring had room to stretch (before %+v, after %+v)", before, burst)
 	assert.Equal(t, before.waits, burst.waits, "no wait for room")
 	assert.Greater(t, burst.offset, before.soft, "records went past the everyday size")
 	assert.GreaterOrEqual(t, burst.resident, uint64(pairs)*compactPairBytes*9/10, "the burst's pages are resident")
@@ -78,8 +88,8 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 
 	require.NoError(t, s.Finish())
 	starts, ends := countSpanLines(t, path)
-	assert.Equal(t, 1+1+pairs+after, starts)
-	assert.Equal(t, 1+1+pairs+after, ends)
+	assert.Equal(t, 1+setup+pairs+after, starts)
+	assert.Equal(t, 1+setup+pairs+after, ends)
 	testutil.RequireValid(t, path)
 }
 
