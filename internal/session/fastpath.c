@@ -537,8 +537,10 @@ static void wait_for_room(ct_ring *r, uint32_t seq) {
 }
 
 /* How far a stretching ring goes past its limit before the producer looks
- * again whether the drainer has caught up. */
-#define CT_RING_STEP (64u << 10)
+ * again whether the drainer has caught up: a sixteenth of the everyday size
+ * (32 KiB), so that the drainer, once it is caught up, is found so within
+ * two steps (ring_caught_up). */
+static inline uint64_t ring_step(const ct_ring *r) { return r->soft / 16 > 4096 ? r->soft / 16 : 4096; }
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -549,7 +551,7 @@ static inline uint64_t page_up(uint64_t off) { return (off + CT_PAGE - 1) & ~(ui
 static inline uint64_t page_down(uint64_t off) { return off & ~(uint64_t)(CT_PAGE - 1); }
 
 /* Lets the producer write up to limit, and faults in the pages it stretches
- * into now, all at once: one madvise for a step's 16 pages rather than a
+ * into now, all at once: one madvise for a step's pages rather than a
  * page fault every hundred spans (where the kernel lacks
  * MADV_POPULATE_WRITE, 5.14, the pages fault in as they are written). */
 static void ring_stretch(ct_ring *r, uint64_t limit) {
@@ -563,9 +565,24 @@ static void ring_stretch(ct_ring *r, uint64_t limit) {
 /* How far ahead of a stretching producer the drainer faults pages in. */
 #define CT_RING_AHEAD (2u << 20)
 
+/* What a ring keeps resident past its everyday size when it wraps back
+ * (two everyday sizes): a producer a little ahead of the drainer stretches
+ * into it now and then, and would otherwise fault it in lap after lap. */
+static inline uint64_t ring_keep(const ct_ring *r) { return (uint64_t)r->soft * 3; }
+
+/* Whether the drainer has caught up well enough for the producer to wrap
+ * back: used bytes behind it. The padding record of a wrap back counts as
+ * written until the drainer has read it, so the producer's room in its new
+ * lap is only what lies behind the drainer until then; an eighth of the
+ * everyday size lets the drainer (~5 times slower a record) reach the pad
+ * before the producer has filled that room. */
+static inline int ring_caught_up(const ct_ring *r, uint64_t used) { return used <= r->soft / 8; }
+
 void ct__ring_prefault(ct_ring *r, uint64_t head) {
     uint64_t off = head & (r->cap - 1);
-    if (off < r->soft) return;
+    /* A burst: past the everyday size and a whole one of it behind (a small
+     * stretch faults in its own few pages). */
+    if (off < r->soft || head - r->tail < r->soft) return;
     uint64_t from = page_up(off), to = from + CT_RING_AHEAD;
     if (to > r->cap) to = r->cap;
     if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
@@ -579,7 +596,8 @@ void ct__ring_prefault(ct_ring *r, uint64_t head) {
  * read ([tail, off)) and the padding record at off. */
 static void ring_release(ct_ring *r, uint64_t tail, uint64_t off) {
     uint64_t keep_from = page_down(tail), keep_to = page_up(off + sizeof(ct_rec_hdr));
-    uint64_t from = page_up(r->soft);
+    uint64_t from = page_up(ring_keep(r));
+    if (keep_to < from) keep_to = from;
     if (keep_from > from) madvise(r->data + from, keep_from - from, MADV_DONTNEED);
     /* To the end: the drainer faults pages in ahead of the producer's
      * reach (ct__ring_prefault). */
@@ -607,10 +625,15 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
              * the start while the drainer keeps up (at most half the
              * everyday size behind, and out of the way of this record),
              * else on into pages no record has touched yet. */
-            if (used <= r->soft / 2 && off >= used + size) {
+            if (ring_caught_up(r, used) && off >= used + size) {
+                /* The padding record to the end counts as written until
+                 * the drainer has read it: wake it now, so that a burst
+                 * coming next finds the whole address space again. */
                 wrap = 1;
+                r->wake_mark = head;
+                wake_drainer();
             } else if (stretch) {
-                uint64_t limit = off + size + CT_RING_STEP;
+                uint64_t limit = off + size + ring_step(r);
                 ring_stretch(r, limit < r->cap ? limit : r->cap);
                 continue;
             } else {
@@ -623,7 +646,7 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
             if (wrap) {
                 /* Back to the start, early or at the end: the pages past
                  * the everyday size go if the drainer has caught up. */
-                if (r->reach > r->soft && used <= r->soft / 2) ring_release(r, tail & (r->cap - 1), off);
+                if (r->reach > ring_keep(r) && ring_caught_up(r, used)) ring_release(r, tail & (r->cap - 1), off);
                 ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
                 pad->size = (uint32_t)to_end;
                 pad->type = CT_REC_PAD;

@@ -101,8 +101,8 @@ typedef struct ct_tls_sess {
  * soft (a padding record covers the rest up to cap, never touched), so
  * only soft bytes are ever resident; while the drainer lags, it writes on
  * past soft into pages not touched before, and waits only once all of cap
- * is full; once the drainer has caught up (the producer wraps back early),
- * the pages past soft go back to the kernel. Trace spans stretch the ring;
+ * is full; once the drainer has caught up (the producer wraps back), the
+ * pages past three times soft go back to the kernel. Trace spans stretch the ring;
  * aggregate records never do (they fold fast, and always-on sessions keep
  * their memory flat). */
 /* A thread's last span names, by address: a begin whose name is the one
@@ -300,9 +300,10 @@ ct_ring *ct__own_ring(void);
 uint64_t ct__ring_resident(const ct_ring *r);
 
 /* The drainer, about to read r up to head: while the producer has
- * stretched r past its everyday size, faults in the next pages it will
- * write (2 MiB past head), so that a burst's page faults are the drainer's
- * rather than the application thread's. Concurrent with the producer's
+ * stretched r past its everyday size and is a whole one of it ahead (a
+ * burst), faults in the next pages it will write (2 MiB past head), so that
+ * a burst's page faults are the drainer's rather than the application
+ * thread's. Concurrent with the producer's
  * own (it faults in what is still missing as it stretches) and harmless
  * to it: a page already present is left as it is. */
 void ct__ring_prefault(ct_ring *r, uint64_t head);
