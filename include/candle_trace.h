@@ -355,9 +355,10 @@ ct_status ct_tracer_begin(ct_session session);
  * tracer's work that no call can bracket because it runs before the tracer
  * gets control -- an interpreter dispatching a hook, a framework boxing an
  * op's arguments for a profiling callback -- whose cost the binding measured
- * beforehand (a calibration). The clock stops at the later of (now -
- * earlier_ns) and the latest value it has handed out, so it never runs
- * backwards; inside an open interval there is nothing to backdate. What is
+ * beforehand (a calibration). The clock stops at the latest of (now -
+ * earlier_ns), the latest value it has handed out and where the previous
+ * interval left it, so it never runs backwards and no time is left out
+ * twice; inside an open interval there is nothing to backdate. What is
  * backdated is counted apart as estimated (ct_tracer_estimated_ns; the
  * terminal's "tracer_estimated_ns"), so a reader can tell measured tracer
  * time from calibrated. earlier_ns 0 is ct_tracer_begin. Errors as

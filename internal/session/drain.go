@@ -235,9 +235,15 @@ func drainLongSpanRecord(r *C.ct_ring, h *C.ct_rec_hdr, data []byte, off uint64,
 	case C.CT_REC_SPAN_END:
 		dur, tracer := uint64(h.ts), uint64(h.parent)
 		if ticks {
-			// Both ends on the counter (the start in parent): no tracer
-			// time between them.
-			dur, tracer = tsc.ns(dur)-tsc.ns(tracer), 0
+			// Both ends on the counter: no tracer time between them. The
+			// start is the one its span_start was written with, not its
+			// ticks (in parent) converted again: a span open longer than the
+			// counter's kept segments would convert them through another.
+			end, start := tsc.ns(dur)-c.t0, tsc.ns(tracer)-c.t0
+			if top := c.stack.innermost(); top != nil && top.id == uint64(h.id) {
+				start = top.start
+			}
+			dur, tracer = end-min(end, start), 0
 		}
 		c.s.onSpanEnd(c.stack, uint64(h.id), dur, h.measured != 0, tracer)
 	}

@@ -334,7 +334,17 @@ ct_status ct__tracer_end(ct_session h) {
         return ct__fail(CT_ERR_STATE, "ct_tracer_end: no tracer interval is open in session %llu",
                         (unsigned long long)h);
     }
-    if (s->tracer_depth == 1) STORE(&s->tracer_total, s->tracer_total + (base_now(s) - s->tracer_since));
+    if (s->tracer_depth == 1) {
+        /* The clock goes on from the value it stood at: the next interval's
+         * backdating stops there, read or not, or it would leave this
+         * interval's time (and the program time before its start) out again. */
+        uint64_t stood = s->tracer_since - s->t0 - s->tracer_total;
+        uint64_t hw = __atomic_load_n(&s->tracer_hw, __ATOMIC_RELAXED);
+        while (stood > hw && !__atomic_compare_exchange_n(&s->tracer_hw, &hw, stood, 1, __ATOMIC_SEQ_CST,
+                                                          __ATOMIC_RELAXED)) {
+        }
+        STORE(&s->tracer_total, s->tracer_total + (base_now(s) - s->tracer_since));
+    }
     STORE(&s->tracer_depth, s->tracer_depth - 1);
     tracer_unlock(s, seq);
     return CT_OK;

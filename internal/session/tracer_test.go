@@ -151,6 +151,31 @@ func TestTracerBeginEarlierNeverGoesBackPastARead(t *testing.T) {
 	}
 }
 
+// An interval begun earlier never reaches back into the one before it: that
+// time is left out already. With no read in between, the only bound on the
+// second claim is where the first interval ended; were it the last value
+// read, the first interval's time (and the program time before it) would be
+// left out twice, and the clock would stand where it was read.
+func TestTracerBeginEarlierNeverReachesIntoTheIntervalBefore(t *testing.T) {
+	s, _ := openT(t, trainRun)
+	require.NoError(t, s.TracerBegin()) // tracking of read values starts here
+	require.NoError(t, s.TracerEnd())
+	read := s.Now()
+	sinceRead := time.Now() // after the read: the program time before the first claim is at least this long
+	spin(5 * time.Millisecond)
+	beforeFirst := time.Since(sinceRead)
+	require.NoError(t, s.TracerBeginEarlier(uint64(time.Millisecond)))
+	spin(2 * time.Millisecond)
+	require.NoError(t, s.TracerEnd())
+	spin(time.Millisecond)
+	require.NoError(t, s.TracerBeginEarlier(uint64(time.Second)))
+	require.NoError(t, s.TracerEnd())
+	// Program time: from the read to the first interval's backdated start.
+	// 100 µs for the counter clock's rate against Go's clock.
+	want := beforeFirst - time.Millisecond - 100*time.Microsecond
+	assert.GreaterOrEqual(t, time.Duration(s.Now()-read), want, "the second claim took back time left out already")
+}
+
 // On a session's first interval, values read before it bound the backdating.
 func TestTracerBeginEarlierOnTheFirstInterval(t *testing.T) {
 	s, _ := openT(t, trainRun)

@@ -114,6 +114,7 @@ static struct tick_ring {
     int depth;
     uint64_t last_start;
     uint64_t start[8], child_end[8];
+    uint64_t start_ticks[8]; /* the counter's value at each open start (0: not on it) */
 } tick_rings[TICK_RINGS];
 
 static void tick_record(const ct_ring *r, const uint8_t *p) {
@@ -128,13 +129,15 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
     tr->r = r;
     uint64_t t0 = ct__slot_of(tick_handle)->t0;
     if (h->type == CT_REC_SPAN_START || h->type == CT_REC_BEGIN) {
-        uint64_t start;
+        uint64_t start, ticks = 0;
         if (h->type == CT_REC_BEGIN) {
             /* Compact: on the counter, its name in the ring's cache. */
-            start = ct__tsc_ns(((const ct_rec_begin *)p)->ticks) - t0;
+            ticks = ((const ct_rec_begin *)p)->ticks;
+            start = ct__tsc_ns(ticks) - t0;
             tick_refs++;
         } else {
-            start = (h->flags & CT_RECF_TICKS) ? ct__tsc_ns(h->ts) - t0 : h->ts;
+            if (h->flags & CT_RECF_TICKS) ticks = h->ts;
+            start = ticks ? ct__tsc_ns(ticks) - t0 : h->ts;
             if (h->flags & CT_RECF_NAME_REF) tick_refs++;
         }
         if (start < tr->last_start || (tr->depth && start < tr->start[tr->depth - 1]) || tr->depth == 8) {
@@ -143,6 +146,7 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
         }
         tr->last_start = start;
         tr->start[tr->depth] = start;
+        tr->start_ticks[tr->depth] = ticks;
         tr->child_end[tr->depth] = start;
         tr->depth++;
         return;
@@ -156,9 +160,11 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
     if (h->type == CT_REC_END) {
         end = ct__tsc_ns(((const ct_rec_end *)p)->ticks) - t0;
     } else if (h->flags & CT_RECF_TICKS) {
-        uint64_t s2 = ct__tsc_ns(h->parent) - t0;
+        /* The start's ticks again (in parent), compared as ticks: converted
+         * again, a span open across more segments than the clock keeps
+         * would convert through another (drain.go takes the start it wrote). */
         end = ct__tsc_ns(h->ts) - t0;
-        if (s2 != start) tick_bad++;
+        if (h->parent != tr->start_ticks[tr->depth]) tick_bad++;
     } else {
         end = start + h->ts;
     }

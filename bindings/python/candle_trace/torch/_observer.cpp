@@ -289,10 +289,8 @@ inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; 
 // nor, as calibrated, torch's own work for the callback before it was entered.
 //
 // Each interval reads the clock once, standing (`at`: an op's start or end, an
-// allocation's time). The read also hands the value out, which bounds the next
-// interval's backdating: the library never backdates past a value it handed out, but
-// nothing else stops a backdated interval from reaching back into the previous one and
-// leaving the same time out twice.
+// allocation's time). The library never backdates an interval past a value it handed
+// out nor into the interval before it, so no time is left out twice.
 //
 // While the calibration counts (ct_obs_count_intervals), each interval is counted: it
 // divides what torch spent for the observer by the record functions it saw (two
