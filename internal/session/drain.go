@@ -234,16 +234,20 @@ func drainLongSpanRecord(r *C.ct_ring, h *C.ct_rec_hdr, data []byte, off uint64,
 			uint32(h.kind), uint32(h.step), h.measured != 0, tid)
 	case C.CT_REC_SPAN_END:
 		dur, tracer := uint64(h.ts), uint64(h.parent)
-		if ticks {
-			// Both ends on the counter: no tracer time between them. The
-			// start is the one its span_start was written with, not its
-			// ticks (in parent) converted again: a span open longer than the
-			// counter's kept segments would convert them through another.
-			end, start := tsc.ns(dur)-c.t0, tsc.ns(tracer)-c.t0
-			if top := c.stack.innermost(); top != nil && top.id == uint64(h.id) {
-				start = top.start
-			}
+		// The start is the one its span_start was written with, not its
+		// ticks converted again: a span open longer than the counter's kept
+		// segments would convert them through another. (A span not the
+		// innermost is not ended: onSpanEnd ignores the record.)
+		var start uint64
+		if top := c.stack.innermost(); top != nil && top.id == uint64(h.id) {
+			start = top.start
+		}
+		switch {
+		case ticks: // both ends on the counter: no tracer time between them
+			end := tsc.ns(dur) - c.t0
 			dur, tracer = end-min(end, start), 0
+		case uint32(h.flags)&C.CT_RECF_END_AT != 0: // the end on the session clock
+			dur -= min(dur, start)
 		}
 		c.s.onSpanEnd(c.stack, uint64(h.id), dur, h.measured != 0, tracer)
 	}

@@ -1130,13 +1130,19 @@ ct_status ct__span_end(ct_session h, ct_span span) {
         rec->flags = CT_RECF_TICKS;
     } else {
         /* A start on the counter and an end on the session clock (a tracer
-         * interval began in between), or neither: the duration in ns, as the
-         * drainer would have converted the start. */
+         * interval began in between): the end, from which the drainer
+         * subtracts the start as it converted it (converted again here, a
+         * start older than the counter's kept segments would convert through
+         * another). Neither on the counter: the duration. */
         if (ticks) end = ct__tsc_ns(end) - s->t0;
-        uint64_t start = top.ticks ? ct__tsc_ns(top.start) - s->t0 : top.start;
-        rec->ts = end > start ? end - start : 0;
+        if (top.ticks) {
+            rec->ts = end;
+            rec->flags = CT_RECF_END_AT;
+        } else {
+            rec->ts = end > top.start ? end - top.start : 0;
+            rec->flags = 0;
+        }
         rec->parent = rec->measured ? tracer - s->measure_tracer0 : 0;
-        rec->flags = 0;
     }
     ring_commit(r, sizeof *rec);
     end_frame(s, ts, r);

@@ -172,6 +172,9 @@ typedef struct ct_rec_hdr {
 #define CT_RECF_TICKS 1u
 #define CT_RECF_NAME_DEF 2u
 #define CT_RECF_NAME_REF 4u
+/* span_end: ts is the end on the session clock, not the duration (its start
+ * was on the counter: the drainer subtracts the start it wrote). */
+#define CT_RECF_END_AT 8u
 
 /* The compact form of a trace span's records, what nearly every span
  * writes: 24 bytes for a begin, 16 for an end, where ct_rec_hdr takes 48

@@ -196,3 +196,63 @@ func TestTraceClockEnvSelectsMonotonic(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "--- PASS: TestTraceClockEnvSelectsMonotonic", "%s", out)
 }
+
+// A span open across more counter segments than the clock keeps (~5 s of
+// them in use; here published back to back) ends where its children end or
+// later, and lasts as long as measured: its start is the one its span_start
+// was written with, not its ticks converted again through another segment.
+// With a tracer interval before its end, the end comes on the session clock
+// (CT_RECF_END_AT) and the drainer subtracts the written start. (Converted
+// again, a start here differs by nanoseconds at most, the segments' rates
+// being steady: fastpath_sanitize compares the start's ticks exactly.)
+func TestLongSpanKeepsItsWrittenStart(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tracer bool
+	}{
+		{"both ends on the counter", false},
+		{"a tracer interval before the end", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			onCounter(t)
+			s, path := openT(t, trainRun)
+			wall := time.Now()
+			m, err := s.BeginMeasurement("update")
+			require.NoError(t, err)
+			child := begin(t, s, "child")
+			require.NoError(t, s.Flush()) // both starts drained before the segments change
+			for i := 0; i < 2*256; i++ {
+				tscPublish()
+				spin(time.Duration(i%7) * 10 * time.Microsecond)
+			}
+			end(t, s, child)
+			if tc.tracer {
+				require.NoError(t, s.TracerBegin())
+				require.NoError(t, s.TracerEnd())
+			}
+			end(t, s, m)
+			elapsed := time.Since(wall)
+			require.NoError(t, s.Finish())
+			testutil.RequireValid(t, path)
+
+			spans := spansOf(t, testutil.Lines(t, path))
+			var mid, cid string
+			for id, sp := range spans {
+				if sp.parent == "" {
+					continue
+				}
+				if spans[sp.parent].parent == "" {
+					mid = id
+				} else {
+					cid = id
+				}
+			}
+			require.NotEmpty(t, mid)
+			require.NotEmpty(t, cid)
+			ms, cs := spans[mid], spans[cid]
+			assert.LessOrEqual(t, cs.end, ms.end, "the child ends inside the update")
+			assert.LessOrEqual(t, ms.end-ms.start, uint64(elapsed+100*time.Microsecond), "the update lasts no longer than measured")
+			assert.GreaterOrEqual(t, ms.end-ms.start, cs.end-cs.start, "the update lasts at least as long as its child")
+		})
+	}
+}

@@ -165,6 +165,8 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
          * would convert through another (drain.go takes the start it wrote). */
         end = ct__tsc_ns(h->ts) - t0;
         if (h->parent != tr->start_ticks[tr->depth]) tick_bad++;
+    } else if (h->flags & CT_RECF_END_AT) {
+        end = h->ts;
     } else {
         end = start + h->ts;
     }
