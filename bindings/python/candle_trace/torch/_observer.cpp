@@ -209,6 +209,20 @@ enum Kind : uint8_t {
                        // (c10d:: collectives: their backend work's record function)
 };
 
+// Whether a recorded op (kRecord) calls other dispatcher ops, learned from its first call
+// with record functions left on. Turning them off for the op and on again costs torch a
+// rebuild of the thread's callbacks for every scope (at::enableRecordFunction: a third of
+// the flight recorder's instructions on a GPT-style update, BENCHMARKS.md); an op that
+// calls none leaves them on. One that called some has them off while it runs (quiet_nested)
+// from then on. While an op is learned (or checked: an op that called none so far), torch's
+// work for the callbacks of the ops it calls is the tracer's, as a looked-through op's is.
+enum Nests : uint8_t { kNestsUnknown = 0, kNestsNone = 1, kNestsSome = 2 };
+
+struct OpKind {
+    Kind kind = kLookThrough;
+    Nests nests = kNestsUnknown;
+};
+
 struct Thread {
     uint64_t epoch = 0;
     uint64_t span = 0;   // innermost span of this thread, published by Python (0: none)
@@ -217,6 +231,9 @@ struct Thread {
     bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
     int suspended = 0;   // ct_obs_suspend nesting
     bool rf_in_op = true;           // RecordFunction's state before the recorded op
+    bool quiet = false;             // the op at rec_depth turned it off (quiet_nested)
+    bool learning = false;          // the op at rec_depth learns (checks) its Nests
+    uint32_t nested = 0;            // ops it called while learning
     bool after_user_scope = false;  // a USER_SCOPE record function just began
     bool maybe_handle = false;      // the op being recorded came right after one
     bool rf_was_enabled = true;
@@ -235,7 +252,7 @@ struct Thread {
     static constexpr size_t kKindSlots = 1024;
     struct KindSlot {
         const char *name = nullptr;
-        Kind kind = kLookThrough;
+        OpKind kind;
     };
     KindSlot kinds[kKindSlots];
 };
@@ -297,7 +314,7 @@ struct TracerWork {
 // CompositeImplicitAutograd ones (we look through those to the ops they decompose into,
 // as a dispatch mode does) and the profiler's own ops.
 std::mutex g_kind_mu;
-std::unordered_map<const char *, Kind> g_kind;  // shared by threads and captures
+std::unordered_map<const char *, OpKind> g_kind;  // shared by threads and captures
 
 bool composite(const c10::OperatorHandle &op) {
     using K = c10::DispatchKey;
@@ -315,10 +332,10 @@ inline Thread::KindSlot &kind_slot(Thread &t, const char *name) {
     return t.kinds[((p >> 3) ^ (p >> 13)) & (Thread::kKindSlots - 1)];
 }
 
-Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
+OpKind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
     Thread::KindSlot &slot = kind_slot(t, name);
     if (slot.name == name) return slot.kind;
-    Kind k;
+    OpKind k;
     {
         std::lock_guard<std::mutex> lock(g_kind_mu);
         auto git = g_kind.find(name);
@@ -326,14 +343,14 @@ Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
             k = git->second;
         } else {
             auto opname = fn.operator_name();
-            if (!opname) return kLookThrough;  // named by a string: not an op, not cached
+            if (!opname) return k;  // named by a string: not an op (looked through), not cached
             if (std::strncmp(name, "profiler::", 10) == 0) {
-                k = kOpaque;
+                k.kind = kOpaque;
             } else if (std::strncmp(name, "c10d::", 6) == 0) {
-                k = kRecordOpen;
+                k.kind = kRecordOpen;
             } else {
                 auto op = c10::Dispatcher::singleton().findOp(*opname);
-                k = op && composite(*op) ? kLookThrough : kRecord;
+                k.kind = op && composite(*op) ? kLookThrough : kRecord;
             }
             g_kind.emplace(name, k);
         }
@@ -341,6 +358,20 @@ Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
     slot.name = name;  // a colliding name's entry goes: it is found again in g_kind
     slot.kind = k;
     return k;
+}
+
+// The recorded op at rec_depth ended with record functions left on: what it called is
+// what its kind does (see Nests).
+void learn_nests(Thread &t) {
+    Nests n = t.nested ? kNestsSome : kNestsNone;
+    Thread::KindSlot &slot = kind_slot(t, t.name);
+    if (slot.name == t.name) {
+        if (slot.kind.nests == n) return;
+        slot.kind.nests = n;
+    }
+    std::lock_guard<std::mutex> lock(g_kind_mu);
+    auto git = g_kind.find(t.name);
+    if (git != g_kind.end()) git->second.nests = n;
 }
 
 inline void add_input(Thread &t, const at::Tensor &x) {
@@ -397,13 +428,23 @@ bool is_scope_handle(const Thread &t, const at::Tensor *out) {
            out->numel() == static_cast<int64_t>(sizeof(at::RecordFunction));
 }
 
-// The ops a recorded (or opaque) op calls are never recorded: RecordFunction is off on
-// this thread until it ends, so they do not even box their inputs for a callback that
-// would only count them -- the op's time is the op's, not the observer's. The op's own
-// end callback still runs (it belongs to a record function that began while on).
+// The ops a recorded (or opaque) op calls are never recorded. Where its kind calls some
+// (Nests), RecordFunction is off on this thread until it ends, so they do not even box
+// their inputs for a callback that would only count them -- the op's time is the op's, not
+// the observer's. The op's own end callback still runs (it belongs to a record function
+// that began while on).
 inline void quiet_nested(Thread &t) {
     t.rf_in_op = at::isRecordFunctionEnabled();
+    t.quiet = true;
+    t.learning = false;
     at::enableRecordFunction(false);
+}
+
+// Or they stay on (an op that calls none, one being learned, a collective: see Nests).
+inline void leave_nested(Thread &t, bool learning) {
+    t.quiet = false;
+    t.learning = learning;
+    t.nested = 0;
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
@@ -411,12 +452,20 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     bool after_user_scope = t.after_user_scope;
     t.after_user_scope = false;
     int d = t.depth++;
-    if (t.rec_depth >= 0 || !g_active.load(std::memory_order_relaxed)) return nullptr;
+    if (t.rec_depth >= 0) {  // called by the op being recorded: not recorded
+        if (t.learning && g_active.load(std::memory_order_relaxed)) {
+            ++t.nested;
+            TracerWork work;
+        }
+        return nullptr;
+    }
+    if (!g_active.load(std::memory_order_relaxed)) return nullptr;
     TracerWork work;
     try {
         const char *name = fn.name();
         if (!name) return nullptr;
-        Kind k = op_kind(t, fn, name);
+        OpKind kind = op_kind(t, fn, name);
+        Kind k = kind.kind;
         if (k == kLookThrough) return nullptr;
         if (k == kOpaque) {
             t.rec_depth = d;
@@ -433,10 +482,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
-        if (k == kRecordOpen)
-            t.rf_in_op = at::isRecordFunctionEnabled();
-        else
+        if (k == kRecord && kind.nests == kNestsSome)
             quiet_nested(t);
+        else
+            leave_nested(t, k == kRecord);
     } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
         return nullptr;
     }
@@ -503,12 +552,17 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
     int d = --t.depth;
     if (d != t.rec_depth) {
-        // A looked-through op ends: torch boxed its outputs for us too.
-        if (t.rec_depth < 0 && g_active.load(std::memory_order_relaxed)) TracerWork work;
+        // A looked-through op ends (or one the op being learned called): torch boxed its
+        // outputs for us too.
+        if ((t.rec_depth < 0 || t.learning) && g_active.load(std::memory_order_relaxed)) TracerWork work;
         return;
     }
     t.rec_depth = -1;
-    at::enableRecordFunction(t.rf_in_op);
+    if (t.quiet)
+        at::enableRecordFunction(t.rf_in_op);
+    else if (t.learning)
+        learn_nests(t);
+    t.quiet = t.learning = false;
     if (t.opaque) {
         t.opaque = false;
         return;
