@@ -663,12 +663,16 @@ uint32_t ct_abi_version(void);
  * this library: it loads this library only where the program name matches
  * CANDLE_TRACE_MATCH (comma-separated shell patterns, default "*").
  * Under that shim, a process dying of SIGSEGV, SIGBUS, SIGFPE, SIGILL,
- * SIGABRT or SIGTERM (each only if its disposition was SIG_DFL when the shim
- * loaded) first writes everything recorded so far as whole lines, without a
- * terminal line, waiting at most 500 ms for it, then dies of that signal as
- * before. Not guaranteed when the signal hits a thread holding the library's
- * lock (inside a ct_* call): the trace then holds what the 50 ms flusher had
- * written. The library alone never touches signal dispositions. */
+ * SIGABRT, SIGTERM, SIGHUP or SIGQUIT (each only if its disposition was
+ * SIG_DFL when the shim loaded) first writes everything recorded so far as
+ * whole lines and a failed terminal naming the signal, then dies of that
+ * signal as before. A SIGTERM, SIGHUP or SIGQUIT sent from outside the
+ * process is deferred until the trace is written (at most 10 s; the program
+ * runs on meanwhile); a fault, abort() or a signal the process raised itself
+ * waits for it in its handler, at most 2 s: not guaranteed when the fault
+ * hits a thread holding the library's lock (inside a ct_* call), where the
+ * trace then holds what the 50 ms flusher had written. The library alone
+ * never touches signal dispositions. */
 ct_session ct_ambient_session(void);
 
 #ifdef __cplusplus

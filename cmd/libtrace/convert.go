@@ -3,13 +3,21 @@ package main
 /*
 #include <string.h>
 #include "candle_trace.h"
+#include "fastpath.h"
+#include "shape.h"
+
+// ct__check_shape for Go's strings, passed without a copy.
+static ct_status check_shape(_GoString_ fn, _GoString_ field, const int64_t *shape, size_t rank,
+                             uint64_t *elements) {
+    return ct__check_shape(_GoStringPtr(fn), _GoStringLen(fn), _GoStringPtr(field), _GoStringLen(field),
+                           shape, rank, elements);
+}
 */
 import "C"
 
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"unsafe"
 
 	"github.com/candle-trace/candle-trace/internal/events"
@@ -18,9 +26,6 @@ import (
 
 // The converters copy C records into Go values; the strings are copied, so
 // the caller's memory is only borrowed for the call.
-
-// maxRank refuses shapes that are almost certainly a wrong length argument.
-const maxRank = 64
 
 func argErr(fn, format string, args ...any) error {
 	return &session.Error{Code: session.InvalidArgument, Msg: fn + ": " + fmt.Sprintf(format, args...)}
@@ -111,40 +116,37 @@ func record[T any](fn, field, name string, p *T, known uint32) (rec T, hint func
 	return rec, hint, nil
 }
 
+// convertShape is the shape argument field of fn, checked by the C checker
+// ct_reduce_tensor_stats_f32 uses too (shape.c).
 func convertShape(fn, field string, p *C.int64_t, rank C.size_t) ([]uint64, error) {
+	dims, _, err := checkShape(fn, field, p, rank, false)
+	return dims, err
+}
+
+// hostShape is the shape of a host float32 buffer (ct_record_tensor_stats_f32)
+// with its element count, checked to fit the buffer (shape.c).
+func hostShape(fn string, p *C.int64_t, rank C.size_t) ([]uint64, int, error) {
+	return checkShape(fn, "shape", p, rank, true)
+}
+
+func checkShape(fn, field string, p *C.int64_t, rank C.size_t, count bool) ([]uint64, int, error) {
 	if rank == 0 {
-		return []uint64{}, nil
+		return []uint64{}, 1, nil
 	}
-	if rank > maxRank {
-		return nil, argErr(fn, "%s rank %d is larger than %d", field, uint64(rank), maxRank)
+	var n C.uint64_t
+	var elements *C.uint64_t
+	if count {
+		elements = &n
 	}
-	if p == nil {
-		return nil, argErr(fn, "%s is NULL with rank %d", field, uint64(rank))
+	if st := C.check_shape(fn, field, p, rank, elements); st != C.CT_OK {
+		return nil, 0, &session.Error{Code: session.Status(st), Msg: C.GoString(C.ct__errbuf())}
 	}
 	dims := unsafe.Slice((*int64)(unsafe.Pointer(p)), int(rank))
 	out := make([]uint64, len(dims))
 	for i, d := range dims {
-		if d < 0 {
-			return nil, argErr(fn, "%s[%d] is negative (%d)", field, i, d)
-		}
 		out[i] = uint64(d)
 	}
-	return out, nil
-}
-
-func elementCount(fn string, shape []uint64) (int, error) {
-	n := uint64(1)
-	for _, d := range shape {
-		hi, lo := bits.Mul64(n, d)
-		if hi != 0 {
-			return 0, argErr(fn, "shape %v has more elements than fit in 64 bits", shape)
-		}
-		n = lo
-	}
-	if n > 1<<40 {
-		return 0, argErr(fn, "shape %v has %d elements, more than a host buffer can hold", shape, n)
-	}
-	return int(n), nil
+	return out, int(n), nil
 }
 
 func convertOp(fn string, p *C.ct_op) (_ *events.Op, err error) {

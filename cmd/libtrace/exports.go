@@ -178,11 +178,7 @@ func ctgo_record_tensor_stats_f32(h C.ct_session, span C.ct_span, label *C.char,
 	if err != nil {
 		return status(err)
 	}
-	dims, err := convertShape(fn, "shape", shape, rank)
-	if err != nil {
-		return status(err)
-	}
-	n, err := elementCount(fn, dims)
+	dims, n, err := hostShape(fn, shape, rank)
 	if err != nil {
 		return status(err)
 	}

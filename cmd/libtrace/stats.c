@@ -1,17 +1,16 @@
 /* ct_reduce_tensor_stats_f32: the float32 statistics pass of internal/events
  * (reduce_f32.c) behind the C ABI, in C alone -- no session, no lock, no call
- * into Go. The checks are ct_record_tensor_stats_f32's (convertShape,
- * elementCount), with its messages. */
+ * into Go. Its shape is checked as ct_record_tensor_stats_f32's is, by the
+ * same function (shape.c). */
 #include "candle_trace.h"
 #include "fastpath.h"
 #include "reduce_f32.h"
+#include "shape.h"
 
 #include <math.h>
 #include <string.h>
 
 #define FN "ct_reduce_tensor_stats_f32"
-#define MAX_RANK 64             /* convert.go's maxRank */
-#define MAX_ELEMENTS (1ull << 40) /* elementCount's host-buffer bound */
 
 ct_status ct_reduce_tensor_stats_f32(const float *data, const int64_t *shape, size_t rank,
                                      ct_tensor_stats *out) {
@@ -20,26 +19,9 @@ ct_status ct_reduce_tensor_stats_f32(const float *data, const int64_t *shape, si
         return ct__fail(CT_ERR_INVALID_ARGUMENT,
                         FN ": out->size is %u, smaller than sizeof(ct_tensor_stats) %zu",
                         (unsigned)out->size, sizeof(ct_tensor_stats));
-    if (rank > MAX_RANK)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT, FN ": shape rank %zu is larger than %d", rank,
-                        MAX_RANK);
-    if (rank > 0 && !shape)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT, FN ": shape is NULL with rank %zu", rank);
-    uint64_t n = 1;
-    for (size_t i = 0; i < rank; i++) {
-        if (shape[i] < 0)
-            return ct__fail(CT_ERR_INVALID_ARGUMENT, FN ": shape[%zu] is negative (%lld)", i,
-                            (long long)shape[i]);
-        uint64_t d = (uint64_t)shape[i];
-        if (d != 0 && n > UINT64_MAX / d)
-            return ct__fail(CT_ERR_INVALID_ARGUMENT,
-                            FN ": shape has more elements than fit in 64 bits");
-        n *= d;
-    }
-    if (n > MAX_ELEMENTS)
-        return ct__fail(CT_ERR_INVALID_ARGUMENT,
-                        FN ": shape has %llu elements, more than a host buffer can hold",
-                        (unsigned long long)n);
+    uint64_t n;
+    ct_status st = ct__check_shape(FN, sizeof FN - 1, "shape", sizeof "shape" - 1, shape, rank, &n);
+    if (st != CT_OK) return st;
     if (!data && n > 0)
         return ct__fail(CT_ERR_INVALID_ARGUMENT, FN ": data is NULL for a tensor of %llu elements",
                         (unsigned long long)n);

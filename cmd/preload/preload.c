@@ -21,19 +21,32 @@
  * that dies of a signal would lose what it recorded in its last moments
  * (records still in the per-thread rings or in the Go-side buffer). In a
  * traced process the shim therefore handles SIGSEGV, SIGBUS, SIGFPE, SIGILL,
- * SIGABRT and SIGTERM — each only when its disposition is still SIG_DFL when
- * the shim loads (a program's own handler, or an inherited SIG_IGN, is left
- * alone). The handler asks a thread of the library to write everything
- * recorded so far as whole lines (no terminal line: the trace is partial),
- * waits for it at most CRASH_FLUSH_WAIT_MS (500 ms), puts the previous disposition
- * back (SIG_DFL) and raises the signal again, so the process dies of its own
- * signal with the same status and core dump as without the shim. What is
- * not guaranteed: a crash while a thread holds the library's lock (or the C
- * allocator's, when a ring is freed) leaves the flusher waiting; the handler
- * then gives up after the bound and the trace holds what was already
- * written. Programs that ask for a signal's disposition see a handler where
- * they would have seen SIG_DFL; a program that installs its own handler
- * later replaces ours, as it would replace the default.
+ * SIGABRT, SIGTERM, SIGHUP and SIGQUIT — each only when its disposition is
+ * still SIG_DFL when the shim loads (a program's own handler, or an
+ * inherited SIG_IGN, is left alone). A thread of the library writes
+ * everything recorded so far as whole lines and a failed terminal naming the
+ * signal; then the shim puts the previous disposition (SIG_DFL) back and
+ * raises the signal again, so the process dies of its own signal with the
+ * same status and core dump as without the shim. Two kinds of signal are
+ * handled two ways:
+ *  - A kill from another process (SIGTERM, SIGHUP, SIGQUIT sent with kill(1)
+ *    or by a job scheduler) is deferred: the handler asks for the flush and
+ *    returns. The thread it interrupted may hold the library's lock (the
+ *    kernel prefers the main thread, which is often inside a ct_* call), so
+ *    waiting in the handler could wait for ever on the flush that lock
+ *    blocks; returning lets that call finish and release it. The shim's
+ *    watchdog thread raises the signal once the flush is written, or after
+ *    KILL_FLUSH_WAIT_MS; a process that reaches its exit handlers first dies
+ *    of the signal there (ct__preload_crash_stop).
+ *  - Everything else (a fault, abort(), a signal the process sent itself)
+ *    must not return into the code that raised it: the handler waits in
+ *    place for the flush, at most CRASH_FLUSH_WAIT_MS, then raises. A fault
+ *    while a thread holds the library's lock (or the C allocator's, when a
+ *    ring is freed) leaves the flusher waiting; the handler gives up after
+ *    the bound and the trace holds what was already written.
+ * Programs that ask for a signal's disposition see a handler where they
+ * would have seen SIG_DFL; a program that installs its own handler later
+ * replaces ours, as it would replace the default.
  *
  * Why these pieces are where they are:
  *  - The handlers are installed here, BEFORE dlopen. The Go runtime in a
@@ -75,6 +88,7 @@
 #include <fnmatch.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,11 +127,16 @@ static int matches(const char *patterns, const char *a, const char *b) {
 
 /* ---- flushing on a fatal signal ------------------------------------------ */
 
-/* How long, in total, a dying thread waits for the trace to be written. The
- * flush itself takes well under a millisecond for the few MB a ring and the
- * write buffer can hold; the bound is for when it cannot happen at all (the
- * crashed thread holds the library's lock). */
-#define CRASH_FLUSH_WAIT_MS 10000
+/* How long, in total, a faulting thread waits in its handler for the trace
+ * to be written. The flush itself takes well under a millisecond for the
+ * few MB a ring and the write buffer can hold; the bound is for when it
+ * cannot happen at all (the crashed thread holds the library's lock). */
+#define CRASH_FLUSH_WAIT_MS 2000
+
+/* How long a deferred kill lets the program run on while the trace is
+ * written (a disk under heavy writeback can hold a write for seconds);
+ * the signal is raised once the flush is done, at the latest after this. */
+#define KILL_FLUSH_WAIT_MS 10000
 
 /* Not SIGINT: CPython (and others) install their own SIGINT handler only over
  * SIG_DFL, so taking it at load would turn Ctrl-C's KeyboardInterrupt into a
@@ -137,6 +156,8 @@ static uint32_t fired;      /* 1 once a handler has asked for the flush: one per
 static int fired_sig;       /* the signal of that handler (the trace's reason names it) */
 static pid_t waiter_pid;    /* the process the waiter belongs to (not a fork child) */
 static pid_t waiter_tid;    /* the waiter's thread */
+static uint32_t deferred;   /* 1 when the fired signal is a kill left to the watchdog */
+static int watchdog_started;
 
 static long futex(uint32_t *word, int op, uint32_t val, const struct timespec *rel) {
     return syscall(SYS_futex, word, op, val, rel, NULL, 0);
@@ -161,36 +182,101 @@ static void wait_flushed(int64_t budget_ns) {
     }
 }
 
-static void on_fatal_signal(int sig, siginfo_t *info, void *uctx) {
-    (void)info;
-    (void)uctx;
-    int saved_errno = errno;
+static size_t signal_index(int sig) {
     size_t i = 0;
     while (i < N_FATAL && fatal_signals[i] != sig) i++;
+    return i;
+}
+
+/* Dies of sig as the program would have: its previous disposition (SIG_DFL:
+ * we install over nothing else) back, the signal unblocked on this thread,
+ * then raised here. */
+static void die_of(int sig) {
+    size_t i = signal_index(sig);
+    if (i < N_FATAL) sigaction(sig, &previous[i], NULL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+}
+
+/* A kill from outside (another process, or the kernel's hangup): nothing of
+ * this process is broken, and the interrupted thread may hold the lock the
+ * flush needs (see the top). One the process sent itself (raise, kill of its
+ * own pid) must not return into the code after it. */
+static int is_kill_from_outside(int sig, const siginfo_t *info) {
+    if (sig != SIGTERM && sig != SIGHUP && sig != SIGQUIT) return 0;
+    return !(info && info->si_code <= 0 && info->si_pid == getpid());
+}
+
+static void on_fatal_signal(int sig, siginfo_t *info, void *uctx) {
+    (void)uctx;
+    int saved_errno = errno;
+    size_t i = signal_index(sig);
     if (i == N_FATAL) return; /* not ours: cannot happen */
     if (__atomic_load_n(&ready, __ATOMIC_ACQUIRE) && getpid() == waiter_pid &&
         thread_id() != waiter_tid) {
+        int outside = is_kill_from_outside(sig, info) && __atomic_load_n(&watchdog_started, __ATOMIC_ACQUIRE);
         /* The first dying thread asks; every dying thread (this one and
          * any that crash meanwhile) waits for the same flush, so none of
          * them kills the process before the trace is written. */
         if (!__atomic_exchange_n(&fired, 1, __ATOMIC_ACQ_REL)) {
             __atomic_store_n(&fired_sig, sig, __ATOMIC_RELAXED);
+            __atomic_store_n(&deferred, (uint32_t)outside, __ATOMIC_RELAXED);
             __atomic_fetch_or(&req, REQ_FLUSH, __ATOMIC_RELEASE);
-            futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
+            futex(&req, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL);
+        }
+        if (__atomic_load_n(&deferred, __ATOMIC_ACQUIRE)) {
+            /* The watchdog raises the first kill once the trace is
+             * written; this thread goes on (and may release the lock). */
+            errno = saved_errno;
+            return;
         }
         wait_flushed((int64_t)CRASH_FLUSH_WAIT_MS * 1000000);
     }
-    /* Back to the disposition we replaced (SIG_DFL: we install over nothing
-     * else) and raise again. The signal is blocked while its handler runs,
-     * so it is delivered as soon as we return: the default action kills the
-     * process with this signal, and a core dump where there would have been
-     * one. For a fault, returning alone would do too (the instruction faults
+    /* The signal is blocked while its handler runs, so the raised one is
+     * delivered as soon as we return: the default action kills the process
+     * with this signal, and a core dump where there would have been one.
+     * For a fault, returning alone would do too (the instruction faults
      * again); raising covers kill(1) and abort() alike. When Go forwarded
      * the fault to us, we return through Go's handler, which does nothing
      * more for a forwarded signal. */
     sigaction(sig, &previous[i], NULL);
     raise(sig);
     errno = saved_errno;
+}
+
+/* The watchdog of a deferred kill: parked until a flush is asked for or the
+ * session ends; for a deferred kill it waits for the flush (bounded) and
+ * raises the signal. Every signal is blocked on it but the one it raises. */
+static void *kill_watchdog(void *arg) {
+    (void)arg;
+    for (;;) {
+        uint32_t r = __atomic_load_n(&req, __ATOMIC_ACQUIRE);
+        if (r & REQ_FLUSH) break;
+        if (r & REQ_STOP) return NULL;
+        futex(&req, FUTEX_WAIT_PRIVATE, r, NULL);
+    }
+    if (!__atomic_load_n(&deferred, __ATOMIC_ACQUIRE)) return NULL; /* a fault: its handler raises */
+    wait_flushed((int64_t)KILL_FLUSH_WAIT_MS * 1000000);
+    die_of(__atomic_load_n(&fired_sig, __ATOMIC_RELAXED));
+    return NULL;
+}
+
+static void start_kill_watchdog(void) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits it */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    pthread_t t;
+    if (pthread_create(&t, &attr, kill_watchdog, NULL) == 0)
+        __atomic_store_n(&watchdog_started, 1, __ATOMIC_RELEASE);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 static void install_fatal_handlers(void) {
@@ -243,6 +329,7 @@ int ct__preload_crash_waiter_begin(void) {
     waiter_tid = thread_id();
     __atomic_store_n(&done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&req, 0, __ATOMIC_RELAXED);
+    start_kill_watchdog(); /* without it, kills wait in their handler as faults do */
     __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
     return 0;
 }
@@ -265,11 +352,19 @@ void ct__preload_crash_done(void) {
 }
 
 /* The ambient session has ended: handlers stop waiting (nothing is left to
- * flush) and the waiter returns. Called from any thread. */
+ * flush) and the waiter returns. Called from any thread. A deferred kill
+ * whose flush is under way when the program reaches its exit handlers is
+ * still the process's death: once the trace is written, the signal is
+ * raised here rather than the program exiting with its own status. */
 void ct__preload_crash_stop(void) {
     __atomic_store_n(&ready, 0, __ATOMIC_RELEASE);
     __atomic_fetch_or(&req, REQ_STOP, __ATOMIC_RELEASE);
-    futex(&req, FUTEX_WAKE_PRIVATE, 1, NULL);
+    futex(&req, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL);
+    if (__atomic_load_n(&fired, __ATOMIC_ACQUIRE) && __atomic_load_n(&deferred, __ATOMIC_ACQUIRE) &&
+        getpid() == waiter_pid) {
+        wait_flushed((int64_t)KILL_FLUSH_WAIT_MS * 1000000);
+        die_of(__atomic_load_n(&fired_sig, __ATOMIC_RELAXED));
+    }
 }
 
 /* Whether this process is one to trace: CANDLE_TRACE_PATH set and the

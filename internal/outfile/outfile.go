@@ -95,13 +95,37 @@ func checkOwnAt(path string, st fs.FileInfo, own Own, verb string) error {
 // files in. A buffered session checks its path so at ct_open and creates
 // the file only at ct_finish (with Create, which checks again).
 func CheckCreate(path string, own Own) error {
+	_, err := CheckCreateIn(path, own, "")
+	return err
+}
+
+// CheckCreateIn is CheckCreate for a caller that checks one path after
+// another in the same folder (a flight recorder's update after update):
+// usable is a folder an earlier check found usable ("" for none). A path
+// that does not exist yet in that folder costs one lstat instead of the
+// folder's checks. It returns the folder it found usable, "" when it
+// checked none (the path exists). A folder made unusable since is then
+// found only by Create.
+func CheckCreateIn(path string, own Own, usable string) (string, error) {
 	st, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return checkFolder(filepath.Dir(path))
+		dir := filepath.Dir(path)
+		if usable != "" && dir == usable {
+			return dir, nil
+		}
+		if err := checkFolder(dir); err != nil {
+			return "", err
+		}
+		return dir, nil
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
+	return "", checkExisting(path, st, own)
+}
+
+// checkExisting is CheckCreate of a path where st stands.
+func checkExisting(path string, st fs.FileInfo, own Own) error {
 	m := st.Mode()
 	switch {
 	case m&fs.ModeSymlink != 0:

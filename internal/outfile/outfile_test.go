@@ -206,6 +206,62 @@ func TestCheckCreate(t *testing.T) {
 	}
 }
 
+// CheckCreateIn skips the folder's checks for a missing path in the folder
+// an earlier check found usable, and checks everything else as CheckCreate.
+func TestCheckCreateIn(t *testing.T) {
+	tests := []struct {
+		name       string
+		rel        string // the path under the test's folder
+		usable     string // under the test's folder; "" for none
+		make       func(t *testing.T, dir string)
+		wantFolder string // under the test's folder; "" for none
+		msg        string
+	}{
+		{"first check of a folder", "no/out", "", makeUnusable, "", "is not a directory"},
+		{"the usable folder is not checked again", "no/out", "no", makeUnusable, "no", ""},
+		{"another folder is", "no/out", "other", makeUnusable, "", "is not a directory"},
+		{"a folder to make", "a/b/out", "", nil, "a/b", ""},
+		{"an existing path is always checked", "sub/out", "sub", func(t *testing.T, d string) {
+			require.NoError(t, os.Mkdir(filepath.Join(d, "sub"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(d, "sub/out"), []byte("theirs"), 0o600))
+		}, "", "refusing to overwrite it"},
+		{"our file: no folder checked", "out", "", func(t *testing.T, d string) {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "out"), []byte("OURS"), 0o600))
+		}, "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.make != nil {
+				tc.make(t, dir)
+			}
+			usable := ""
+			if tc.usable != "" {
+				usable = filepath.Join(dir, tc.usable)
+			}
+			folder, err := CheckCreateIn(filepath.Join(dir, tc.rel), ours, usable)
+			if tc.msg != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.msg)
+				assert.Empty(t, folder)
+				return
+			}
+			require.NoError(t, err)
+			want := ""
+			if tc.wantFolder != "" {
+				want = filepath.Join(dir, tc.wantFolder)
+			}
+			assert.Equal(t, want, folder)
+		})
+	}
+}
+
+// makeUnusable puts a file where folder "no" would be: no file can be
+// created under it, whoever the process is.
+func makeUnusable(t *testing.T, dir string) {
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "no"), []byte("x"), 0o600))
+}
+
 // listTree names every entry under dir with its size and mode.
 func listTree(t *testing.T, dir string) []string {
 	t.Helper()

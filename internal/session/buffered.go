@@ -7,9 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/candle-trace/candle-trace/internal/aggregate"
 	"github.com/candle-trace/candle-trace/internal/events"
-	"github.com/candle-trace/candle-trace/internal/outfile"
 )
 
 // A buffered session ("buffer": {"max_bytes": N} in the run JSON) is the
@@ -38,19 +36,6 @@ import (
 // lines when it ends (one when ct_finish_failed finds it still open), so a
 // span revived as an ancestor is never counted.
 
-// lineClass says what the bound may do with a line.
-type lineClass uint8
-
-const (
-	// lineDetail: dropped from the moment the trace would outgrow max_bytes.
-	lineDetail lineClass = iota
-	// lineStructure: dropped from the moment it would outgrow the hard cap.
-	lineStructure
-	// lineSpan: a span_start (or a completed span's two lines), dropped as
-	// lineStructure but counted by the session when the span ends.
-	lineSpan
-)
-
 // bufferSink is a buffered session's sink: the trace in memory, written to
 // path at Close with the session's opener (the file rules of every trace:
 // no final symbolic link followed, nobody else's file truncated). Guarded by
@@ -65,16 +50,6 @@ type bufferSink struct {
 	// dropped, every later one is.
 	detailFull, structureFull bool
 	dropped                   events.Dropped
-}
-
-// checkBuffered checks at ct_open what a buffered session will need at
-// ct_finish, creating nothing: a folder that can be made, and a path that
-// outfile.Create will take.
-func checkBuffered(path string) error {
-	if err := outfile.CheckCreate(path, aggregate.OwnFile); err != nil {
-		return errorf(IO, "ct_open: buffered trace %s: %v (nothing was created)", path, err)
-	}
-	return nil
 }
 
 // newBufferSink keeps the trace in reuse's memory when given (Reopen: the
@@ -153,8 +128,9 @@ func (b *bufferSink) Discard() { b.data = nil }
 // keepLine decides whether the line just appended (s.buf[mark:]) stays: a
 // buffered session's bound may drop it; every other sink keeps everything.
 // mu is held.
-func (s *Session) keepLine(c lineClass, mark int) bool {
-	if s.bound == nil || s.bound.room(c, mark, len(s.buf)-mark) {
+func (t *traceSession) keepLine(c lineClass, mark int) bool {
+	s := t.sess
+	if t.bound == nil || c == lineNeeded || t.bound.room(c, mark, len(s.buf)-mark) {
 		return true
 	}
 	s.buf = s.buf[:mark]
@@ -168,19 +144,20 @@ func (s *Session) keepLine(c lineClass, mark int) bool {
 // allows. A dropped start is kept in o.line in case a needed descendant
 // revives it. A kept span's parent is always kept, so only the direct
 // parent needs looking at. mu is held.
-func (s *Session) keepSpanStart(o *openSpan, mark int, name []byte, measured bool) {
-	if s.bound == nil {
+func (t *traceSession) keepSpanStart(o *openSpan, mark int, name []byte, measured bool) {
+	if t.bound == nil {
 		return
 	}
-	if n, req := s.required[string(name)]; measured || (req && n == 1) {
+	s := t.sess
+	if n, req := t.required[string(name)]; measured || (req && n == 1) {
 		if p, ok := s.open.get(o.parent); ok && p.line != nil {
 			line := append([]byte(nil), s.buf[mark:]...)
-			s.buf = append(s.reviveLocked(s.buf[:mark], o.parent), line...)
+			s.buf = append(t.reviveLocked(s.buf[:mark], o.parent), line...)
 		}
 		return
 	}
 	line := s.buf[mark:]
-	if !s.bound.room(lineSpan, mark, len(line)) {
+	if !t.bound.room(lineSpan, mark, len(line)) {
 		o.line = append([]byte(nil), line...)
 		s.buf = s.buf[:mark]
 	}
@@ -188,52 +165,63 @@ func (s *Session) keepSpanStart(o *openSpan, mark int, name []byte, measured boo
 
 // reviveLocked appends the span_start lines of id and its open ancestors
 // that were dropped, outermost first, so a needed span has its parents.
-func (s *Session) reviveLocked(b []byte, id uint64) []byte {
-	o, ok := s.open.get(id)
+func (t *traceSession) reviveLocked(b []byte, id uint64) []byte {
+	o, ok := t.sess.open.get(id)
 	if !ok || o.line == nil {
 		return b
 	}
-	b = s.reviveLocked(b, o.parent)
+	b = t.reviveLocked(b, o.parent)
 	b = append(b, o.line...)
-	s.open.setLine(id, nil)
+	t.sess.open.setLine(id, nil)
 	return b
 }
 
 // keepCompletedSpan decides about the two lines of a completed span just
 // appended (s.buf[mark:]; its parent is the root): the first span of a
 // required label always stays, any other while the bound allows. mu is held.
-func (s *Session) keepCompletedSpan(mark int, name string) bool {
-	if s.bound == nil {
+func (t *traceSession) keepCompletedSpan(mark int, name string) bool {
+	if t.bound == nil {
 		return true
 	}
-	if n, req := s.required[name]; req && n == 1 {
+	if n, req := t.required[name]; req && n == 1 {
 		return true
 	}
-	if s.bound.room(lineSpan, mark, len(s.buf)-mark) {
+	s := t.sess
+	if t.bound.room(lineSpan, mark, len(s.buf)-mark) {
 		return true
 	}
-	s.bound.drop(2, len(s.buf)-mark)
+	t.bound.drop(2, len(s.buf)-mark)
 	s.buf = s.buf[:mark]
 	return false
 }
 
 // keepCallEdge decides about the call edge just appended: one to a dropped
 // span goes with it, any other stays while the bound allows. mu is held.
-func (s *Session) keepCallEdge(mark int, toDropped bool) {
+func (t *traceSession) keepCallEdge(mark int, toDropped bool) {
 	if !toDropped {
-		s.keepLine(lineStructure, mark)
+		t.keepLine(lineStructure, mark)
 		return
 	}
-	s.bound.drop(1, len(s.buf)-mark)
+	s := t.sess
+	t.bound.drop(1, len(s.buf)-mark)
 	s.buf = s.buf[:mark]
 }
 
 // dropEndedLocked leaves out a dropped span that ended: its start (line),
 // and the end and call edges appended since mark, lines in all but the
 // start.
-func (s *Session) dropEndedLocked(line []byte, mark, lines int) {
-	s.bound.drop(1+lines, len(line)+len(s.buf)-mark)
+func (t *traceSession) dropEndedLocked(line []byte, mark, lines int) {
+	s := t.sess
+	t.bound.drop(1+lines, len(line)+len(s.buf)-mark)
 	s.buf = s.buf[:mark]
+}
+
+// buffered is s's trace when it is a buffered one, else nil.
+func (s *Session) buffered() *traceSession {
+	if t := s.traceSession; t != nil && t.bound != nil {
+		return t
+	}
+	return nil
 }
 
 // discard ends a buffered session without writing anything (ct_discard):
@@ -243,22 +231,24 @@ func (s *Session) dropEndedLocked(line []byte, mark, lines int) {
 func (s *Session) discard() error {
 	mu.Lock()
 	defer mu.Unlock()
-	if live[s.handle] != s {
-		return errorf(InvalidHandle, "ct_discard: session %d is unknown or already finished", s.handle)
+	if err := s.endableLocked("ct_discard"); err != nil {
+		return err
 	}
-	if s.bound == nil {
+	t := s.buffered()
+	if t == nil {
 		return errorf(State, "ct_discard: session %d writes its trace as it records, so there is nothing to discard (open it with \"buffer\" in the run JSON to keep the trace in memory); end it with ct_finish or ct_finish_failed", s.handle)
 	}
-	s.discardLocked()
+	t.discardLocked()
 	return nil
 }
 
-// discardLocked is Discard once s is known live and buffered; it returns the
-// memory the trace was kept in (its contents are dropped).
-func (s *Session) discardLocked() []byte {
-	setSlotState(s.slot, slotFinishing)
-	data := s.bound.data
-	s.bound.Discard()
+// discardLocked is Discard once the session is known live and buffered; it
+// returns the memory the trace was kept in (its contents are dropped).
+func (t *traceSession) discardLocked() []byte {
+	s := t.sess
+	s.endingLocked()
+	data := t.bound.data
+	t.bound.Discard()
 	s.buf = nil
 	s.releaseLocked()
 	return data
@@ -266,9 +256,10 @@ func (s *Session) discardLocked() []byte {
 
 // reopen discards the buffered session s (as Discard does) and opens the
 // next one at path with s's run for capture step step (ct_reopen: a flight
-// recorder keeps one run JSON, parsed once, for every update it records).
-// A refusal that is the caller's (step 0 or a warmup_steps it no longer
-// exceeds, s not buffered, s unknown) leaves s as it was; once s is
+// recorder keeps one run JSON, parsed once, for every update it records);
+// the next takes what s found out about the process and the folder
+// (sameRun). A refusal that is the caller's (step 0 or a warmup_steps it no
+// longer exceeds, s not buffered, s unknown) leaves s as it was; once s is
 // discarded, a failure to open the next one (the path) is returned and
 // nothing is open.
 func (s *Session) reopen(path string, step uint64) (*Session, error) {
@@ -279,11 +270,12 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 		return nil, errorf(InvalidArgument, "ct_reopen: path is empty")
 	}
 	mu.Lock()
-	if live[s.handle] != s {
+	if err := s.endableLocked("ct_reopen"); err != nil {
 		mu.Unlock()
-		return nil, errorf(InvalidHandle, "ct_reopen: session %d is unknown or already finished", s.handle)
+		return nil, err
 	}
-	if s.bound == nil {
+	t := s.buffered()
+	if t == nil {
 		mu.Unlock()
 		return nil, errorf(State, "ct_reopen: session %d writes its trace as it records; only a buffered session (\"buffer\" in the run JSON) can be reopened", s.handle)
 	}
@@ -294,9 +286,9 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 	}
 	// The update before's memory holds the next: no new chunk to clear, and
 	// none of the growth the update before already went through.
-	data, o := s.discardLocked(), s.opts
+	data, same, o := t.discardLocked(), t.sameRun, s.opts
 	mu.Unlock()
-	n, err := openRun(path, next, o, data)
+	n, err := openRun(path, next, o, &same, data)
 	if err != nil {
 		if e, ok := err.(*Error); ok && strings.HasPrefix(e.Msg, "ct_open:") {
 			return nil, &Error{Code: e.Code, Msg: "ct_reopen" + e.Msg[len("ct_open"):]}
@@ -311,24 +303,26 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 func (s *Session) Dropped() events.Dropped {
 	mu.Lock()
 	defer mu.Unlock()
-	if s.bound == nil {
+	t := s.buffered()
+	if t == nil {
 		return events.Dropped{}
 	}
-	return s.bound.dropped
+	return t.bound.dropped
 }
 
 // appendTerminalLocked appends the terminal line; a buffered session's also
 // states what its bound dropped, counting the dropped spans still open.
-func (s *Session) appendTerminalLocked(complete bool, now uint64, reason string, tracer uint64) {
+func (t *traceSession) appendTerminalLocked(complete bool, now uint64, reason string, tracer uint64) {
+	s := t.sess
 	tt := s.tracerTime(tracer)
-	if s.bound == nil {
+	if t.bound == nil {
 		s.buf = events.AppendTerminal(s.buf, complete, now, reason, tt)
 		return
 	}
 	s.open.each(func(_ uint64, o openSpan) {
 		if o.line != nil {
-			s.bound.drop(1, len(o.line))
+			t.bound.drop(1, len(o.line))
 		}
 	})
-	s.buf = events.AppendBufferedTerminal(s.buf, complete, now, reason, tt, s.bound.dropped)
+	s.buf = events.AppendBufferedTerminal(s.buf, complete, now, reason, tt, t.bound.dropped)
 }

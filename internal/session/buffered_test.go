@@ -536,6 +536,55 @@ func TestBufferedReopenRefusals(t *testing.T) {
 	testutil.RequireValid(t, stPath)
 }
 
+// The sessions of one run share the meta line's facts about the process:
+// a reopened session takes them from the one before (they are not read
+// again), a new run reads them afresh. Each trace still has its own run id.
+func TestBufferedReopenTakesTheProcessFactsOfTheRun(t *testing.T) {
+	t.Setenv("RANK", "3")
+	t.Setenv("WORLD_SIZE", "4")
+	s, path := openBuffered(t, bufRun(1<<20, ""))
+	t.Setenv("RANK", "5")
+	t.Setenv("WORLD_SIZE", "8")
+	next := filepath.Join(filepath.Dir(path), "update-8.jsonl")
+	n, err := s.Reopen(next, 8)
+	require.NoError(t, err)
+	step(t, n)
+	require.NoError(t, n.Finish())
+	fresh, freshPath := openT(t, trainRun)
+	step(t, fresh)
+	require.NoError(t, fresh.Finish())
+
+	reopened, opened := testutil.Lines(t, next)[0], testutil.Lines(t, freshPath)[0]
+	proc := reopened["process"].(map[string]any)
+	assert.EqualValues(t, 3, proc["rank"], "the run's, not read again")
+	assert.EqualValues(t, 4, proc["world_size"])
+	assert.EqualValues(t, os.Getpid(), proc["pid"])
+	host, _ := os.Hostname()
+	assert.Equal(t, host, proc["hostname"])
+	freshProc := opened["process"].(map[string]any)
+	assert.EqualValues(t, 5, freshProc["rank"], "a new run reads the environment")
+	assert.EqualValues(t, 8, freshProc["world_size"])
+	assert.NotEqual(t, opened["run_id"], reopened["run_id"])
+}
+
+// A reopened session's path in the folder the one before checked costs no
+// second look at the folder: a folder made unusable in between is found at
+// ct_finish, which then writes nothing and says why.
+func TestBufferedReopenTrustsTheFolderCheckedBefore(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, ""))
+	dir := filepath.Dir(path)
+	require.NoError(t, os.MkdirAll(filepath.Dir(dir), 0o755))
+	require.NoError(t, os.WriteFile(dir, []byte("a file now"), 0o600))
+	n, err := s.Reopen(filepath.Join(dir, "update-8.jsonl"), 8)
+	require.NoError(t, err, "the folder was found usable for the update before")
+	step(t, n)
+	requireCode(t, n.Finish(), IO, "nothing was written")
+
+	fresh := filepath.Join(dir, "other.jsonl")
+	_, err = Open(fresh, []byte(bufRun(1<<20, "")))
+	requireCode(t, err, IO, "is not a directory")
+}
+
 // Reopened over and over, a recorder's sessions keep memory flat, as
 // open/discard cycles do.
 func TestBufferedReopenCyclesReleaseTheirSlots(t *testing.T) {

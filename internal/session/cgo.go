@@ -13,8 +13,10 @@ import (
 	"unsafe"
 )
 
-// The C side owns the handle registry, the per-thread span stacks and the
-// rings (fastpath.c). These wrappers are the only Go code that touches it.
+// The C side keeps the session slots (registry.go decides when one is taken
+// and freed, state.go what state it publishes), the per-thread span stacks
+// and the rings (fastpath.c). These wrappers are the only Go code that
+// touches them, but for the drainer's reads of the rings (drain.go).
 
 func slotAlloc() uint64 { return uint64(C.ct__slot_alloc()) }
 

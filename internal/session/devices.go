@@ -71,12 +71,6 @@ func (s *Session) ending(end func() error) error {
 	return err
 }
 
-func (s *Session) isLive() bool {
-	mu.Lock()
-	defer mu.Unlock()
-	return live[s.handle] == s
-}
-
 // Finish closes the root, writes terminal complete and releases the handle,
 // the device collectors flushed first and stopped after. It refuses
 // (leaving the session open, its collectors running) when the capture is

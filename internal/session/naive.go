@@ -5,11 +5,9 @@ import (
 )
 
 // NaiveBeginSpan and NaiveEndSpan are the straightforward design — every
-// event crosses into Go, takes the lock and is encoded on the spot — kept only
-// so `make bench` can show what the C fast path saves. Spans nest per
-// session here, not per thread; do not use them for tracing. In an aggregate
-// session they fold the duration on the spot (a map lookup at begin, a
-// locked Observe at end), the design a Go-only aggregator would have.
+// event crosses into Go, takes the lock and is handed to the product on the
+// spot — kept only so `make bench` can show what the C fast path saves.
+// Spans nest per session here, not per thread; do not use them for tracing.
 func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.Step) (uint64, error) {
 	mu.Lock()
 	defer mu.Unlock()
@@ -24,12 +22,7 @@ func (s *Session) NaiveBeginSpan(name string, kind events.SpanKind, step events.
 	}
 	s.naiveStack = append(s.naiveStack, id)
 	start := s.Now()
-	if s.aggr != nil {
-		s.naiveKeys = append(s.naiveKeys, s.spanKey(name, uint32(step)))
-		s.open.begin(id, openSpan{parent: parent, start: start})
-		return id, nil
-	}
-	s.buf = events.AppendSpanStart(s.buf, id, parent, name, start, kind, false, step, 0)
+	s.product.naiveBeginLocked(id, parent, name, kind, step, start)
 	s.open.begin(id, openSpan{parent: parent, start: start})
 	s.maybeWrite()
 	return id, nil
@@ -47,15 +40,8 @@ func (s *Session) NaiveEndSpan(id uint64) error {
 		return errorf(SpanMismatch, "naive_span_end: s%d is not the innermost span", id)
 	}
 	s.naiveStack = s.naiveStack[:n-1]
-	if s.aggr != nil {
-		o, _ := s.open.end(id)
-		k := s.naiveKeys[n-1]
-		s.naiveKeys = s.naiveKeys[:n-1]
-		s.aggr.agg.Observe(k, s.Now()-o.start)
-		return nil
-	}
 	o, _ := s.open.end(id)
-	s.spanEnded(o, id, s.Now()-o.start, false, 0)
+	s.product.naiveEndLocked(o, id, s.Now()-o.start)
 	return nil
 }
 

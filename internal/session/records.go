@@ -9,7 +9,9 @@ import (
 
 // The record methods check what the trace format's rules allow them to check
 // at the moment a record arrives, so a program cannot produce a trace that
-// candle-graph rejects; a refused record writes nothing.
+// candle-graph rejects; a refused record writes nothing. The checks are the
+// same for both products; what a checked record becomes is the product's
+// (keepLocked and the others of product.go).
 
 // beginRecord locks, checks the session is usable and drains the calling
 // thread's ring, so its own spans are current (recordSpan looks further only
@@ -36,9 +38,7 @@ func (s *Session) spanBounds(fn string, span uint64) (start, end uint64, closed 
 	if closed {
 		return c.start, c.start + c.dur, true, nil
 	}
-	if s.aggr != nil && span != 0 && span <= lastSpanID(s.slot) {
-		// An aggregate session's spans never reach the Go tables (they keep
-		// only a duration); that the id was handed out is all there is to check.
+	if s.product.untrackedSpan(span) {
 		return 0, s.Now(), false, nil
 	}
 	return 0, 0, false, s.unknownSpan(fn, span)
@@ -103,7 +103,7 @@ func (s *Session) RecordOp(span uint64, op *events.Op) error {
 	op.SpanID = span
 	mark := len(s.buf)
 	s.buf = events.AppendOp(s.buf, op)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	for _, in := range op.Inputs {
 		s.knowTensor(in)
 	}
@@ -146,7 +146,7 @@ func (s *Session) RecordTensor(span uint64, t *events.Tensor) error {
 	t.SpanID = span
 	mark := len(s.buf)
 	s.buf = events.AppendTensor(s.buf, t)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.knowTensor(t.TensorID)
 	s.maybeWrite()
 	return nil
@@ -185,18 +185,15 @@ func (s *Session) recordStats(fn string, span uint64, st *events.TensorStats, sc
 	if err := s.spanExists(fn, span); err != nil {
 		return err
 	}
-	if s.aggr != nil {
-		if scalar != nil {
-			if err := s.aggr.agg.ScalarByLabel(st.Label, *scalar); err != nil {
-				return invalid(fn, err)
-			}
+	if scalar != nil {
+		if err := s.product.scalarLocked(fn, st.Label, *scalar); err != nil {
+			return err
 		}
-		return nil
 	}
 	st.SpanID = span
 	mark := len(s.buf)
 	s.buf = events.AppendTensorStats(s.buf, st)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -228,7 +225,7 @@ func (s *Session) RecordMemory(span uint64, m *events.Memory) error {
 	m.SpanID = span
 	mark := len(s.buf)
 	s.buf = events.AppendMemory(s.buf, m)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -252,7 +249,7 @@ func (s *Session) RecordDeviceMemory(d *events.DeviceMemory) error {
 	}
 	mark := len(s.buf)
 	s.buf = events.AppendDeviceMemory(s.buf, d)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -279,7 +276,7 @@ func (s *Session) RecordDeviceInterval(span uint64, d *events.DeviceInterval) er
 	d.SpanID = span
 	mark := len(s.buf)
 	s.buf = events.AppendDeviceInterval(s.buf, d)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -311,16 +308,7 @@ func (s *Session) RecordCompletedSpan(name string, kind events.SpanKind, startNs
 	}
 	id := nextSpanID(s.slot)
 	c := closedSpan{id: id, parent: 1, start: startNs, dur: durNs}
-	if s.aggr != nil {
-		s.closed.put(c)
-		s.aggr.agg.Observe(s.spanKey(name, uint32(events.StepNone)), durNs)
-		return id, nil
-	}
-	mark := len(s.buf)
-	s.buf = events.AppendSpanStart(s.buf, id, 1, name, startNs, kind, false, events.StepNone, 0)
-	s.buf = events.AppendSpanEnd(s.buf, id, durNs)
-	s.countLabel(name)
-	c.dropped = !s.keepCompletedSpan(mark, name)
+	c.dropped = s.product.completedSpanLocked(id, name, kind, startNs, durNs)
 	s.closed.put(c)
 	s.maybeWrite()
 	return id, nil
@@ -337,36 +325,8 @@ func (s *Session) RecordCallEdge(from, to, hostDurationNs uint64) error {
 	if err := s.spanExists(fn, from); err != nil {
 		return err
 	}
-	if s.aggr != nil {
-		// No hierarchy to check against, and nothing is kept.
-		return s.spanExists(fn, to)
-	}
-	var parent, dur uint64
-	closed, dropped := false, false
-	if o, open, c, isClosed := s.recordSpan(to); open {
-		parent, dropped = o.parent, o.line != nil
-	} else if isClosed {
-		parent, dur, closed, dropped = c.parent, c.dur, true, c.dropped
-	} else {
-		return s.unknownSpan(fn, to)
-	}
-	if parent != from || to == 1 {
-		return errorf(InvalidArgument, "%s: s%d's parent is s%d, not s%d (call_edge_hierarchy_mismatch)", fn, to, parent, from)
-	}
-	switch {
-	case closed && hostDurationNs != 0 && hostDurationNs != dur:
-		return errorf(InvalidArgument, "%s: host_duration_ns %d differs from s%d's duration %d ns (pass 0 to take it)", fn, hostDurationNs, to, dur)
-	case closed:
-		mark := len(s.buf)
-		s.buf = events.AppendCallEdge(s.buf, from, to, dur)
-		s.keepCallEdge(mark, dropped)
-	case hostDurationNs != 0:
-		return errorf(InvalidArgument, "%s: s%d is still open, so its duration is unknown; pass host_duration_ns 0 to take it when it closes", fn, to)
-	default:
-		if s.pendingEdges == nil {
-			s.pendingEdges = map[uint64][]uint64{}
-		}
-		s.pendingEdges[to] = append(s.pendingEdges[to], from)
+	if err := s.product.callEdgeLocked(fn, from, to, hostDurationNs); err != nil {
+		return err
 	}
 	s.maybeWrite()
 	return nil
@@ -389,7 +349,7 @@ func (s *Session) RecordDataEdge(from, to string) error {
 	}
 	mark := len(s.buf)
 	s.buf = events.AppendDataEdge(s.buf, from, to)
-	s.keepLine(lineDetail, mark)
+	s.product.keepLocked(lineDetail, mark)
 	s.maybeWrite()
 	return nil
 }
@@ -422,10 +382,12 @@ func (s *Session) RecordGradient(root, key string, state events.GradientState, n
 	s.nextGradient++
 	mark := len(s.buf)
 	s.buf = events.AppendGradient(s.buf, s.nextGradient, root, key, state, n, has)
+	// A contract's gradients are bounded by it, and the trace needs them.
+	class := lineNeeded
 	if s.expected == nil {
-		// A contract's gradients are bounded by it, and the trace needs them.
-		s.keepLine(lineStructure, mark)
+		class = lineStructure
 	}
+	s.product.keepLocked(class, mark)
 	s.maybeWrite()
 	return nil
 }

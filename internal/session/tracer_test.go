@@ -39,7 +39,10 @@ func spanEnd(t *testing.T, lines []map[string]any, id string) map[string]any {
 }
 
 // The tracer's own work inside a span is left out of its duration and
-// stated on the measured span and the terminal.
+// stated on the measured span and the terminal. A loaded machine stretches
+// the program's time between the calls, so the bound is the wall time
+// measured around each span less the tracer time measured inside the
+// intervals (the clock stood still for at least that), not a constant.
 func TestTracerTimeIsLeftOutOfSpansAndStated(t *testing.T) {
 	const work, tracer = 20 * time.Millisecond, 60 * time.Millisecond
 	tests := []struct {
@@ -54,32 +57,39 @@ func TestTracerTimeIsLeftOutOfSpansAndStated(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s, path := openT(t, trainRun)
+			updWall := time.Now()
 			m, err := s.BeginMeasurement("update")
 			require.NoError(t, err)
+			fwdWall := time.Now()
 			inner := begin(t, s, "forward")
 			spin(work)
+			var inside time.Duration // wall time inside the intervals, the clock frozen
 			for i := 0; i < tc.intervals; i++ {
 				require.NoError(t, s.TracerBegin())
 				if tc.nested {
 					require.NoError(t, s.TracerBegin())
 				}
+				t0 := time.Now()
 				spin(tracer / time.Duration(tc.intervals))
+				inside += time.Since(t0)
 				if tc.nested {
 					require.NoError(t, s.TracerEnd())
 				}
 				require.NoError(t, s.TracerEnd())
 			}
 			end(t, s, inner)
+			fwdSpan := time.Since(fwdWall)
 			end(t, s, m)
+			updSpan := time.Since(updWall)
 			require.NoError(t, s.Finish())
 
 			lines := testutil.Lines(t, path)
 			fwd := u64(t, spanEnd(t, lines, "s3")["duration_ns"])
 			upd := spanEnd(t, lines, "s2")
 			assert.GreaterOrEqual(t, fwd, uint64(work))
-			assert.Less(t, fwd, uint64(work+tracer/2), "the tracer's %v is not the forward's", tracer)
-			assert.GreaterOrEqual(t, u64(t, upd["tracer_ns"]), uint64(tracer))
-			assert.Less(t, u64(t, upd["duration_ns"]), uint64(work+tracer/2))
+			assert.LessOrEqual(t, fwd, uint64(fwdSpan-inside), "the tracer's %v is not the forward's", inside)
+			assert.GreaterOrEqual(t, u64(t, upd["tracer_ns"]), uint64(inside))
+			assert.LessOrEqual(t, u64(t, upd["duration_ns"]), uint64(updSpan-inside))
 			term := lines[len(lines)-1]
 			require.Equal(t, "terminal", term["kind"])
 			assert.GreaterOrEqual(t, u64(t, term["tracer_ns"]), u64(t, upd["tracer_ns"]))

@@ -1203,6 +1203,26 @@ static void test_shapes(ct_session s, ct_span span) {
     float d[6] = {0};
     CHECK_STATUS(ct_record_tensor_stats_f32(s, span, "big", d, big, 2), CT_ERR_INVALID_ARGUMENT, "64 bits");
     CHECK_STATUS(ct_record_tensor_stats_f32(s, span, "neg", d, negative, 2), CT_ERR_INVALID_ARGUMENT, "negative");
+
+    /* One checker (cmd/libtrace/shape.c) for the recorded and the reduced
+     * buffer: the same message past the function's name, also for a shape
+     * wrong two ways (the negative dimension is named first). */
+    const int64_t huge[2] = {(int64_t)1 << 41, 1};
+    const int64_t neg_big[3] = {(int64_t)1 << 62, 8, -1};
+    const struct {
+        const int64_t *shape;
+        size_t rank;
+    } bad[] = {{big, 2}, {huge, 2}, {negative, 2}, {neg_big, 3}, {many, 65}, {NULL, 2}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ct_status recorded = ct_record_tensor_stats_f32(s, span, "same", d, bad[i].shape, bad[i].rank);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ct_last_error());
+        ct_tensor_stats out = {.size = sizeof out};
+        ct_status reduced = ct_reduce_tensor_stats_f32(d, bad[i].shape, bad[i].rank, &out);
+        const char *a = strchr(msg, ':'), *b = strchr(ct_last_error(), ':');
+        CHECK(recorded == CT_ERR_INVALID_ARGUMENT && reduced == recorded && a && b && strcmp(a, b) == 0,
+              "bad shape %zu: recorded %s, reduced %s", i, msg, ct_last_error());
+    }
 }
 
 static void test_stats(ct_session s, ct_span span) {

@@ -252,7 +252,107 @@ int main(int argc, char **argv) {
         fflush(stdout);
         for (;;) pause();
     }
+    if (!strcmp(how, "term-exit")) {                  /* ... and the program exits meanwhile */
+        sigset_t term, before;                        /* as HOLDER: no lost wake-up */
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &term, &before);
+        printf("recorded\n");
+        fflush(stdout);
+        sigsuspend(&before);                          /* the handler ran and returned */
+        return 0;
+    }
+    if (!strcmp(how, "raise")) {                      /* a SIGTERM the program sends itself */
+        raise(SIGTERM);
+        printf("raise returned\n");
+        return 7;
+    }
     return 6;
+}
+"""
+
+# A stand-in for the library in the shim's handshake (ct__preload_crash_*):
+# its flush needs a lock that the program's main thread holds while it is
+# "inside a library call", as a thread writing under the session lock does.
+FAKE_FLUSHER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+static int (*begin_fn)(void), (*wait_fn)(void);
+static void (*done_fn)(void);
+static pthread_mutex_t started_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t started_cond = PTHREAD_COND_INITIALIZER;
+static int started = -2;
+
+static void *waiter(void *arg) {
+    (void)arg;
+    int r = begin_fn();
+    pthread_mutex_lock(&started_lock);
+    started = r;
+    pthread_cond_signal(&started_cond);
+    pthread_mutex_unlock(&started_lock);
+    if (r != 0) return 0;
+    int sig = wait_fn();
+    if (sig == 0) return 0;
+    pthread_mutex_lock(&fake_lock);
+    FILE *f = fopen(getenv("FAKE_FLUSHED"), "w");
+    if (f) { fprintf(f, "flushed %d\n", sig); fclose(f); }
+    pthread_mutex_unlock(&fake_lock);
+    done_fn();
+    return 0;
+}
+
+/* What ct_ambient_session is to the real library: the waiter serves once it returns 0. */
+int fake_start(void) {
+    begin_fn = (int (*)(void))dlsym(RTLD_DEFAULT, "ct__preload_crash_waiter_begin");
+    wait_fn = (int (*)(void))dlsym(RTLD_DEFAULT, "ct__preload_crash_wait");
+    done_fn = (void (*)(void))dlsym(RTLD_DEFAULT, "ct__preload_crash_done");
+    if (!begin_fn || !wait_fn || !done_fn) return -3;
+    pthread_t t;
+    if (pthread_create(&t, 0, waiter, 0)) return -4;
+    pthread_mutex_lock(&started_lock);
+    while (started == -2) pthread_cond_wait(&started_cond, &started_lock);
+    pthread_mutex_unlock(&started_lock);
+    return started;
+}
+"""
+
+HOLDER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(void) {
+    int (*start)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_start");
+    pthread_mutex_t *lock = (pthread_mutex_t *)dlsym(RTLD_DEFAULT, "fake_lock");
+    if (!start || !lock) { fprintf(stderr, "no fake library\n"); return 3; }
+    int r = start();
+    if (r) { fprintf(stderr, "fake_start: %d\n", r); return 4; }
+    /* SIGTERM blocked until sigsuspend, which returns once the shim's
+     * handler has run and returned, whenever the test sends it. */
+    sigset_t term, before;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &term, &before);
+    pthread_mutex_lock(lock);
+    printf("holding\n");
+    fflush(stdout);
+    sigsuspend(&before);
+    pthread_sigmask(SIG_SETMASK, &before, 0);
+    struct timespec a_while = {0, 200 * 1000 * 1000};
+    nanosleep(&a_while, 0);                   /* the rest of the "library call" */
+    printf("released\n");                    /* before the flush can run and the kill land */
+    fflush(stdout);
+    pthread_mutex_unlock(lock);
+    for (;;) pause();
 }
 """
 
@@ -406,12 +506,69 @@ def test_a_kill_under_the_shim_flushes_every_record(tmp_path: Path, dying: Path,
     try:
         assert proc.stdout.readline() == "recorded\n", proc.stderr.read()
         proc.send_signal(signum)
-        proc.wait(timeout=10)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
         proc.communicate()
     assert proc.returncode == -signum
     check_flushed(trace, tmp_path, ["work"], n, signal.Signals(signum).name)
+
+
+def test_a_kill_landing_on_a_thread_that_holds_the_librarys_lock_is_flushed(tmp_path: Path) -> None:
+    # A SIGTERM delivered to a thread inside a library call that holds the
+    # session lock: a handler that waited there for the flush waited on
+    # itself until its bound ran out, and the trace lost its end (seen under
+    # heavy disk writeback, where a write holds the lock for long). The kill
+    # is deferred instead: the handler returns, the call finishes and
+    # releases the lock, the flush is written, then the process dies of it.
+    lib = tmp_path / "libfake_flusher.so"
+    src = tmp_path / "fake_flusher.c"
+    src.write_text(FAKE_FLUSHER)
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O0", "-Wall", "-Werror", "-pthread",
+                    str(src), "-o", str(lib), "-ldl"], check=True, timeout=60)
+    exe = build_c(tmp_path, "holder", HOLDER)
+    flushed = tmp_path / "flushed"
+    env = dict(shim_env(tmp_path / "unused.jsonl"), CANDLE_TRACE_LIB=str(lib), FAKE_FLUSHED=str(flushed))
+    proc = subprocess.Popen([str(exe)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "holding\n", proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+    assert out == "released\n", "the handler returned into the interrupted call, which went on"
+    assert flushed.read_text() == f"flushed {int(signal.SIGTERM)}\n"
+
+
+def test_a_kill_the_program_outlives_to_its_exit_still_kills_it(tmp_path: Path, dying: Path) -> None:
+    # Deferred, the kill lets the program run on while the trace is written;
+    # one that reaches its exit handlers meanwhile dies of the signal there,
+    # not with its own exit status.
+    trace, n = tmp_path / "exit.jsonl", 200
+    proc = subprocess.Popen([str(dying), "term-exit", str(n)], env=shim_env(trace), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "recorded\n", proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGTERM
+    check_flushed(trace, tmp_path, ["work"], n, "SIGTERM")
+
+
+def test_a_sigterm_the_program_raises_itself_never_returns(tmp_path: Path, dying: Path) -> None:
+    # Only kills from outside are deferred: raise(SIGTERM) must not return
+    # into the code after it, so its handler waits for the flush in place.
+    trace, n = tmp_path / "raised.jsonl", 200
+    proc = subprocess.run([str(dying), "raise", str(n)], env=shim_env(trace), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert "raise returned" not in proc.stdout
+    check_flushed(trace, tmp_path, ["work"], n, "SIGTERM")
 
 
 def test_two_threads_crashing_share_one_flush(tmp_path: Path, dying: Path) -> None:
