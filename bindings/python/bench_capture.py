@@ -2,7 +2,7 @@
 workloads of examples/python/workloads.py: the MLP, the GPT-style char model at batch 8
 x 64 tokens and at batch 1 x 8 tokens, and the MNIST-style CNN at batch 64.
 
-    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_capture.py [ROUNDS]
+    PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_capture.py [ROUNDS] [WORKLOAD...]
 
 One thread (torch.set_num_threads(1)). Per round, in an order that rotates between
 rounds, one workload runs:
@@ -20,7 +20,9 @@ rounds, one workload runs:
 
 Figures are medians over the rounds:
 - measured / untraced: the trace's measured update over the untraced update's wall time
-  (the honesty of the timings; target within +-15%);
+  (the honesty of the timings; target within +-15%); paired: the median over rounds of
+  each round's measured update over that round's untraced one (less sensitive to a
+  loaded machine's drift);
 - extra CPU ratio: (ours in-step CPU - untraced CPU) / (torch.profiler in-step CPU -
   untraced CPU) (target <= 1);
 - all: the extra CPU of the update plus the closing after it (our prof.step() that
@@ -41,7 +43,9 @@ import time
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+#: the checkout whose binding and workloads run (CANDLE_TRACE_BENCH_REPO: main's, for a
+#: before/after with this script)
+REPO = Path(os.environ.get("CANDLE_TRACE_BENCH_REPO") or Path(__file__).resolve().parents[2])
 sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "python"))
 
@@ -55,11 +59,14 @@ def _timed(fn):
 
 
 def _untraced(w, out):
+    walls = []
     for _ in range(3):
         x, y = w.batch()
         wall, cpu = _timed(lambda: w.update(x, y))
-        out["untraced_wall"].append(wall)
+        walls.append(wall)
         out["untraced_cpu"].append(cpu)
+    out["untraced_wall"].extend(walls)
+    out["round_untraced_wall"].append(statistics.median(walls))
 
 
 def _ours(ctt, w, out, tmp, r):
@@ -131,9 +138,9 @@ def run(rounds: int = 20, names=WORKLOADS) -> dict:
             w = workloads.WORKLOADS[name]()
             for _ in range(5):  # warm: allocator, caches, the observer's build
                 w.update(*w.batch())
-            out = {k: [] for k in ("untraced_wall", "untraced_cpu", "ours_cpu", "ours_end_cpu",
-                                   "noncap_cpu", "measured_ns", "tracer_ns", "tp_cpu",
-                                   "tp_exit_cpu", "far_cpu")}
+            out = {k: [] for k in ("untraced_wall", "round_untraced_wall", "untraced_cpu",
+                                   "ours_cpu", "ours_end_cpu", "noncap_cpu", "measured_ns",
+                                   "tracer_ns", "tp_cpu", "tp_exit_cpu", "far_cpu")}
             modes = [lambda r: _untraced(w, out), lambda r: _ours(ctt, w, out, tmp, r),
                      lambda r: _torch_profiler(w, out), lambda r: _far(ctt, w, out, tmp, r)]
             for r in range(rounds):
@@ -151,6 +158,9 @@ def summarize(out: dict) -> dict:
         "untraced_ms": u_wall / 1e6, "untraced_cpu_ms": u_cpu / 1e6,
         "measured_ms": med(out["measured_ns"]) / 1e6,
         "measured_ratio": med(out["measured_ns"]) / u_wall,
+        # each round's measured update over the same round's untraced one: what the load
+        # of the minute does to both cancels
+        "paired_ratio": med(m / u for m, u in zip(out["measured_ns"], out["round_untraced_wall"])),
         "tracer_ms": med(out["tracer_ns"]) / 1e6,
         "ours_cpu_ms": ours / 1e6, "tp_cpu_ms": tp / 1e6,
         "ours_extra_ms": (ours - u_cpu) / 1e6, "tp_extra_ms": (tp - u_cpu) / 1e6,
@@ -170,19 +180,21 @@ def print_summary(res: dict) -> None:
 
     print(f"\ncaptured update vs untraced vs torch.profiler(record_shapes, profile_memory) "
           f"(torch {torch.__version__}, 1 thread, medians)")
-    print(f"  {'workload':10s} {'untraced':>9s} {'measured':>9s} {'meas/untr':>9s} "
+    print(f"  {'workload':10s} {'untraced':>9s} {'measured':>9s} {'meas/untr':>9s} {'paired':>7s} "
           f"{'tracer':>8s} {'ours+cpu':>9s} {'tp+cpu':>9s} {'extra ratio':>11s} "
           f"{'ours end':>9s} {'tp exit':>9s} {'ours all':>9s} {'tp all':>9s} {'noncap':>7s} "
           f"{'adjacent':>8s} {'ops':>5s}")
     for name, out in res.items():
         s = summarize(out)
         print(f"  {name:10s} {s['untraced_ms']:7.2f}ms {s['measured_ms']:7.2f}ms "
-              f"{s['measured_ratio']:8.2f}x {s['tracer_ms']:6.2f}ms {s['ours_extra_ms']:7.2f}ms "
+              f"{s['measured_ratio']:8.2f}x {s['paired_ratio']:6.2f}x {s['tracer_ms']:6.2f}ms "
+              f"{s['ours_extra_ms']:7.2f}ms "
               f"{s['tp_extra_ms']:7.2f}ms {s['extra_ratio']:10.2f}x {s['ours_end_ms']:7.2f}ms "
               f"{s['tp_exit_ms']:7.2f}ms {s['ours_total_ms']:7.2f}ms {s['tp_total_ms']:7.2f}ms "
               f"{s['noncap_ratio']:6.3f}x {s['adjacent_ratio']:7.3f}x "
               f"{s['ops']:5d}")
-    print("  (measured: the trace's update, tracer time left out; ours+cpu / tp+cpu: extra "
+    print("  (measured: the trace's update, tracer time left out; paired: the median of each "
+          "round's measured / untraced; ours+cpu / tp+cpu: extra "
           "process CPU of the update over untraced; end/exit: closing and writing; all: the "
           "two together; noncap: "
           "updates under a profile whose capture is ahead; adjacent: the updates just before "

@@ -24,6 +24,12 @@ func AppendSpanStart(b []byte, id, parent uint64, name string, startNs uint64, k
 	b = appendString(b, name)
 	b = append(b, `,"start_ns":`...)
 	b = appendUint(b, startNs)
+	return appendStartTail(b, kind, measured, step, tid)
+}
+
+// appendStartTail ends a span_start from "span_kind" on (StartTail keeps it
+// per thread).
+func appendStartTail(b []byte, kind SpanKind, measured bool, step Step, tid int64) []byte {
 	b = append(b, `,"span_kind":"`...)
 	b = append(b, kind.String()...)
 	b = append(b, '"')

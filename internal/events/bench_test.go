@@ -136,3 +136,30 @@ func TestBenchmarkEventsMatch(t *testing.T) {
 		t.Fatalf("span_start differs:\ngoccy %s\nhand  %s", g, hand)
 	}
 }
+
+// The drainer's span lines: AppendSpanStart + AppendSpanEnd, against the
+// same lines from cached pieces (spanlines.go) as the drainer builds them.
+func BenchmarkSpanPairLines(b *testing.B) {
+	const name = "layer/forward"
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 4096)
+		for i := 0; i < b.N; i++ {
+			id := uint64(1000 + i)
+			buf = AppendSpanStart(buf[:0], id, 17, name, 987654321+uint64(i)*40, SpanFunction, false, StepNone, 31337)
+			buf = AppendSpanEnd(buf, id, 430)
+		}
+	})
+	b.Run("pieces", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 4096)
+		parent := RefOf(17)
+		quoted := AppendName(nil, []byte(name))
+		var tail StartTail
+		for i := 0; i < b.N; i++ {
+			ref := RefOf(uint64(1000 + i))
+			buf = AppendSpanStartRef(buf[:0], &ref, &parent, quoted, 987654321+uint64(i)*40, tail.For(SpanFunction, false, StepNone, 31337))
+			buf = AppendSpanEndRef(buf, &ref, 430)
+		}
+	})
+}

@@ -63,3 +63,21 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+func FuzzSpanLinesFromPieces(f *testing.F) {
+	f.Add(uint64(2), uint64(1), "layer/forward", uint64(15485207), uint64(430), uint32(0), false, uint32(0), int64(21557))
+	f.Add(uint64(1), uint64(0), "\xff\"", uint64(0), uint64(1)<<63, uint32(2), true, uint32(3), int64(-1))
+	f.Fuzz(func(t *testing.T, id, parent uint64, name string, start, dur uint64, kind uint32, measured bool, step uint32, tid int64) {
+		ref := RefOf(id)
+		var p *SpanRef
+		if parent != 0 {
+			r := RefOf(parent)
+			p = &r
+		}
+		var tail StartTail
+		want := AppendSpanStart(nil, id, parent, name, start, SpanKind(kind), measured, Step(step), tid)
+		got := AppendSpanStartRef(nil, &ref, p, AppendName(nil, []byte(name)), start, tail.For(SpanKind(kind), measured, Step(step), tid))
+		require.Equal(t, string(want), string(got))
+		require.Equal(t, string(AppendSpanEnd(nil, id, dur)), string(AppendSpanEndRef(nil, &ref, dur)))
+	})
+}

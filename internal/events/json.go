@@ -1,8 +1,10 @@
 package events
 
 import (
+	"encoding/binary"
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -95,35 +97,63 @@ func appendSpanRef(b []byte, id uint64) []byte {
 	return append(b, '"')
 }
 
-// appendUint is strconv.AppendUint(b, v, 10) writing the digits in place
-// (no scratch buffer and copy): span lines carry five integers each and the
-// drainer encodes millions of them a second.
+// appendUint is strconv.AppendUint(b, v, 10) spelling eight digits at a
+// time (putUint) straight into b's spare room: span lines carry up to five
+// integers each and the drainer encodes millions of them a second.
 func appendUint(b []byte, v uint64) []byte {
-	n := decimalLen(v)
 	l := len(b)
-	if cap(b)-l < n {
-		b = append(b, make([]byte, n)...)[:l]
-	}
-	b = b[:l+n]
-	d := b[l : l+n]
-	i := n
-	for v >= 100 {
-		q := v / 100
-		r := v - q*100
-		i -= 2
-		d[i], d[i+1] = digitPairs[2*r], digitPairs[2*r+1]
-		v = q
-	}
-	if v >= 10 {
-		d[i-2], d[i-1] = digitPairs[2*v], digitPairs[2*v+1]
-	} else {
-		d[i-1] = byte('0' + v)
-	}
-	return b
+	b = slices.Grow(b, uintRoom)
+	return b[:l+putUint(b[l:cap(b)], v)]
 }
 
-const digitPairs = "00010203040506070809" + "10111213141516171819" + "20212223242526272829" + "30313233343536373839" + "40414243444546474849" +
-	"50515253545556575859" + "60616263646566676869" + "70717273747576777879" + "80818283848586878889" + "90919293949596979899"
+// uintRoom is what putUint may write: the digits and the spare bytes of its
+// eight-byte stores.
+const uintRoom = maxUintLen + 8
+
+// putUint spells v at the start of d, which has room for uintRoom bytes,
+// and returns how many digits it has. Each digits8 store writes eight
+// bytes; the last one may run past the number.
+func putUint(d []byte, v uint64) int {
+	d = d[:uintRoom]
+	switch {
+	case v < 1e8:
+		n := decimalLen(v)
+		binary.LittleEndian.PutUint64(d, digits8(v)>>(8*(8-n)))
+		return n
+	case v < 1e16:
+		hi := v / 1e8
+		n := decimalLen(hi)
+		binary.LittleEndian.PutUint64(d, digits8(hi)>>(8*(8-n)))
+		binary.LittleEndian.PutUint64(d[n:], digits8(v-hi*1e8))
+		return n + 8
+	default:
+		hi, lo := v/1e16, v%1e16
+		mid := lo / 1e8
+		n := decimalLen(hi)
+		binary.LittleEndian.PutUint64(d, digits8(hi)>>(8*(8-n)))
+		binary.LittleEndian.PutUint64(d[n:], digits8(mid))
+		binary.LittleEndian.PutUint64(d[n+8:], digits8(lo-mid*1e8))
+		return n + 16
+	}
+}
+
+// maxUintLen is the most digits a uint64 has.
+const maxUintLen = 20
+
+// digits8 is v (< 1e8) as eight ASCII digits with leading zeros, the most
+// significant in the lowest byte (a little-endian store writes them in
+// order). The divisions run on all lanes of one register at once: by 10^4
+// into two 32-bit lanes, by 100 into four 16-bit lanes, by 10 into eight
+// bytes, each division a multiply and shift that is exact for the lane's
+// range (x*10486>>20 = x/100 below 10^4, x*103>>10 = x/10 below 100).
+func digits8(v uint64) uint64 {
+	hi := v / 10000
+	y := hi | (v-hi*10000)<<32
+	q := (y * 10486 >> 20) & 0x0000007F_0000007F
+	z := q | (y-q*100)<<16
+	t := (z * 103 >> 10) & 0x000F000F_000F000F
+	return t | (z-t*10)<<8 | 0x30303030_30303030
+}
 
 // decimalLen is how many digits v has in base 10.
 func decimalLen(v uint64) int {

@@ -98,13 +98,36 @@ func firstRing() *C.ct_ring {
 	return (*C.ct_ring)(atomic.LoadPointer((*unsafe.Pointer)(unsafe.Pointer(&C.ct__rings))))
 }
 
+// ringSession is a session as one ring's records reach it: its open spans
+// on the ring's thread and its clock's origin. s is nil while the handle is
+// no longer live (its records are dropped).
+type ringSession struct {
+	handle uint64
+	s      *Session
+	stack  *threadSpans
+	t0     uint64 // the session's clock at open (counter-clock records)
+}
+
+// to makes handle the session records of r go to.
+func (c *ringSession) to(handle uint64, r *C.ct_ring) {
+	if handle == c.handle {
+		return
+	}
+	c.handle, c.s = handle, live[handle]
+	if c.s != nil {
+		c.stack = c.s.open.thread(r)
+		c.t0 = slotT0(c.s.slot)
+	}
+}
+
+// usable reports whether the session takes records: live and not poisoned.
+func (c *ringSession) usable() bool { return c.s != nil && c.s.poison == nil }
+
 // drainRing applies r's records up to its head; mu is held.
 func drainRing(r *C.ct_ring) {
-	var last *Session
-	var lastHandle uint64
-	var stack *threadSpans // last's open spans on this thread
-	var t0 uint64          // last's clock at open (counter-clock records)
-	var names *[C.CT_NAME_SLOTS][]byte
+	var long ringSession    // the session of the record in hand (long records name theirs)
+	var compact ringSession // the session of compact records (the ring's last marker)
+	var names *ringNameSlots
 	var tsc tscSnap // taken at the first counter record, after head was read
 	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
 	tailp := (*uint64)(unsafe.Pointer(&r.tail))
@@ -113,10 +136,14 @@ func drainRing(r *C.ct_ring) {
 		return
 	}
 	mask := uint64(r.cap) - 1
+	if head&mask >= uint64(r.soft) {
+		C.ct__ring_prefault(r, C.uint64_t(head))
+	}
 	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))
 	tid := int64(r.tid)
+	compact.to(uint64(r.trace_cur), r)
 	waiting := (*uint32)(unsafe.Pointer(&r.waiting))
-	published, step := tail, uint64(r.cap)/drainSteps
+	published, step := tail, uint64(r.soft)/drainSteps
 	for tail < head {
 		if tail-published >= step {
 			// A producer waiting for room gets it now, not once the whole
@@ -131,6 +158,33 @@ func drainRing(r *C.ct_ring) {
 		h := (*C.ct_rec_hdr)(unsafe.Pointer(&data[off]))
 		size := uint64(h.size)
 		switch h._type {
+		case C.CT_REC_BEGIN:
+			if compact.usable() {
+				if tsc.n == 0 {
+					tsc.take()
+				}
+				b := (*C.ct_rec_begin)(unsafe.Pointer(h))
+				name := &slotsOf(r, &names)[uint32(b.slot)&(C.CT_NAME_SLOTS-1)]
+				parent := uint64(1)
+				if top := compact.stack.innermost(); top != nil {
+					parent = top.id
+				}
+				compact.s.onSpanStart(compact.stack, uint64(b.id), parent, name.raw, name.json,
+					tsc.ns(uint64(b.ticks))-compact.t0, uint32(b.kind), uint32(b.step), false, tid)
+			}
+		case C.CT_REC_END:
+			if compact.usable() {
+				if tsc.n == 0 {
+					tsc.take()
+				}
+				if top := compact.stack.innermost(); top != nil {
+					end := tsc.ns(uint64((*C.ct_rec_end)(unsafe.Pointer(h)).ticks)) - compact.t0
+					compact.s.onSpanEnd(compact.stack, top.id, end-min(end, top.start), false, 0)
+				}
+			}
+		case C.CT_REC_TRACE_SESSION:
+			r.trace_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
+			compact.to(uint64(r.trace_cur), r)
 		case C.CT_REC_PAD:
 		case C.CT_REC_AGG_SESSION:
 			r.agg_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
@@ -141,43 +195,7 @@ func drainRing(r *C.ct_ring) {
 			a := (*C.ct_rec_agg)(unsafe.Pointer(h))
 			folder.scalar(uint64(r.agg_cur), uint32(a.type_key)>>8, math.Float64frombits(uint64(a.val)))
 		default:
-			var name []byte
-			if h._type == C.CT_REC_SPAN_START {
-				// Before the session's checks: the ring's name cache
-				// follows every record, whoever's it is.
-				name = spanName(r, &names, h, data, off)
-			}
-			handle := uint64(h.session)
-			if handle != lastHandle {
-				last, lastHandle = live[handle], handle
-				if last != nil {
-					stack = last.open.thread(r)
-					t0 = slotT0(last.slot)
-				}
-			}
-			if last != nil && last.poison == nil {
-				ticks := uint32(h.flags)&C.CT_RECF_TICKS != 0
-				if ticks && tsc.n == 0 {
-					tsc.take()
-				}
-				switch h._type {
-				case C.CT_REC_SPAN_START:
-					start := uint64(h.ts)
-					if ticks {
-						start = tsc.ns(start) - t0
-					}
-					last.onSpanStart(stack, uint64(h.id), uint64(h.parent), name, start,
-						uint32(h.kind), uint32(h.step), h.measured != 0, tid)
-				case C.CT_REC_SPAN_END:
-					dur, tracer := uint64(h.ts), uint64(h.parent)
-					if ticks {
-						// Both ends on the counter (the start in parent):
-						// no tracer time between them.
-						dur, tracer = tsc.ns(dur)-tsc.ns(tracer), 0
-					}
-					last.onSpanEnd(stack, uint64(h.id), dur, h.measured != 0, tracer)
-				}
-			}
+			drainLongSpanRecord(r, h, data, off, &long, &names, &tsc, tid)
 		}
 		tail += size
 	}
@@ -186,6 +204,42 @@ func drainRing(r *C.ct_ring) {
 	atomic.StoreUint64(tailp, tail)
 	if atomic.LoadUint32(waiting) != 0 {
 		C.ct__ring_consumed(r, C.uint64_t(tail))
+	}
+}
+
+// drainLongSpanRecord applies a span record in its long form (ct_rec_hdr),
+// which names its session, its span and its parent; mu is held.
+func drainLongSpanRecord(r *C.ct_ring, h *C.ct_rec_hdr, data []byte, off uint64, c *ringSession, names **ringNameSlots, tsc *tscSnap, tid int64) {
+	var name, nameJSON []byte
+	if h._type == C.CT_REC_SPAN_START {
+		// Before the session's checks: the ring's name cache follows
+		// every record, whoever's it is.
+		name, nameJSON = spanName(r, names, h, data, off)
+	}
+	c.to(uint64(h.session), r)
+	if !c.usable() {
+		return
+	}
+	ticks := uint32(h.flags)&C.CT_RECF_TICKS != 0
+	if ticks && tsc.n == 0 {
+		tsc.take()
+	}
+	switch h._type {
+	case C.CT_REC_SPAN_START:
+		start := uint64(h.ts)
+		if ticks {
+			start = tsc.ns(start) - c.t0
+		}
+		c.s.onSpanStart(c.stack, uint64(h.id), uint64(h.parent), name, nameJSON, start,
+			uint32(h.kind), uint32(h.step), h.measured != 0, tid)
+	case C.CT_REC_SPAN_END:
+		dur, tracer := uint64(h.ts), uint64(h.parent)
+		if ticks {
+			// Both ends on the counter (the start in parent): no tracer
+			// time between them.
+			dur, tracer = tsc.ns(dur)-tsc.ns(tracer), 0
+		}
+		c.s.onSpanEnd(c.stack, uint64(h.id), dur, h.measured != 0, tracer)
 	}
 }
 

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,7 +31,11 @@ static uint64_t generation;
 static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t rings_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_key_t thread_key;
-static uint32_t ring_bytes = 1u << 19;
+static uint32_t ring_bytes = 1u << 19; /* a ring's everyday size (soft) */
+/* How far a ring stretches under a burst: its address space, ring_bytes
+ * times this (8 MiB by default), up to CT_RING_MAX. */
+#define CT_RING_REACH 16
+#define CT_RING_MAX (1u << 30)
 
 #define CT_ID_BLOCK 64
 
@@ -393,12 +398,38 @@ int ct__utf8_len(const char *str, size_t *len, int *blank) {
 
 /* ---- per-thread state --------------------------------------------------- */
 
+/* A ring's address space: its own mapping, not malloc's, so that pages no
+ * burst reached are never touched, so never resident. Past its first huge
+ * page it asks for transparent huge pages: a burst stretches into
+ * megabytes, and a 4 KiB page fault costs ~2 us on the VMs we measured, a
+ * huge page ~0.2 us per 4 KiB of it. The everyday part stays in small
+ * pages (resident as far as it is used). */
+#define CT_HUGE (2u << 20)
+
+static uint8_t *ring_map(uint32_t cap) {
+    size_t len = (size_t)cap + (cap > CT_HUGE ? CT_HUGE : 0);
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (cap <= CT_HUGE) return p;
+    /* Aligned to a huge page, the excess at either end unmapped. */
+    uint8_t *a = (uint8_t *)(((uintptr_t)p + CT_HUGE - 1) & ~(uintptr_t)(CT_HUGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (a + cap < p + len) munmap(a + cap, (size_t)(p + len - (a + cap)));
+    madvise(a + CT_HUGE, cap - CT_HUGE, MADV_HUGEPAGE);
+    return a;
+}
+
 static ct_ring *ring_new(void) {
     ct_ring *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    r->data = malloc(ring_bytes);
-    if (!r->data) { free(r); return NULL; }
-    r->cap = ring_bytes;
+    uint32_t cap = ring_bytes <= CT_RING_MAX / CT_RING_REACH ? ring_bytes * CT_RING_REACH : CT_RING_MAX;
+    if (cap < ring_bytes) cap = ring_bytes;
+    uint8_t *data = ring_map(cap);
+    if (!data) { free(r); return NULL; }
+    r->data = data;
+    r->cap = cap;
+    r->soft = ring_bytes;
+    r->limit = r->reach = ring_bytes;
     r->tid = ct__gettid();
     pthread_mutex_lock(&rings_mu);
     r->next = LOAD(&ct__rings);
@@ -423,7 +454,7 @@ void ct__ring_unlink_dead(void) {
         if (LOAD(&r->dead) && LOAD(&r->head) == LOAD(&r->tail) && !holds_open_spans(r)) {
             STORE(link, next);
             for (int i = 0; i < CT_NAME_SLOTS; i++) free(r->names[i].copy);
-            free(r->data);
+            munmap(r->data, r->cap);
             free(r);
         } else {
             link = &r->next;
@@ -505,23 +536,123 @@ static void wait_for_room(ct_ring *r, uint32_t seq) {
     if (rc != 0 && errno == ETIMEDOUT) wake_drainer();
 }
 
-static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t size) {
+/* How far a stretching ring goes past its limit before the producer looks
+ * again whether the drainer has caught up: a sixteenth of the everyday size
+ * (32 KiB), so that the drainer, once it is caught up, is found so within
+ * two steps (ring_caught_up). */
+static inline uint64_t ring_step(const ct_ring *r) { return r->soft / 16 > 4096 ? r->soft / 16 : 4096; }
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define CT_PAGE 4096u
+static inline uint64_t page_up(uint64_t off) { return (off + CT_PAGE - 1) & ~(uint64_t)(CT_PAGE - 1); }
+static inline uint64_t page_down(uint64_t off) { return off & ~(uint64_t)(CT_PAGE - 1); }
+
+/* Lets the producer write up to limit, and faults in the pages it stretches
+ * into now, all at once: one madvise for a step's pages rather than a
+ * page fault every hundred spans (where the kernel lacks
+ * MADV_POPULATE_WRITE, 5.14, the pages fault in as they are written). */
+static void ring_stretch(ct_ring *r, uint64_t limit) {
+    uint64_t from = page_up(r->limit), to = page_up(limit);
+    if (to > r->cap) to = r->cap;
+    if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
+    r->limit = limit;
+    if (limit > r->reach) r->reach = limit;
+}
+
+/* How far ahead of a stretching producer the drainer faults pages in. */
+#define CT_RING_AHEAD (2u << 20)
+
+/* What a ring keeps resident past its everyday size when it wraps back
+ * (two everyday sizes): a producer a little ahead of the drainer stretches
+ * into it now and then, and would otherwise fault it in lap after lap. */
+static inline uint64_t ring_keep(const ct_ring *r) { return (uint64_t)r->soft * 3; }
+
+/* Whether the drainer has caught up well enough for the producer to wrap
+ * back: used bytes behind it. The padding record of a wrap back counts as
+ * written until the drainer has read it, so the producer's room in its new
+ * lap is only what lies behind the drainer until then; an eighth of the
+ * everyday size lets the drainer (~5 times slower a record) reach the pad
+ * before the producer has filled that room. */
+static inline int ring_caught_up(const ct_ring *r, uint64_t used) { return used <= r->soft / 8; }
+
+void ct__ring_prefault(ct_ring *r, uint64_t head) {
+    uint64_t off = head & (r->cap - 1);
+    /* A burst: past the everyday size and a whole one of it behind (a small
+     * stretch faults in its own few pages). */
+    if (off < r->soft || head - r->tail < r->soft) return;
+    uint64_t from = page_up(off), to = from + CT_RING_AHEAD;
+    if (to > r->cap) to = r->cap;
+    if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
+}
+
+/* The producer wraps back to the start from off (early, or at the end of the
+ * address space) with the drainer caught up to tail in this lap: the pages
+ * a burst stretched into go back to the kernel (faulted in again at the
+ * next stretch), so a burst's memory is resident only until the drainer has
+ * caught up. Kept: the everyday size, the records the drainer has still to
+ * read ([tail, off)) and the padding record at off. */
+static void ring_release(ct_ring *r, uint64_t tail, uint64_t off) {
+    uint64_t keep_from = page_down(tail), keep_to = page_up(off + sizeof(ct_rec_hdr));
+    uint64_t from = page_up(ring_keep(r));
+    if (keep_to < from) keep_to = from;
+    if (keep_from > from) madvise(r->data + from, keep_from - from, MADV_DONTNEED);
+    /* To the end: the drainer faults pages in ahead of the producer's
+     * reach (ct__ring_prefault). */
+    if (r->cap > keep_to) madvise(r->data + keep_to, r->cap - keep_to, MADV_DONTNEED);
+    r->reach = r->soft;
+}
+
+/* Whether a record may stretch the ring: trace spans, whose drainer encodes
+ * and writes them far slower than a thread makes them; an aggregate
+ * session's records fold in a few ns, and its memory stays flat. */
+enum { CT_RING_FLAT = 0, CT_RING_STRETCH = 1 };
+
+static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t size, int stretch) {
     int waiting = 0;
     uint32_t seq = 0;
     for (;;) {
         uint64_t head = r->head;
         uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_SEQ_CST);
         uint64_t off = head & (r->cap - 1);
+        uint64_t used = head - tail;
         uint64_t to_end = r->cap - off;
-        uint64_t need = size <= to_end ? size : to_end + size;
-        if (r->cap - (head - tail) >= need) {
+        int wrap = size > to_end;
+        if (!wrap && off + size > r->limit) {
+            /* At the everyday size (or a stretch step past it): back to
+             * the start while the drainer keeps up (at most half the
+             * everyday size behind, and out of the way of this record),
+             * else on into pages no record has touched yet. */
+            if (ring_caught_up(r, used) && off >= used + size) {
+                /* The padding record to the end counts as written until
+                 * the drainer has read it: wake it now, so that a burst
+                 * coming next finds the whole address space again. */
+                wrap = 1;
+                r->wake_mark = head;
+                wake_drainer();
+            } else if (stretch) {
+                uint64_t limit = off + size + ring_step(r);
+                ring_stretch(r, limit < r->cap ? limit : r->cap);
+                continue;
+            } else {
+                wrap = 1; /* back to the start, waiting for room there */
+            }
+        }
+        uint64_t need = wrap ? to_end + size : size;
+        if (r->cap - used >= need) {
             if (waiting) STORE_RLX(&r->waiting, 0);
-            if (size > to_end) {
+            if (wrap) {
+                /* Back to the start, early or at the end: the pages past
+                 * the everyday size go if the drainer has caught up. */
+                if (r->reach > ring_keep(r) && ring_caught_up(r, used)) ring_release(r, tail & (r->cap - 1), off);
                 ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
                 pad->size = (uint32_t)to_end;
                 pad->type = CT_REC_PAD;
                 STORE(&r->head, head + to_end);
                 off = 0;
+                r->limit = r->soft;
             }
             return r->data + off;
         }
@@ -533,6 +664,7 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
             seq = __atomic_load_n(&r->room_seq, __ATOMIC_SEQ_CST);
             __atomic_store_n(&r->waiting, 1, __ATOMIC_SEQ_CST);
             waiting = 1;
+            STORE_RLX(&r->waits, r->waits + 1);
             r->wake_mark = head;
             wake_drainer();
             continue;
@@ -544,6 +676,19 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
 
 ct_ring *ct__own_ring(void) { return hot.ring; }
 
+uint64_t ct__ring_resident(const ct_ring *r) {
+    size_t pages = r->cap / CT_PAGE;
+    unsigned char *vec = malloc(pages);
+    if (!vec || mincore(r->data, r->cap, vec) != 0) {
+        free(vec);
+        return 0;
+    }
+    uint64_t n = 0;
+    for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+    free(vec);
+    return n * CT_PAGE;
+}
+
 void ct__ring_consumed(ct_ring *r, uint64_t tail) {
     __atomic_store_n(&r->tail, tail, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&r->waiting, __ATOMIC_SEQ_CST)) {
@@ -552,14 +697,14 @@ void ct__ring_consumed(ct_ring *r, uint64_t tail) {
     }
 }
 
-static inline __attribute__((always_inline)) uint8_t *ring_reserve(ct_ring *r, uint32_t size) {
+static inline __attribute__((always_inline)) uint8_t *ring_reserve(ct_ring *r, uint32_t size, int stretch) {
     uint64_t head = r->head; /* only this thread writes head */
     uint64_t off = head & (r->cap - 1);
-    if (r->cap - off >= size && r->cap - (head - LOAD(&r->tail)) >= size) return r->data + off;
-    return ring_reserve_slow(r, size);
+    if (off + size <= r->limit && r->cap - (head - LOAD(&r->tail)) >= size) return r->data + off;
+    return ring_reserve_slow(r, size, stretch);
 }
 
-/* Wakes the Go drainer once per half ring, so it drains on its own core
+/* Wakes the Go drainer once per half everyday ring, so it drains on its own core
  * while this thread goes on; one write(2) per thousands of events. */
 static __attribute__((noinline)) void wake_drainer(void) {
     int fd = LOAD(&ct__wake_fd);
@@ -572,7 +717,7 @@ static __attribute__((noinline)) void wake_drainer(void) {
 
 static inline void ring_commit(ct_ring *r, uint32_t size) {
     uint64_t head = r->head;
-    uint64_t half = r->cap >> 1;
+    uint64_t half = r->soft >> 1;
     STORE(&r->head, head + size);
     if (((head - r->wake_mark) < half) && ((head + size - r->wake_mark) >= half)) {
         r->wake_mark = head + size;
@@ -718,6 +863,38 @@ static inline __attribute__((always_inline)) uint64_t span_clock(ct_slot *s, uin
     return session_clock(s, tracer);
 }
 
+/* Writes the session marker of h before a compact record when marker says
+ * there is one (its bytes were reserved); the record goes after it. */
+static inline __attribute__((always_inline)) uint8_t *trace_marker(ct_ring *r, ct_session h, uint8_t *p,
+                                                                   uint32_t marker) {
+    if (__builtin_expect(marker == 0, 1)) return p;
+    ct_rec_agg *m = (ct_rec_agg *)p;
+    m->size = sizeof *m;
+    m->type_key = CT_REC_TRACE_SESSION;
+    m->val = h;
+    r->trace_last = h;
+    return p + sizeof *m;
+}
+
+/* Pushes the frame of a span begun (its record is in the ring). */
+static inline __attribute__((always_inline)) void begin_frame(ct_slot *s, ct_tls_sess *ts, ct_ring *r, uint64_t id,
+                                                              uint64_t start, uint32_t ticks, int measured) {
+    ct_frame *f = &ts->stack[ts->depth];
+    f->id = id;
+    f->start = start;
+    f->ticks = ticks;
+    STORE_RLX(&ts->depth, ts->depth + 1);
+    if (measured) STORE_RLX(&s->measure_ring, (const void *)r);
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0)) track_begin(s, r, id);
+}
+
+/* Pops the frame of a span ended (its record is in the ring). */
+static inline __attribute__((always_inline)) void end_frame(ct_slot *s, ct_tls_sess *ts, const ct_ring *r) {
+    STORE_RLX(&ts->depth, ts->depth - 1);
+    if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)r)
+        STORE_RLX(&s->measure_top, ts->depth ? ts->stack[ts->depth - 1].id : 0);
+}
+
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,
                          int measured, ct_span *out) {
     const char *fn = measured ? "ct_measurement_begin" : "ct_span_begin";
@@ -741,18 +918,37 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     uint32_t size = (uint32_t)((sizeof(ct_rec_hdr) + n + 7) & ~(size_t)7);
     if (flags & CT_RECF_NAME_REF) {
         size = sizeof(ct_rec_hdr);
-    } else if (size > r->cap / 2) {
+    } else if (size > r->soft / 2) {
         return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: name of %zu bytes does not fit the event ring", fn, n);
     }
     if (measured && (st = claim_measured(s)) != CT_OK) return st;
 
     if (__builtin_expect((flags & CT_RECF_NAME_DEF) != 0, 0) && !name_keep(r, flags >> 8, name, n))
         flags = 0;
-    uint8_t *p = ring_reserve(r, size);
+    /* Room for the long form, and for a session marker: which form the
+     * record takes is known once the clock is read, after the reserve (a
+     * wait for room must not fall inside the span). */
+    uint32_t marker = r->trace_last != h ? sizeof(ct_rec_agg) : 0;
+    uint8_t *p = ring_reserve(r, size + marker, CT_RING_STRETCH);
     uint64_t id = take_id(s, ts);
     uint64_t tracer;
     uint32_t ticks;
     uint64_t start = span_clock(s, &tracer, &ticks);
+    if (__builtin_expect(ticks && (flags & CT_RECF_NAME_REF) && !measured, 1)) {
+        p = trace_marker(r, h, p, marker);
+        ct_rec_begin *b = (ct_rec_begin *)p;
+        b->size = sizeof *b;
+        b->type = CT_REC_BEGIN;
+        b->kind = (uint8_t)kind;
+        b->step = (uint8_t)step;
+        b->slot = (uint8_t)(flags >> 8);
+        b->id = id;
+        b->ticks = start;
+        ring_commit(r, marker + sizeof *b);
+        begin_frame(s, ts, r, id, start, ticks, measured);
+        *out = id;
+        return CT_OK;
+    }
     if (measured) {
         s->measure_tracer0 = tracer;
         STORE(&s->measure_id, id);
@@ -771,13 +967,7 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     rec->flags = flags | ticks;
     if (!(flags & CT_RECF_NAME_REF)) memcpy(p + sizeof *rec, name, n);
     ring_commit(r, size);
-    ct_frame *f = &ts->stack[ts->depth];
-    f->id = id;
-    f->start = start;
-    f->ticks = ticks;
-    STORE_RLX(&ts->depth, ts->depth + 1);
-    if (measured) STORE_RLX(&s->measure_ring, (const void *)r);
-    if (__builtin_expect(LOAD_RLX(&s->track_main), 0)) track_begin(s, r, id);
+    begin_frame(s, ts, r, id, start, ticks, measured);
     *out = id;
     return CT_OK;
 }
@@ -828,7 +1018,7 @@ uint32_t ct__innermost_key(ct_session h) {
 static inline __attribute__((always_inline)) void agg_write(ct_ring *r, ct_session h, uint32_t type_key,
                                                             uint64_t val) {
     uint32_t size = r->agg_last == h ? sizeof(ct_rec_agg) : 2 * sizeof(ct_rec_agg);
-    ct_rec_agg *rec = (ct_rec_agg *)ring_reserve(r, size);
+    ct_rec_agg *rec = (ct_rec_agg *)ring_reserve(r, size, CT_RING_FLAT);
     if (size != sizeof(ct_rec_agg)) {
         rec->size = sizeof *rec;
         rec->type_key = CT_REC_AGG_SESSION;
@@ -901,10 +1091,21 @@ ct_status ct__span_end(ct_session h, ct_span span) {
         STORE_RLX(&ts->depth, ts->depth - 1);
         return CT_OK;
     }
-    uint8_t *p = ring_reserve(r, sizeof(ct_rec_hdr));
+    uint32_t marker = r->trace_last != h ? sizeof(ct_rec_agg) : 0;
+    uint8_t *p = ring_reserve(r, sizeof(ct_rec_hdr) + marker, CT_RING_STRETCH);
     uint64_t tracer;
     uint32_t ticks;
     uint64_t end = span_clock(s, &tracer, &ticks);
+    if (__builtin_expect(ticks && top.ticks && span != LOAD_RLX(&s->measure_id), 1)) {
+        p = trace_marker(r, h, p, marker);
+        ct_rec_end *e = (ct_rec_end *)p;
+        e->size = sizeof *e;
+        e->type = CT_REC_END;
+        e->ticks = end;
+        ring_commit(r, marker + sizeof *e);
+        end_frame(s, ts, r);
+        return CT_OK;
+    }
     ct_rec_hdr *rec = (ct_rec_hdr *)p;
     rec->size = sizeof *rec;
     rec->type = CT_REC_SPAN_END;
@@ -928,8 +1129,6 @@ ct_status ct__span_end(ct_session h, ct_span span) {
         rec->flags = 0;
     }
     ring_commit(r, sizeof *rec);
-    STORE_RLX(&ts->depth, ts->depth - 1);
-    if (__builtin_expect(LOAD_RLX(&s->track_main), 0) && LOAD_RLX(&s->measure_ring) == (const void *)r)
-        STORE_RLX(&s->measure_top, ts->depth ? ts->stack[ts->depth - 1].id : 0);
+    end_frame(s, ts, r);
     return CT_OK;
 }

@@ -93,7 +93,18 @@ typedef struct ct_tls_sess {
  * A producer that finds its ring full never drains it itself (that would run
  * the Go encoder and the file write on the application's thread): it sets
  * waiting, wakes the drainer and sleeps on a futex on room_seq, which the
- * drainer bumps after moving tail while waiting is set (ct__ring_consumed). */
+ * drainer bumps after moving tail while waiting is set (ct__ring_consumed).
+ *
+ * The ring stretches under a burst: its address space is cap bytes (16
+ * times its everyday size, soft), mapped but touched only as far as the
+ * producer writes. While the drainer keeps up, the producer wraps early, at
+ * soft (a padding record covers the rest up to cap, never touched), so
+ * only soft bytes are ever resident; while the drainer lags, it writes on
+ * past soft into pages not touched before, and waits only once all of cap
+ * is full; once the drainer has caught up (the producer wraps back), the
+ * pages past three times soft go back to the kernel. Trace spans stretch the ring;
+ * aggregate records never do (they fold fast, and always-on sessions keep
+ * their memory flat). */
 /* A thread's last span names, by address: a begin whose name is the one
  * cached at its slot (same address, same bytes) neither checks nor copies it;
  * its record refers to the slot, which the drainer keeps per ring. Names
@@ -115,13 +126,19 @@ typedef struct ct_ring {
     uint32_t room_seq;    /* consumer: bumped (and futex-woken) when room appears for a waiter */
     char pad1[48];
     uint32_t dead;        /* owning thread exited */
-    uint32_t cap;                 /* power of two */
+    uint32_t cap;                 /* bytes of address space, a power of two */
+    uint32_t soft;                /* everyday size: where the producer wraps while the drainer keeps up */
     int64_t tid;
     uint64_t wake_mark;           /* head when the drainer was last woken (producer only) */
+    uint64_t limit;               /* producer: offset up to which the fast path writes before looking again */
+    uint64_t reach;               /* producer: the furthest limit since stretched pages were last released */
+    uint64_t waits;               /* producer: how often it waited for room (tests, benchmarks) */
     struct ct_ring *next;
     uint8_t *data;
     uint64_t agg_last;            /* producer: session of the last aggregate record */
     uint64_t agg_cur;             /* consumer (Go): the same, as read so far */
+    uint64_t trace_last;          /* producer: session of the last compact trace record */
+    uint64_t trace_cur;           /* consumer (Go): the same, as read so far */
     ct_tls_sess sess[CT_TLS_SESSIONS];
     ct_name_ent names[CT_NAME_SLOTS]; /* producer only */
 } ct_ring;
@@ -131,7 +148,7 @@ typedef struct ct_ring {
 
 /* Ring records are 8-byte aligned; a record never wraps (a PAD fills the end). */
 enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2, CT_REC_AGG_SESSION = 3, CT_REC_AGG = 4,
-       CT_REC_AGG_SCALAR = 5 };
+       CT_REC_AGG_SCALAR = 5, CT_REC_TRACE_SESSION = 6, CT_REC_BEGIN = 7, CT_REC_END = 8 };
 
 typedef struct ct_rec_hdr {
     uint32_t size;      /* whole record incl. header and name, multiple of 8 */
@@ -155,6 +172,33 @@ typedef struct ct_rec_hdr {
 #define CT_RECF_TICKS 1u
 #define CT_RECF_NAME_DEF 2u
 #define CT_RECF_NAME_REF 4u
+
+/* The compact form of a trace span's records, what nearly every span
+ * writes: 24 bytes for a begin, 16 for an end, where ct_rec_hdr takes 48
+ * each. A span takes it when its name is in the ring's name cache (a
+ * NAME_REF begin), both ends are on the counter and it is not the measured
+ * span; anything else takes ct_rec_hdr. What the compact records leave out
+ * the drainer knows: the session is the ring's last CT_REC_TRACE_SESSION's
+ * (a ct_rec_agg whose val is the handle, written when it changes: r->
+ * trace_last), a begin's parent is the thread's innermost open span in that
+ * session (else the root, s1), and an end ends that innermost span, whose
+ * start the drainer kept. */
+typedef struct ct_rec_begin {
+    uint32_t size;  /* sizeof(ct_rec_begin) */
+    uint8_t type;   /* CT_REC_BEGIN */
+    uint8_t kind;
+    uint8_t step;
+    uint8_t slot;   /* the name's slot in the ring's name cache */
+    uint64_t id;
+    uint64_t ticks; /* the start, a raw counter value */
+} ct_rec_begin;
+
+typedef struct ct_rec_end {
+    uint32_t size;  /* sizeof(ct_rec_end) */
+    uint8_t type;   /* CT_REC_END */
+    uint8_t pad[3];
+    uint64_t ticks; /* the end, a raw counter value */
+} ct_rec_end;
 
 /* Aggregate sessions write 16 bytes per span end and no start record.
  * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see
@@ -251,6 +295,18 @@ void ct__track_main_thread(ct_session h, int on);
 
 /* The calling thread's ring; NULL before its first span. */
 ct_ring *ct__own_ring(void);
+
+/* How many bytes of r's address space are resident (mincore; tests). */
+uint64_t ct__ring_resident(const ct_ring *r);
+
+/* The drainer, about to read r up to head: while the producer has
+ * stretched r past its everyday size and is a whole one of it ahead (a
+ * burst), faults in the next pages it will write (2 MiB past head), so that
+ * a burst's page faults are the drainer's rather than the application
+ * thread's. Concurrent with the producer's
+ * own (it faults in what is still missing as it stretches) and harmless
+ * to it: a page already present is left as it is. */
+void ct__ring_prefault(ct_ring *r, uint64_t head);
 
 /* The drainer has read r up to tail: publishes it and wakes a producer
  * waiting for room. Go does the same inline (drain.go) and calls this only

@@ -28,12 +28,13 @@ type Opener func(path string) (Sink, error)
 // DefaultOpener creates the trace file (outfile.Create): it never follows
 // a final symbolic link, and truncates an existing file only when it is
 // empty or candle-trace's own (a trace or a summary, by its first bytes).
+// Its disk blocks are reserved ahead of the writes (reservingFile).
 func DefaultOpener(path string) (Sink, error) {
 	f, err := outfile.Create(path, aggregate.OwnFile)
 	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	return reserving(f), nil
 }
 
 // Producer names the program that wrote the trace (meta.producer).

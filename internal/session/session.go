@@ -184,40 +184,57 @@ func (s *Session) BeginMeasurement(name string) (uint64, error) {
 func (s *Session) EndSpan(id uint64) error { return endSpanC(s.handle, id) }
 
 // onSpanStart and onSpanEnd apply a drained ring record of the thread whose
-// open spans are ts; mu is held.
-func (s *Session) onSpanStart(ts *threadSpans, id, parent uint64, name []byte, start uint64, kind, step uint32, measured bool, tid int64) {
-	o := openSpan{parent: parent, start: start, tid: tid, name: s.intern(name)}
+// open spans are ts; mu is held. nameJSON is name as a JSON string when the
+// ring's name cache holds it (nil: spelled here).
+func (s *Session) onSpanStart(ts *threadSpans, id, parent uint64, name, nameJSON []byte, start uint64, kind, step uint32, measured bool, tid int64) {
+	o := &s.open.pushed(ts, id).openSpan
+	o.parent, o.start, o.tid, o.name = parent, start, tid, s.intern(name)
+	ts.spell(id, &o.ref)
 	mark := len(s.buf)
-	str := o.name // interned: no string made per span
-	if str == "" {
-		str = string(name)
+	if nameJSON != nil {
+		tail := ts.tail.For(events.SpanKind(kind), measured, events.Step(step), tid)
+		s.buf = events.AppendSpanStartRef(s.buf, &o.ref, ts.parentRef(parent), nameJSON, start, tail)
+	} else {
+		str := o.name // interned: no string made per span
+		if str == "" {
+			str = string(name)
+		}
+		s.buf = events.AppendSpanStart(s.buf, id, parent, str, start, events.SpanKind(kind), measured, events.Step(step), tid)
 	}
-	s.buf = events.AppendSpanStart(s.buf, id, parent, str, start, events.SpanKind(kind), measured, events.Step(step), tid)
 	if s.required != nil {
 		if _, ok := s.required[string(name)]; ok {
 			s.required[string(name)]++
 		}
 	}
-	s.keepSpanStart(&o, mark, name, measured)
-	s.open.push(ts, id, o)
+	s.keepSpanStart(o, mark, name, measured)
 	s.maybeWrite()
 }
 
 func (s *Session) onSpanEnd(ts *threadSpans, id, dur uint64, measured bool, tracer uint64) {
-	o, ok := s.open.pop(ts, id)
-	if !ok {
+	top := ts.innermost()
+	if top == nil || top.id != id {
 		return
 	}
-	s.spanEnded(o, id, dur, measured, tracer)
+	s.spanEndedAt(&top.openSpan, id, dur, measured, tracer)
+	s.open.pop(ts)
 }
 
 // spanEnded writes the end of open span o (id) after dur ns; mu is held.
 func (s *Session) spanEnded(o openSpan, id, dur uint64, measured bool, tracer uint64) {
+	s.spanEndedAt(&o, id, dur, measured, tracer)
+}
+
+// spanEndedAt is spanEnded of the span at o, which stays where it is (the
+// drainer's spans end in place on their thread's stack).
+func (s *Session) spanEndedAt(o *openSpan, id, dur uint64, measured bool, tracer uint64) {
 	s.closed.put(closedSpan{id: id, parent: o.parent, start: o.start, dur: dur, dropped: o.line != nil})
 	mark := len(s.buf)
-	if measured {
+	switch {
+	case measured:
 		s.buf = events.AppendMeasuredSpanEnd(s.buf, id, dur, tracer)
-	} else {
+	case !o.ref.IsZero():
+		s.buf = events.AppendSpanEndRef(s.buf, &o.ref, dur)
+	default:
 		s.buf = events.AppendSpanEnd(s.buf, id, dur)
 	}
 	var froms []uint64
@@ -250,13 +267,16 @@ func (s *Session) countLabel(name string) {
 
 // maybeWrite writes once enough output is buffered; mu is held. Only the
 // drainer and the flushers write here (drainerWrites); on an application
-// thread (a record call, a drain of its own ring) the drainer is woken to
-// write instead.
+// thread (a record call, a drain of its own ring, ct_finish's) the drainer
+// is woken to write instead, unless the buffer has grown to maxBufferedChunks
+// chunks: a ring that absorbed a burst holds megabytes of records, which
+// the thread draining them (the drainer waiting for it) must not turn into
+// a buffer of ten times that.
 func (s *Session) maybeWrite() {
 	if len(s.buf) < s.opts.writeChunk {
 		return
 	}
-	if drainerWrites {
+	if drainerWrites || len(s.buf) >= maxBufferedChunks*s.opts.writeChunk {
 		s.writeLocked()
 	} else if !s.writeAsked {
 		s.writeAsked = true
@@ -266,6 +286,9 @@ func (s *Session) maybeWrite() {
 
 // drainerWrites is true while the drainer or a flusher holds mu.
 var drainerWrites bool
+
+// maxBufferedChunks bounds what maybeWrite leaves to the drainer.
+const maxBufferedChunks = 2
 
 // writeLocked writes the buffer; a failure poisons the session for good.
 func (s *Session) writeLocked() error {

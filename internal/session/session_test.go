@@ -285,15 +285,17 @@ func TestConcurrentThreadsNestIndependently(t *testing.T) {
 
 func TestRingOverflowLosesNothing(t *testing.T) {
 	s, path := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
-	const n = 60000 // several rings' worth, with no background flush to help
-	for i := 0; i < n; i++ {
-		id := begin(t, s, "span-with-a-longish-name-to-fill-the-ring")
-		end(t, s, id)
-	}
+	require.NoError(t, spanPairsC(s.Handle(), 1))
+	ring := ownRingProbe()
+	// Several times the ring's whole address space, stretched included,
+	// with no background flush to help: the producer must wait for room.
+	n := 1 + int(3*ring.cap/compactPairBytes)
+	require.NoError(t, spanPairsC(s.Handle(), n-1))
+	assert.Greater(t, ownRingProbe().waits, ring.waits, "the producer waited for room")
 	require.NoError(t, s.Finish())
-	lines := testutil.Lines(t, path)
-	assert.Len(t, testutil.OfKind(lines, "span_start"), n+1)
-	assert.Len(t, testutil.OfKind(lines, "span_end"), n+1)
+	starts, ends := countSpanLines(t, path)
+	assert.Equal(t, n+1, starts)
+	assert.Equal(t, n+1, ends)
 }
 
 func TestBackgroundFlushBoundsWhatIsOnlyInMemory(t *testing.T) {
@@ -427,7 +429,12 @@ func TestInnermostSpanPerThread(t *testing.T) {
 
 // A refused ct_finish leaves the session as it was: another thread's spans
 // go on without a single refusal while finish is refused over and over.
+// The worker makes a batch of pairs as each Finish begins, not as many as it
+// can: a refused Finish drains all the worker made, and a thread's ring holds
+// megabytes of them (it stretches), so an unbounded worker made this test
+// as slow as the drainer (past the test timeout under -race).
 func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
+	const batch = 100
 	tests := []struct {
 		name, file, run string
 	}{
@@ -442,46 +449,41 @@ func TestRefusedFinishLeavesOtherThreadsUnhindered(t *testing.T) {
 			require.NoError(t, err)
 			open := begin(t, s, "held/open")
 
-			stop := make(chan struct{})
-			started := make(chan struct{})
 			type result struct {
 				pairs, refused int
 				first          error
 			}
+			next, began := make(chan bool), make(chan struct{})
 			done := make(chan result)
 			go func() {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				var r result
-				for {
-					id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
-					if err == nil {
-						err = s.EndSpan(id)
-					}
-					if err != nil {
-						if r.first == nil {
-							r.first = err
+				for <-next { // a batch per Finish, begun as it begins
+					began <- struct{}{}
+					for k := 0; k < batch; k++ {
+						id, err := s.BeginSpan("worker/span", events.SpanFunction, events.StepNone)
+						if err == nil {
+							err = s.EndSpan(id)
 						}
-						r.refused++
-					} else {
-						r.pairs++
-					}
-					if r.pairs+r.refused == 1 {
-						close(started)
-					}
-					select {
-					case <-stop:
-						done <- r
-						return
-					default:
+						if err != nil {
+							if r.first == nil {
+								r.first = err
+							}
+							r.refused++
+						} else {
+							r.pairs++
+						}
 					}
 				}
+				done <- r
 			}()
-			<-started
 			for i := 0; i < 2000; i++ {
+				next <- true
+				<-began
 				requireCode(t, s.Finish(), State, "spans still open")
 			}
-			close(stop)
+			next <- false
 			r := <-done
 			assert.Zero(t, r.refused, "the worker's span calls were refused %d times (first: %v)", r.refused, r.first)
 			assert.NotZero(t, r.pairs)

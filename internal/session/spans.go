@@ -5,7 +5,12 @@ package session
 */
 import "C"
 
-import "unsafe"
+import (
+	"syscall"
+	"unsafe"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+)
 
 // openSpan is what the session needs of a span until it closes.
 type openSpan struct {
@@ -16,6 +21,9 @@ type openSpan struct {
 	// is in the trace), kept until the span ends in case a span the trace
 	// needs opens under it (keepSpanStart).
 	line []byte
+	// ref is the id as spelled in the span_start, for its span_end and its
+	// children's parent_id; zero for spans opened in Go.
+	ref events.SpanRef
 }
 
 // closedSpan keeps the bounds records are checked against.
@@ -56,7 +64,7 @@ func (t *closedTable) grow(id uint64) {
 		if cap(spareClosed) == MaxClosedSpans {
 			t.slots, spareClosed = spareClosed[:0], nil
 		} else {
-			t.slots = make([]closedSpan, 0, MaxClosedSpans)
+			t.slots = mapClosed()
 		}
 	}
 	for uint64(len(t.slots)) <= id && len(t.slots) < MaxClosedSpans {
@@ -78,12 +86,47 @@ func (t *closedTable) grow(id uint64) {
 	}
 }
 
-// release gives the table's memory to the next session; mu is held.
+// release gives the table's memory to the next session, or back to the
+// kernel when one is kept already; mu is held.
 func (t *closedTable) release() {
 	if cap(t.slots) == MaxClosedSpans {
-		spareClosed = t.slots[:0]
+		if spareClosed == nil {
+			spareClosed = t.slots[:0]
+		} else {
+			unmapClosed(t.slots)
+		}
 	}
 	t.slots = nil
+}
+
+// closedMaps are the mappings mapClosed made, by their first slot.
+var closedMaps = map[*closedSpan][]byte{}
+
+// mapClosed is the memory of a full-size table: a mapping of its own in
+// transparent huge pages where the kernel gives them (a table touches up to
+// 10 MiB as a session's span ids grow, and a 4 KiB page fault costs ~2 us
+// on the VMs we measured, a huge page ~0.2 us per 4 KiB of it); Go memory
+// where it cannot. mu is held.
+func mapClosed() []closedSpan {
+	n := MaxClosedSpans * int(unsafe.Sizeof(closedSpan{}))
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return make([]closedSpan, 0, MaxClosedSpans)
+	}
+	_ = syscall.Madvise(b, 14 /* MADV_HUGEPAGE */)
+	s := unsafe.Slice((*closedSpan)(unsafe.Pointer(&b[0])), MaxClosedSpans)
+	closedMaps[&s[0]] = b
+	return s[:0]
+}
+
+// unmapClosed gives a table mapClosed made back to the kernel (one in Go
+// memory goes with the garbage). mu is held.
+func unmapClosed(s []closedSpan) {
+	first := &s[:1][0]
+	if b, ok := closedMaps[first]; ok {
+		delete(closedMaps, first)
+		_ = syscall.Munmap(b)
+	}
 }
 
 func (t *closedTable) get(id uint64) (closedSpan, bool) {
@@ -110,6 +153,51 @@ type openSpans struct {
 type threadSpans struct {
 	ring *C.ct_ring // the thread's ring: records may need it drained (recordSpan)
 	open []stackSpan
+	tail events.StartTail // the end of this thread's span_start lines
+	// The id this thread began a span with last, spelled: its ids come in
+	// runs (blocks of CT_ID_BLOCK), so the next is mostly a digit's step.
+	lastID  uint64
+	lastRef events.SpanRef
+}
+
+// spell spells id, a span this thread begins, into dst. The two refs are
+// stepped on each on their own rather than one copied from the other just
+// after it changed (a wide load of bytes just stored stalls the core).
+func (ts *threadSpans) spell(id uint64, dst *events.SpanRef) {
+	if id == ts.lastID+1 {
+		*dst = ts.lastRef
+		if dst.Next() {
+			ts.lastRef.Next()
+			ts.lastID = id
+			return
+		}
+	}
+	dst.Spell(id)
+	ts.lastRef.Spell(id)
+	ts.lastID = id
+}
+
+// innermost is the thread's innermost open span; nil when it has none.
+func (ts *threadSpans) innermost() *stackSpan {
+	if n := len(ts.open); n > 0 {
+		return &ts.open[n-1]
+	}
+	return nil
+}
+
+// parentRef spells parent, the span under the one just pushed (the
+// innermost before it) or the root; valid until the next push.
+func (ts *threadSpans) parentRef(parent uint64) *events.SpanRef {
+	if n := len(ts.open); n >= 2 {
+		if p := &ts.open[n-2]; p.id == parent && !p.ref.IsZero() {
+			return &p.ref
+		}
+	}
+	if parent == 1 {
+		return &events.RootRef
+	}
+	r := events.RefOf(parent)
+	return &r
 }
 
 type stackSpan struct {
@@ -133,23 +221,28 @@ func (t *openSpans) thread(ring *C.ct_ring) *threadSpans {
 	return ts
 }
 
-func (t *openSpans) push(ts *threadSpans, id uint64, o openSpan) {
-	ts.open = append(ts.open, stackSpan{id, o})
+// pushed opens span id on ts and returns its entry to be filled in place
+// (valid until ts's stack changes again): no openSpan is built and copied
+// per span.
+func (t *openSpans) pushed(ts *threadSpans, id uint64) *stackSpan {
+	n := len(ts.open)
+	if n == cap(ts.open) {
+		ts.open = append(ts.open, stackSpan{})
+	}
+	// Entries past the top are zero: fresh from append, or cleared by pop.
+	ts.open = ts.open[:n+1]
+	sp := &ts.open[n]
+	sp.id = id
 	t.n++
+	return sp
 }
 
-// pop ends span id of ts: the top, as the fast path only ends a thread's
-// innermost span.
-func (t *openSpans) pop(ts *threadSpans, id uint64) (openSpan, bool) {
+// pop ends ts's innermost span, the only one the fast path ends.
+func (t *openSpans) pop(ts *threadSpans) {
 	n := len(ts.open)
-	if n == 0 || ts.open[n-1].id != id {
-		return openSpan{}, false
-	}
-	o := ts.open[n-1].openSpan
 	ts.open[n-1] = stackSpan{} // no stale name or line kept alive
 	ts.open = ts.open[:n-1]
 	t.n--
-	return o, true
 }
 
 // begin and end are for spans opened in Go.

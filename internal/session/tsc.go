@@ -10,6 +10,8 @@ import "C"
 import (
 	"math/bits"
 	"unsafe"
+
+	"github.com/candle-trace/candle-trace/internal/events"
 )
 
 // tscSegs is how many of the newest counter-clock segments a drain copies:
@@ -60,7 +62,15 @@ func slotOnCounter(s *C.ct_slot) bool { return s.tsc != 0 }
 // the name a NAME_DEF record put at each slot; guarded by mu. A ring freed
 // and another allocated at its address starts with an empty C cache, so
 // its slots are defined again before any record refers to them.
-var ringNames = map[*C.ct_ring]*[C.CT_NAME_SLOTS][]byte{}
+var ringNames = map[*C.ct_ring]*ringNameSlots{}
+
+type ringNameSlots [C.CT_NAME_SLOTS]ringName
+
+// ringName is one slot's name: its bytes, and those as the JSON string a
+// span_start carries (spelled once per definition, not per span).
+type ringName struct {
+	raw, json []byte
+}
 
 // pruneRingNames forgets the names of rings no longer linked; mu is held.
 func pruneRingNames() {
@@ -78,26 +88,31 @@ func pruneRingNames() {
 	}
 }
 
-// spanName resolves a span_start record's name (at off in data): its bytes,
-// kept for the slot when they define it, or the slot's.
-func spanName(r *C.ct_ring, names **[C.CT_NAME_SLOTS][]byte, h *C.ct_rec_hdr, data []byte, off uint64) []byte {
-	flags := uint32(h.flags)
-	if flags&(C.CT_RECF_NAME_DEF|C.CT_RECF_NAME_REF) == 0 {
-		return data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)]
-	}
+// slotsOf is ring r's name slots, *names once looked up.
+func slotsOf(r *C.ct_ring, names **ringNameSlots) *ringNameSlots {
 	if *names == nil {
 		if *names = ringNames[r]; *names == nil {
-			*names = new([C.CT_NAME_SLOTS][]byte)
+			*names = new(ringNameSlots)
 			ringNames[r] = *names
 		}
 	}
-	slot := (flags >> 8) & (C.CT_NAME_SLOTS - 1)
-	if flags&C.CT_RECF_NAME_REF != 0 {
-		return (*names)[slot]
+	return *names
+}
+
+// spanName resolves a span_start record's name (at off in data): its bytes,
+// kept for the slot when they define it, or the slot's; json is their JSON
+// string when the slot holds them (nil for a name too long to cache).
+func spanName(r *C.ct_ring, names **ringNameSlots, h *C.ct_rec_hdr, data []byte, off uint64) (raw, json []byte) {
+	flags := uint32(h.flags)
+	if flags&(C.CT_RECF_NAME_DEF|C.CT_RECF_NAME_REF) == 0 {
+		return data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)], nil
 	}
-	name := data[off+recHdrSize : off+recHdrSize+uint64(h.name_len)]
-	(*names)[slot] = append((*names)[slot][:0], name...)
-	return (*names)[slot]
+	n := &slotsOf(r, names)[(flags>>8)&(C.CT_NAME_SLOTS-1)]
+	if flags&C.CT_RECF_NAME_DEF != 0 {
+		n.raw = append(n.raw[:0], data[off+recHdrSize:off+recHdrSize+uint64(h.name_len)]...)
+		n.json = events.AppendName(n.json[:0], n.raw)
+	}
+	return n.raw, n.json
 }
 
 // tscCounter reads the counter (tests).

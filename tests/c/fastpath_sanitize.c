@@ -7,9 +7,12 @@
  * four threads, two aggregate sessions and a trace session at once, a name
  * buffer rewritten between spans, fresh heap copies of names, nested spans,
  * rings small enough to fill (producers then wait for the drainer, which
- * starts only once one does), a drainer thread racing the producers, and a
- * thread that exits inside a span. Every aggregate record drained must match
- * what the threads did, exactly, per (session, name, step).
+ * starts only once one does, so every ring stretches to its whole address
+ * space first, and wraps back early once the drainer keeps up), a drainer
+ * thread racing the producers, and a thread that exits inside a span. Every
+ * aggregate record drained must match what the threads did, exactly, per
+ * (session, name, step); trace spans come in both record forms, compact
+ * (ct_rec_begin/ct_rec_end after a session marker) and long.
  *
  *   make test-sanitize   (builds it twice and runs both, CANDLE_TRACE_RING_KB=64)
  */
@@ -96,6 +99,9 @@ static unsigned long drained[2][NAMES][STEPS];
 static unsigned long drained_scalars[2][NAMES];
 static double scalar_sum;
 static unsigned long trace_starts, trace_ends, bad_records;
+/* Records read past a ring's everyday size (it stretched), and padding
+ * records that wrapped a ring back before its end (the drainer caught up). */
+static unsigned long stretched_records, early_wraps;
 
 /* Trace spans of tick_handle (on the counter clock) as the drainer sees
  * them: each ring's open starts, converted as drain.go converts them, and
@@ -110,7 +116,8 @@ static struct tick_ring {
     uint64_t start[8], child_end[8];
 } tick_rings[TICK_RINGS];
 
-static void tick_record(const ct_ring *r, const ct_rec_hdr *h) {
+static void tick_record(const ct_ring *r, const uint8_t *p) {
+    const ct_rec_hdr *h = (const ct_rec_hdr *)p;
     struct tick_ring *tr = NULL;
     for (int i = 0; i < TICK_RINGS && !tr; i++)
         if (tick_rings[i].r == r || !tick_rings[i].r) tr = &tick_rings[i];
@@ -120,9 +127,16 @@ static void tick_record(const ct_ring *r, const ct_rec_hdr *h) {
     }
     tr->r = r;
     uint64_t t0 = ct__slot_of(tick_handle)->t0;
-    if (h->type == CT_REC_SPAN_START) {
-        uint64_t start = (h->flags & CT_RECF_TICKS) ? ct__tsc_ns(h->ts) - t0 : h->ts;
-        if (h->flags & CT_RECF_NAME_REF) tick_refs++;
+    if (h->type == CT_REC_SPAN_START || h->type == CT_REC_BEGIN) {
+        uint64_t start;
+        if (h->type == CT_REC_BEGIN) {
+            /* Compact: on the counter, its name in the ring's cache. */
+            start = ct__tsc_ns(((const ct_rec_begin *)p)->ticks) - t0;
+            tick_refs++;
+        } else {
+            start = (h->flags & CT_RECF_TICKS) ? ct__tsc_ns(h->ts) - t0 : h->ts;
+            if (h->flags & CT_RECF_NAME_REF) tick_refs++;
+        }
         if (start < tr->last_start || (tr->depth && start < tr->start[tr->depth - 1]) || tr->depth == 8) {
             tick_bad++;
             return;
@@ -139,7 +153,9 @@ static void tick_record(const ct_ring *r, const ct_rec_hdr *h) {
     }
     tr->depth--;
     uint64_t start = tr->start[tr->depth], end;
-    if (h->flags & CT_RECF_TICKS) {
+    if (h->type == CT_REC_END) {
+        end = ct__tsc_ns(((const ct_rec_end *)p)->ticks) - t0;
+    } else if (h->flags & CT_RECF_TICKS) {
         uint64_t s2 = ct__tsc_ns(h->parent) - t0;
         end = ct__tsc_ns(h->ts) - t0;
         if (s2 != start) tick_bad++;
@@ -163,6 +179,7 @@ static void drain_locked(void) {
     for (ct_ring *r = __atomic_load_n(&ct__rings, __ATOMIC_ACQUIRE); r; r = r->next) {
         uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
         uint64_t tail = r->tail;
+        ct__ring_prefault(r, head); /* as drain.go, racing the producer's stretch and release */
         while (tail < head) {
             uint8_t *p = r->data + (tail & (r->cap - 1));
             uint32_t size = *(uint32_t *)p;
@@ -172,7 +189,20 @@ static void drain_locked(void) {
                 tail = head;
                 break;
             }
-            if (type == CT_REC_AGG_SESSION) {
+            uint64_t off = tail & (r->cap - 1);
+            if (off >= r->soft) stretched_records++;
+            /* A pad at the end of the address space is shorter than the
+             * record that did not fit (at most half the everyday size). */
+            if (type == CT_REC_PAD && size > r->soft / 2 + 2 * sizeof(ct_rec_hdr)) early_wraps++;
+            if (type == CT_REC_TRACE_SESSION) {
+                r->trace_cur = ((ct_rec_agg *)p)->val;
+            } else if ((type == CT_REC_BEGIN || type == CT_REC_END) && tick_handle && r->trace_cur == tick_handle) {
+                tick_record(r, p);
+            } else if (type == CT_REC_BEGIN) {
+                trace_starts++;
+            } else if (type == CT_REC_END) {
+                trace_ends++;
+            } else if (type == CT_REC_AGG_SESSION) {
                 r->agg_cur = ((ct_rec_agg *)p)->val;
             } else if (type == CT_REC_AGG || type == CT_REC_AGG_SCALAR) {
                 ct_rec_agg *a = (ct_rec_agg *)p;
@@ -195,7 +225,7 @@ static void drain_locked(void) {
                 }
             } else if ((type == CT_REC_SPAN_START || type == CT_REC_SPAN_END) && tick_handle &&
                        ((ct_rec_hdr *)p)->session == tick_handle) {
-                tick_record(r, (ct_rec_hdr *)p);
+                tick_record(r, p);
             } else if (type == CT_REC_SPAN_START) {
                 trace_starts++;
             } else if (type == CT_REC_SPAN_END) {
@@ -446,6 +476,76 @@ static void counter_clock_spans(void) {
     drain_rings();
 }
 
+/* A ring stretches while nobody drains it and wraps back to its start once
+ * the drainer has caught up: one thread, drained by hand. The stretcher
+ * writes span pairs past one and a half everyday sizes (it must never wait:
+ * the main thread watches, and drains to unblock it and fail if it does),
+ * the main thread drains, and the stretcher writes on until its ring wraps. */
+static int stretch_phase; /* 1: filling, 2: drained (write on), 3: done */
+static unsigned long stretch_waits, stretch_pairs;
+static uint64_t stretch_reached, stretch_wrapped_at;
+
+static void *stretcher(void *arg) {
+    uint64_t h = *(const uint64_t *)arg;
+    ct_ring *r = NULL;
+    for (int phase = 1; phase <= 2; phase++) {
+        while (__atomic_load_n(&stretch_phase, __ATOMIC_ACQUIRE) != phase) nanosleep(&(struct timespec){0, 100000}, NULL);
+        for (;;) {
+            ct_span sp;
+            if (ct__span_begin(h, "stretch", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &sp) != CT_OK ||
+                ct__span_end(h, sp) != CT_OK) {
+                CHECK(0, "stretcher: %s", ct__errbuf());
+                break;
+            }
+            stretch_pairs++;
+            r = ct__own_ring();
+            uint64_t off = r->head & (r->cap - 1);
+            if (phase == 1 && off >= r->soft + r->soft / 2) {
+                stretch_reached = off;
+                break;
+            }
+            if (phase == 2 && off < r->soft) {
+                stretch_wrapped_at = r->head;
+                break;
+            }
+            if (phase == 2 && stretch_pairs > (unsigned long)r->cap) {
+                CHECK(0, "stretcher: the drained ring never wrapped back (at offset %llu)", (unsigned long long)off);
+                break;
+            }
+        }
+        __atomic_store_n(&stretch_phase, phase == 1 ? 11 : 3, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void stretch_and_wrap(void) {
+    unsigned long wraps_before = early_wraps;
+    uint64_t h = ct__slot_alloc();
+    pthread_t t;
+    pthread_create(&t, NULL, stretcher, &h);
+    for (int phase = 1; phase <= 2; phase++) {
+        __atomic_store_n(&stretch_phase, phase, __ATOMIC_RELEASE);
+        int done = phase == 1 ? 11 : 3;
+        while (__atomic_load_n(&stretch_phase, __ATOMIC_ACQUIRE) != done) {
+            if (any_waiting()) {
+                stretch_waits++;
+                drain_rings();
+            }
+            nanosleep(&(struct timespec){0, 100000}, NULL);
+        }
+        drain_rings();
+    }
+    pthread_join(t, NULL);
+    CHECK(stretch_waits == 0, "stretch: the producer waited %lu times with room to stretch into", stretch_waits);
+    CHECK(stretch_reached > 0 && stretch_wrapped_at > 0,
+          "stretch: reached offset %llu undrained, wrapped back at %llu once drained",
+          (unsigned long long)stretch_reached, (unsigned long long)stretch_wrapped_at);
+    CHECK(trace_starts == trace_ends && trace_starts == stretch_pairs, "stretch: %lu pairs made, %lu/%lu drained",
+          stretch_pairs, trace_starts, trace_ends);
+    CHECK(early_wraps > wraps_before, "stretch: the drained ring wrapped back at its end, not early");
+    ct__slot_release(h);
+}
+
 static void *leaver(void *arg) {
     (void)arg;
     ct_span sp;
@@ -522,6 +622,7 @@ int main(void) {
     CHECK(scalars == want_scalars && scalar_sum == 0.5 * (double)scalars, "scalars: %lu drained, sum %g",
           scalars, scalar_sum);
     CHECK(saw_waiting, "no producer ever waited for room");
+    CHECK(stretched_records > 0, "rings: no record read past a ring's everyday size (no ring stretched)");
     CHECK(bad_records == 0, "%lu malformed records", bad_records);
     CHECK(trace_starts == trace_ends && trace_starts == (unsigned long)THREADS * ((ITERS + 15) / 16),
           "trace records: %lu starts, %lu ends", trace_starts, trace_ends);
@@ -542,12 +643,15 @@ int main(void) {
     ct__slot_release(trace_handle);
     first_intervals(2000);
     counter_clock_spans();
+    trace_starts = trace_ends = 0;
+    stretch_and_wrap();
     ct__ring_unlink_dead();
     int rings = 0;
     for (ct_ring *r = ct__rings; r; r = r->next) rings++;
     CHECK(rings == 0, "%d rings left, want 0 (every thread that made spans has exited)", rings);
 
-    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %lu tracer intervals, %lu clock reads, %lu counter-clock spans over %lu segments, %d failure(s)\n", total,
-           THREADS, intern_calls, launches, borrowed_launches, tracer_intervals, clock_reads, tick_spans, tick_segments, failures);
+    printf("fastpath_sanitize: %lu aggregate records over %d threads, %lu intern calls, %lu launches (%lu on the main thread's span), %lu tracer intervals, %lu clock reads, %lu counter-clock spans over %lu segments, %lu records past a ring's everyday size, %lu early wraps, %d failure(s)\n", total,
+           THREADS, intern_calls, launches, borrowed_launches, tracer_intervals, clock_reads, tick_spans, tick_segments,
+           stretched_records, early_wraps, failures);
     return failures != 0;
 }

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -2052,24 +2053,43 @@ static void test_threads(void) {
 
 /* A refused ct_finish leaves the session usable for every thread: a worker
  * keeps beginning and ending spans while ct_finish is refused again and again
- * (the calling thread holds a span open); not one of its calls is refused. */
+ * (the calling thread holds a span open); not one of its calls is refused.
+ * The worker makes a batch of pairs as each ct_finish begins, not as many as
+ * it can: a refused ct_finish drains all the worker made, and a thread's
+ * ring holds megabytes of them (it stretches), so an unbounded worker made
+ * this test's trace as large as the machine was slow (gigabytes under load). */
 typedef struct {
     ct_session s;
     int stop, started;
+    long finishes; /* the ct_finish call about to be made */
+    long acked;    /* the worker's batch for it has begun */
     long pairs, refused;
     char first[1024];
 } finish_race_arg;
 
+#define FINISH_RACE_BATCH 100
+
 static void *finish_race_worker(void *p) {
     finish_race_arg *a = p;
+    long seen = -1;
     while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
-        ct_span x;
-        ct_status st = ct_span_begin(a->s, "worker/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &x);
-        if (st == CT_OK) st = ct_span_end(a->s, x);
-        if (st == CT_OK) {
-            a->pairs++;
-        } else if (a->refused++ == 0) {
-            snprintf(a->first, sizeof a->first, "%s: %s", status_name(st), ct_last_error());
+        /* A batch, then wait for the next ct_finish: each batch overlaps one. */
+        long f = __atomic_load_n(&a->finishes, __ATOMIC_ACQUIRE);
+        if (f == seen) {
+            sched_yield();
+            continue;
+        }
+        seen = f;
+        __atomic_store_n(&a->acked, f, __ATOMIC_RELEASE);
+        for (int i = 0; i < FINISH_RACE_BATCH; i++) {
+            ct_span x;
+            ct_status st = ct_span_begin(a->s, "worker/span", CT_SPAN_FUNCTION, CT_STEP_NONE, &x);
+            if (st == CT_OK) st = ct_span_end(a->s, x);
+            if (st == CT_OK) {
+                a->pairs++;
+            } else if (a->refused++ == 0) {
+                snprintf(a->first, sizeof a->first, "%s: %s", status_name(st), ct_last_error());
+            }
         }
         __atomic_store_n(&a->started, 1, __ATOMIC_RELEASE);
     }
@@ -2094,7 +2114,9 @@ static void test_finish_refused_concurrently(void) {
     while (!__atomic_load_n(&a.started, __ATOMIC_ACQUIRE)) sleep_ms(1);
     int wrong = 0;
     char msg[1024] = "";
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 1; i <= 2000; i++) {
+        __atomic_store_n(&a.finishes, i, __ATOMIC_RELEASE);
+        while (__atomic_load_n(&a.acked, __ATOMIC_ACQUIRE) != i) sched_yield();
         ct_status st = ct_finish(s);
         if (st != CT_ERR_STATE || !strstr(ct_last_error(), "spans still open")) {
             if (wrong++ == 0) snprintf(msg, sizeof msg, "%s: %s", status_name(st), ct_last_error());

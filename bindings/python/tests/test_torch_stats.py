@@ -124,6 +124,23 @@ def test_empty_non_contiguous_and_other_dtypes(session, tmp_path):
     assert [g["dtype"] for g in got] == ["f32", "f32", "f32", "f64", "i64"]
 
 
+@pytest.mark.parametrize("name, make, pauses", [
+    ("float32", lambda b: b, 0),                # the library's pass: no torch op
+    ("empty", lambda b: b[:0], 2),              # torch's reduction
+    ("transposed", lambda b: b.t(), 2),         # torch's copy, then the library's pass
+    ("float64", lambda b: b.double(), 2),       # torch's reduction
+])
+def test_op_recording_pauses_only_around_torch_ops(session, name, make, pauses):
+    """Pausing the capture's op recording costs two rebuilds of torch's record-function
+    cache: only a reduction that runs torch ops pauses it (and resumes it)."""
+    calls = []
+    rec = StatsRecorder(session, calls.append)
+    calls.clear()  # the construction's own warm-up
+    rec.record(1, name, make(torch.arange(6, dtype=torch.float32).reshape(2, 3)))
+    assert calls == [True, False] * (pauses // 2)
+    rec.drop()
+
+
 def test_a_count_float32_cannot_hold(session, tmp_path):
     """2^24 + 17 ones and one NaN: a float32 accumulator stops at 2^24; the float64
     lanes count every one."""

@@ -153,7 +153,7 @@ class Capture:
         native = self.ops.native if isinstance(self.ops, _ops.ObserverOps) else None
         self.spans: Spans = spans_for(self.session, native)
         if c.stats:
-            self.stats = StatsRecorder(self.session)
+            self.stats = StatsRecorder(self.session, self.ops_suspend)
         self.state = "open"
 
     def _contract(self) -> dict:
@@ -415,11 +415,7 @@ class Capture:
         sid = self.spans.push("backward", "backward", "function", "backward")
         if isinstance(tensors, torch.Tensor) and self.stats is not None and \
                 tensors.numel() == 1 and tensors.is_floating_point():
-            self.ops_suspend(True)
-            try:
-                self.stats.record(sid, "loss", tensors)
-            finally:
-                self.ops_suspend(False)
+            self.stats.record(sid, "loss", tensors)
         return sid
 
     def _backward_end(self, sid: int) -> None:

@@ -81,13 +81,8 @@ class ModuleSpans:
 
     def _record_output(self, name: str, sid: int, t: torch.Tensor) -> None:
         """The statistics of a module's output, where the capture takes them."""
-        cap = self._cap
         if t.is_floating_point():
-            cap.ops_suspend(True)
-            try:
-                cap.stats.record(sid, f"{name}/output", t)
-            finally:
-                cap.ops_suspend(False)
+            self._cap.stats.record(sid, f"{name}/output", t)  # pauses op recording if it must
 
 
 class PyModuleSpans(ModuleSpans):

@@ -209,20 +209,6 @@ enum Kind : uint8_t {
                        // (c10d:: collectives: their backend work's record function)
 };
 
-// Whether a recorded op (kRecord) calls other dispatcher ops, learned from its first call
-// with record functions left on. Turning them off for the op and on again costs torch a
-// rebuild of the thread's callbacks for every scope (at::enableRecordFunction: a third of
-// the flight recorder's instructions on a GPT-style update, BENCHMARKS.md); an op that
-// calls none leaves them on. One that called some has them off while it runs (quiet_nested)
-// from then on. While an op is learned (or checked: an op that called none so far), torch's
-// work for the callbacks of the ops it calls is the tracer's, as a looked-through op's is.
-enum Nests : uint8_t { kNestsUnknown = 0, kNestsNone = 1, kNestsSome = 2 };
-
-struct OpKind {
-    Kind kind = kLookThrough;
-    Nests nests = kNestsUnknown;
-};
-
 struct Thread {
     uint64_t epoch = 0;
     uint64_t span = 0;   // innermost span of this thread, published by Python (0: none)
@@ -231,9 +217,9 @@ struct Thread {
     bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
     int suspended = 0;   // ct_obs_suspend nesting
     bool rf_in_op = true;           // RecordFunction's state before the recorded op
-    bool quiet = false;             // the op at rec_depth turned it off (quiet_nested)
-    bool learning = false;          // the op at rec_depth learns (checks) its Nests
-    uint32_t nested = 0;            // ops it called while learning
+    bool op_quiet = false;          // the recorded op switched RecordFunction off
+    bool learning = false;          // the recorded op's kind learns whether to (see quiet_for)
+    int nested = 0;                 // record functions begun inside the recorded op
     bool after_user_scope = false;  // a USER_SCOPE record function just began
     bool maybe_handle = false;      // the op being recorded came right after one
     bool rf_was_enabled = true;
@@ -252,7 +238,8 @@ struct Thread {
     static constexpr size_t kKindSlots = 1024;
     struct KindSlot {
         const char *name = nullptr;
-        OpKind kind;
+        Kind kind = kLookThrough;
+        int8_t quiet = -1;  // quiet_for's decision for the kind; -1: not known here
     };
     KindSlot kinds[kKindSlots];
 };
@@ -295,7 +282,7 @@ inline Thread &thread_state() {
         t.span = 0;
         t.depth = 0;
         t.rec_depth = -1;
-        t.opaque = false;
+        t.opaque = t.op_quiet = t.learning = false;
         release_ins(t);
         t.pending.clear();
     }
@@ -319,18 +306,34 @@ Buf &buffer(Thread &t) {
 
 inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; }
 
-inline uint64_t now() { return p_now(g_session); }
-
 // The observer's own work on a recorded op (gathering inputs, buffering the record) is
 // the tracer's, not the model's: the session clock stands still while it runs
 // (ct_tracer_begin_earlier/end), so an op's start is taken as the callback is entered and
 // its end as the op returns, and neither the op nor its span counts the bookkeeping --
 // nor, as calibrated, torch's own work for the callback before it was entered.
+//
+// Each interval reads the clock once, standing (`at`: an op's start or end, an
+// allocation's time). The read also hands the value out, which bounds the next
+// interval's backdating: the library never backdates past a value it handed out, but
+// nothing else stops a backdated interval from reaching back into the previous one and
+// leaving the same time out twice.
+//
+// While the calibration counts (ct_obs_count_intervals), each interval is counted: it
+// divides what torch spent for the observer by the record functions it saw (two
+// intervals each).
+bool g_counting = false;
+uint64_t g_counted = 0;
+
 struct TracerWork {
-    explicit TracerWork(uint64_t earlier = g_earlier_ns) { p_tracer_begin_earlier(g_session, earlier); }
+    explicit TracerWork(uint64_t earlier = g_earlier_ns) {
+        if (g_counting) ++g_counted;
+        p_tracer_begin_earlier(g_session, earlier);
+        at = p_now(g_session);
+    }
     ~TracerWork() { p_tracer_end(g_session); }
     TracerWork(const TracerWork &) = delete;
     TracerWork &operator=(const TracerWork &) = delete;
+    uint64_t at;
 };
 
 // The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
@@ -338,7 +341,7 @@ struct TracerWork {
 // CompositeImplicitAutograd ones (we look through those to the ops they decompose into,
 // as a dispatch mode does) and the profiler's own ops.
 std::mutex g_kind_mu;
-std::unordered_map<const char *, OpKind> g_kind;  // shared by threads and captures
+std::unordered_map<const char *, Kind> g_kind;  // shared by threads and captures
 
 bool composite(const c10::OperatorHandle &op) {
     using K = c10::DispatchKey;
@@ -356,10 +359,10 @@ inline Thread::KindSlot &kind_slot(Thread &t, const char *name) {
     return t.kinds[((p >> 3) ^ (p >> 13)) & (Thread::kKindSlots - 1)];
 }
 
-OpKind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
+Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
     Thread::KindSlot &slot = kind_slot(t, name);
     if (slot.name == name) return slot.kind;
-    OpKind k;
+    Kind k;
     {
         std::lock_guard<std::mutex> lock(g_kind_mu);
         auto git = g_kind.find(name);
@@ -367,41 +370,37 @@ OpKind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
             k = git->second;
         } else {
             auto opname = fn.operator_name();
-            if (!opname) return k;  // named by a string: not an op (looked through), not cached
+            if (!opname) return kLookThrough;  // named by a string: not an op, not cached
             if (std::strncmp(name, "profiler::", 10) == 0) {
-                k.kind = kOpaque;
+                k = kOpaque;
             } else if (std::strncmp(name, "c10d::", 6) == 0) {
-                k.kind = kRecordOpen;
+                k = kRecordOpen;
             } else {
                 auto op = c10::Dispatcher::singleton().findOp(*opname);
-                k.kind = op && composite(*op) ? kLookThrough : kRecord;
+                k = op && composite(*op) ? kLookThrough : kRecord;
             }
             g_kind.emplace(name, k);
         }
     }
     slot.name = name;  // a colliding name's entry goes: it is found again in g_kind
     slot.kind = k;
+    slot.quiet = -1;
     return k;
 }
 
-// The recorded op at rec_depth ended with record functions left on: what it called is
-// what its kind does (see Nests).
-void learn_nests(Thread &t) {
-    Nests n = t.nested ? kNestsSome : kNestsNone;
-    Thread::KindSlot &slot = kind_slot(t, t.name);
-    if (slot.name == t.name) {
-        if (slot.kind.nests == n) return;
-        slot.kind.nests = n;
-    }
-    std::lock_guard<std::mutex> lock(g_kind_mu);
-    auto git = g_kind.find(t.name);
-    if (git != g_kind.end()) git->second.nests = n;
+// Room for n more elements, grown geometrically: reserve(size() + n) grows a vector to
+// exactly that, so one grown by it per record is copied whole each time -- quadratic in
+// the capture's records (2.8M instructions of memcpy in a GPT-style 1x8 update's 627
+// ops, inside the tracer's intervals).
+template <class V>
+inline void room(V &v, size_t n) {
+    if (v.capacity() - v.size() < n) v.reserve(std::max(v.size() + n, 2 * v.capacity()));
 }
 
 inline void add_input(Thread &t, const at::Tensor &x) {
     if (!x.defined()) return;
     Impl *impl = x.unsafeGetTensorImpl();
-    t.ins.reserve(t.ins.size() + 1);  // no throw between the incref and the push
+    room(t.ins, 1);  // no throw between the incref and the push
     c10::raw::weak_intrusive_ptr::incref(impl);
     t.ins.push_back(impl);
     t.in_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
@@ -452,23 +451,55 @@ bool is_scope_handle(const Thread &t, const at::Tensor *out) {
            out->numel() == static_cast<int64_t>(sizeof(at::RecordFunction));
 }
 
-// The ops a recorded (or opaque) op calls are never recorded. Where its kind calls some
-// (Nests), RecordFunction is off on this thread until it ends, so they do not even box
-// their inputs for a callback that would only count them -- the op's time is the op's, not
-// the observer's. The op's own end callback still runs (it belongs to a record function
-// that began while on).
+// The ops a recorded (or opaque) op calls are never recorded: RecordFunction is off on
+// this thread until it ends, so they do not even box their inputs for a callback that
+// would only count them -- the op's time is the op's, not the observer's. The op's own
+// end callback still runs (it belongs to a record function that began while on).
 inline void quiet_nested(Thread &t) {
     t.rf_in_op = at::isRecordFunctionEnabled();
-    t.quiet = true;
-    t.learning = false;
     at::enableRecordFunction(false);
+    t.op_quiet = true;
 }
 
-// Or they stay on (an op that calls none, one being learned, a collective: see Nests).
-inline void leave_nested(Thread &t, bool learning) {
-    t.quiet = false;
-    t.learning = learning;
-    t.nested = 0;
+// ---- which recorded ops switch RecordFunction off ------------------------------------
+// Switching it off and on again (at::enableRecordFunction) rebuilds torch's callback
+// cache of every record scope twice: ~5.6k instructions per op (torch 1.13), tracer work
+// that an op calling no other op -- a view, a reshape alias, an optimizer's addcdiv_: a
+// third of a GPT-style update's ops -- does not need, and one calling a single op
+// (detach, transpose) pays more for than that op's record function left on costs (~2.5k
+// instructions of torch's and our two callbacks' ~0.9k). So a kind is left on until one
+// of its calls is seen to begin kQuietFrom record functions inside it (nested_start:
+// they are bracketed as tracer work, as calibrated), and quieted from then on; the
+// decision is kept per process.
+constexpr int kQuietFrom = 2;
+std::unordered_map<const char *, bool> g_quiet;  // op name -> quieted; under g_kind_mu
+
+bool quiet_for(Thread::KindSlot &slot, const char *name) {
+    if (slot.quiet < 0) {
+        std::lock_guard<std::mutex> lock(g_kind_mu);
+        auto it = g_quiet.find(name);
+        if (it != g_quiet.end()) slot.quiet = it->second ? 1 : 0;
+    }
+    return slot.quiet == 1;  // not known yet: left on, learned as it runs
+}
+
+// The end of a recorded op left on: its kind is quieted if it began enough record
+// functions.
+void learn_quiet(Thread &t) {
+    Thread::KindSlot &slot = kind_slot(t, t.name);
+    int8_t q = t.nested >= kQuietFrom ? 1 : 0;
+    if (slot.name != t.name || slot.quiet == 1 || slot.quiet == q) return;
+    slot.quiet = q;
+    std::lock_guard<std::mutex> lock(g_kind_mu);
+    g_quiet[t.name] = q == 1;
+}
+
+// A record function begun inside a recorded op left on: not recorded, its cost
+// (torch's, for our callbacks) is tracer work, and its op's kind calls other ops.
+std::unique_ptr<at::ObserverContext> nested_start(Thread &t) {
+    ++t.nested;
+    TracerWork work;
+    return nullptr;
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
@@ -476,20 +507,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     bool after_user_scope = t.after_user_scope;
     t.after_user_scope = false;
     int d = t.depth++;
-    if (t.rec_depth >= 0) {  // called by the op being recorded: not recorded
-        if (t.learning && g_active.load(std::memory_order_relaxed)) {
-            ++t.nested;
-            TracerWork work;
-        }
-        return nullptr;
-    }
     if (!g_active.load(std::memory_order_relaxed)) return nullptr;
+    if (t.rec_depth >= 0) return nested_start(t);
     TracerWork work;
     try {
         const char *name = fn.name();
         if (!name) return nullptr;
-        OpKind kind = op_kind(t, fn, name);
-        Kind k = kind.kind;
+        Kind k = op_kind(t, fn, name);
         if (k == kLookThrough) return nullptr;
         if (k == kOpaque) {
             t.rec_depth = d;
@@ -506,14 +530,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         t.pending.clear();
         t.rec_depth = d;
         t.opaque = false;
-        if (k == kRecord && kind.nests == kNestsSome)
-            quiet_nested(t);
-        else
-            leave_nested(t, k == kRecord);
+        t.op_quiet = t.learning = false;
+        t.nested = 0;
+        if (k == kRecord) {
+            if (quiet_for(kind_slot(t, name), name))
+                quiet_nested(t);
+            else
+                t.learning = true;
+        }
     } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
         return nullptr;
     }
-    t.t0 = now();
+    t.t0 = work.at;
     return nullptr;
 }
 
@@ -534,8 +562,8 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     r.name = t.name;
     r.in_off = static_cast<uint32_t>(b.inputs.size());
     r.in_n = static_cast<uint32_t>(t.ins.size());
-    b.inputs.reserve(b.inputs.size() + t.ins.size());
-    b.pinned.reserve(b.pinned.size() + t.ins.size() + 1);
+    room(b.inputs, t.ins.size());
+    room(b.pinned, t.ins.size() + 1);
     for (const Impl *impl : t.ins) {  // the references pinned at the op's start
         b.inputs.push_back(impl);
         b.pinned.push_back(const_cast<Impl *>(impl));
@@ -576,23 +604,22 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
     int d = --t.depth;
     if (d != t.rec_depth) {
-        // A looked-through op ends (or one the op being learned called): torch boxed its
-        // outputs for us too.
-        if ((t.rec_depth < 0 || t.learning) && g_active.load(std::memory_order_relaxed)) TracerWork work;
+        // A looked-through or nested op ends: torch boxed its outputs for us too.
+        if (g_active.load(std::memory_order_relaxed)) TracerWork work;
         return;
     }
     t.rec_depth = -1;
-    if (t.quiet)
-        at::enableRecordFunction(t.rf_in_op);
-    else if (t.learning)
-        learn_nests(t);
-    t.quiet = t.learning = false;
+    TracerWork work;
+    if (t.op_quiet) {
+        at::enableRecordFunction(t.rf_in_op);  // a rebuild of torch's callback cache: ours
+        t.op_quiet = false;
+    }
     if (t.opaque) {
         t.opaque = false;
         return;
     }
-    TracerWork work;
-    uint64_t t1 = now();
+    if (t.learning) learn_quiet(t);
+    uint64_t t1 = work.at;
     if (!g_active.load(std::memory_order_relaxed)) {
         release_ins(t);
         return;
@@ -668,7 +695,7 @@ std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn)
                     if (e.isTensor()) add(e.toTensor());
             }
         }
-        r.t0 = now();
+        r.t0 = work.at;
         g_coll_open.fetch_add(1, std::memory_order_acq_rel);
         return ctx;
     } catch (...) {
@@ -687,7 +714,7 @@ void on_user_end(const at::RecordFunction &, at::ObserverContext *c) {
     }
     TracerWork work(0);
     try {
-        ctx->rec.t1 = now();
+        ctx->rec.t1 = work.at;
         std::lock_guard<std::mutex> lock(g_coll_mu);
         g_colls.push_back(std::move(ctx->rec));
     } catch (...) {
@@ -733,7 +760,9 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
     void reportMemoryUsage(void *ptr, int64_t alloc_size, total_t, total_t,
                            c10::Device) override {
         if (!g_active.load(std::memory_order_relaxed) || !ptr || alloc_size == 0) return;
-        TracerWork work(0);  // inside the op: nothing before the call is ours
+        // Not a tracer interval: noting an event is a clock read and a push, fewer
+        // instructions than an interval's own begin and end, about half of which would
+        // fall outside it anyway (before its clock read, after its end's).
         try {
             Thread &t = thread_state();
             uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
@@ -741,12 +770,13 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
                 if (t.rec_depth < 0 || t.opaque) return;  // not inside a recorded op
                 if (t.pending.size() >= kPendingMax) t.pending.clear();
                 t.pending.push_back(
-                    Pending{now(), span_of(t), static_cast<uint64_t>(alloc_size), p});
+                    Pending{p_now(g_session), span_of(t), static_cast<uint64_t>(alloc_size), p});
                 return;
             }
+            uint64_t ts = p_now(g_session);
             Buf &b = buffer(t);
             std::lock_guard<std::mutex> lock(b.mu);
-            b.frees.push_back(FreeRec{now(), span_of(t), p});
+            b.frees.push_back(FreeRec{ts, span_of(t), p});
         } catch (...) {
         }
     }
@@ -1108,6 +1138,15 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
         g_error = std::string("candle_trace observer: ") + e.what();
         return 1;
     }
+}
+
+// Calibration (Observer.calibrate): on=1 starts counting the tracer intervals the
+// observer opens (from 0), on=0 stops; returns the count so far.
+CT_OBS_EXPORT uint64_t ct_obs_count_intervals(int on) {
+    uint64_t n = g_counted;
+    if (on) g_counted = 0;
+    g_counting = on != 0;
+    return n;
 }
 
 // Publishes the innermost span of the calling thread (0: none, ops go to the measured

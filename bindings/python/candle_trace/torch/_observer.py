@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -138,6 +139,8 @@ class Observer:
         dll.ct_obs_counts.restype = None
         self._emit_dll.ct_obs_emit.restype = ctypes.c_uint64
         dll.ct_obs_discard.restype = None
+        dll.ct_obs_count_intervals.argtypes = [ctypes.c_int]
+        dll.ct_obs_count_intervals.restype = ctypes.c_uint64
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
@@ -155,8 +158,8 @@ class Observer:
                              torch.overrides.has_torch_function_unary, collections.OrderedDict,
                              collections.abc.Mapping)
         self.running = False
-        #: ns torch spends per recorded op for the observer before and after its
-        #: callbacks run (calibrate()); None until measured
+        #: ns torch spends per record function the observer sees, before and after
+        #: its callbacks run (calibrate()); None until measured
         self.per_op_ns: Optional[int] = None
 
     def error(self) -> str:
@@ -174,45 +177,80 @@ class Observer:
             n,
         )
 
-    def calibrate(self, session: Any, batch: int = 200, batches: int = 7) -> int:
-        """What recording an op costs that no tracer interval covers -- torch setting up
-        the record function and boxing inputs and outputs for the callbacks, the calls
-        into the library -- as the session clock sees it: four small ops timed on the
-        wall clock untraced, and on ``session``'s clock while the observer records them
-        (then discarded); the fastest of ``batches`` batches each (interference only
-        adds time). Measured once per process, before the first capture's update;
-        ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then counts that cost as the
-        model's)."""
+    def calibrate(self, session: Any = None, batch: int = 20, batches: int = 7) -> int:
+        """What recording costs that no tracer interval covers -- torch setting up each
+        record function, boxing its inputs and outputs, naming an autograd node's record
+        function (which it does only when a callback listens), the calls into the
+        observer and the library's own before and after their clock reads -- in ns per
+        record function the observer sees: ``batch`` miniature training steps (a linear
+        layer's forward, backward and in-place update: the record functions of an
+        update) timed untraced, and on the clock of a private session of the library
+        while the observer records them into it (then discarded); the fastest of
+        ``batches`` batches each (interference only adds time). Each callback's
+        interval then begins half of it early (:meth:`begin`).
+
+        A private session, not the capture's: the capture arms (and calibrates) inside
+        a tracer interval of its session, whose clock stands still there, and no trace
+        counts the calibration. Measured once per process, before the first capture's
+        update; ``CANDLE_TRACE_CALIBRATE=0`` makes it 0 (the trace then counts that cost
+        as the model's). ``session`` is not used."""
         if self.per_op_ns is not None:
             return self.per_op_ns
         if os.environ.get("CANDLE_TRACE_CALIBRATE", "1").strip() == "0":
             self.per_op_ns = 0
             return 0
-        a, b = torch.ones(8), torch.ones(8)
-        now, hc = session._lib.raw.ct_now_ns, session._hc
+        from ..session import CandleTraceError, Session
 
-        def ops(clock: Any, *arg: Any) -> int:
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(8, 8, generator=gen).requires_grad_()
+        x = torch.randn(4, 8, generator=gen)
+
+        # torch.autograd.grad, not backward(): what wraps the program's backward (a
+        # whole-run session, a watch reading the loss, the user's own) must not see it
+        @torch.enable_grad()
+        def steps(clock: Any, *arg: Any) -> int:
             t = clock(*arg)
             for _ in range(batch):
-                torch.add(a, b)
-                torch.mul(a, b)
-                a.view(2, 4)
-                a.sum()
+                (grad,) = torch.autograd.grad(
+                    torch.nn.functional.linear(x, weight).relu().sum(), [weight])
+                with torch.no_grad():
+                    weight.add_(grad, alpha=-1e-3)
             return clock(*arg) - t
 
         offs, ons = [], []
         nobody = self.named([])
-        with torch.no_grad():
-            ops(time.perf_counter_ns)  # warm
-            for _ in range(batches):
-                offs.append(ops(time.perf_counter_ns))
-                self.begin(session.handle, 1, True, nobody, earlier_ns=0)
+        count = self._dll.ct_obs_count_intervals
+        seen = 0
+        try:
+            with tempfile.TemporaryDirectory(prefix="candle_trace-calibration-") as tmp:
+                s = Session(os.path.join(tmp, "calibration.jsonl"), "candle_trace::calibrate",
+                            "train", 1, "cpu", run={"buffer": {"max_bytes": 1 << 20}})
                 try:
-                    ons.append(ops(now, hc))
+                    now, hc = s._lib.raw.ct_now_ns, s._hc
+                    steps(time.perf_counter_ns)  # warm
+                    for i in range(batches + 1):
+                        offs.append(steps(time.perf_counter_ns))
+                        self.begin(s.handle, 1, True, nobody, earlier_ns=0)
+                        try:
+                            count(1)
+                            on = steps(now, hc)
+                            n = count(0)
+                        finally:
+                            self.stop()
+                            self.discard()
+                        if i:  # the first: the observer learns which ops call others
+                            ons.append(on)
+                            seen = n
                 finally:
-                    self.stop()
-                    self.discard()
-        self.per_op_ns = max(0, int((min(ons) - min(offs)) / (4 * batch)))
+                    s.discard()
+        except (OSError, CandleTraceError) as e:  # no temporary folder, no session left
+            warnings.warn(f"candle_trace.torch: the observer's cost could not be calibrated "
+                          f"({e}); the captured update counts it as the model's",
+                          RuntimeWarning, stacklevel=4)
+            self.per_op_ns = 0
+            return 0
+        # two intervals per record function seen (its start and end callbacks)
+        self.per_op_ns = max(0, int((min(ons) - min(offs)) * 2 / max(seen, 1)))
         return self.per_op_ns
 
     def begin(self, session: int, measured: int, memory: bool, named: tuple,

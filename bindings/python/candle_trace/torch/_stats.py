@@ -13,7 +13,7 @@ over, as the observer's ops are.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -53,19 +53,53 @@ def tensor_stats(t: torch.Tensor) -> Tuple[int, float, float, float]:
     return int(non_finite), rms, absmax, mean
 
 
+#: rank -> the ctypes array type of a shape, kept for the process: ``c_int64 * n`` makes
+#: a new type (~67k instructions) whenever the last one was collected -- in every capture
+#: (its arrays die when it is written), inside the update.
+_DIMS: Dict[int, Any] = {}
+_WARM_RANKS = 7  # the types made ahead, at a recorder's construction
+
+#: ct_reduce_tensor_stats_f32 with its argument types: plain ints and the struct pass as
+#: they are, no ctypes object made per call.
+_REDUCE_F32 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+                               ctypes.c_size_t, ctypes.POINTER(_TensorStats))
+
+
+def _dims(shape: Tuple[int, ...]) -> Any:
+    n = len(shape)
+    t = _DIMS.get(n)
+    if t is None:
+        t = _DIMS[n] = ctypes.c_int64 * max(n, 1)
+    return t(*shape)
+
+
 class StatsRecorder:
     """Reduces tensors' statistics by the cheapest exact path and keeps each as the
     ``ct_tensor_stats`` struct the library records, until :meth:`flush` records them
-    into the session (or :meth:`drop` forgets them)."""
+    into the session (or :meth:`drop` forgets them).
 
-    def __init__(self, session: Session) -> None:
+    ``suspend(on)`` pauses the capture's op recording around the torch ops a reduction
+    runs (torch's own reduction, a non-contiguous tensor's copy), which are not the
+    model's; the library's float32 pass runs none, and pausing costs two rebuilds of
+    torch's record-function cache, so it is not paused for."""
+
+    def __init__(self, session: Session,
+                 suspend: Optional[Callable[[bool], None]] = None) -> None:
         self._session = session
         raw = session._lib.raw
-        self._reduce = raw.ct_reduce_tensor_stats_f32
+        self._reduce = _REDUCE_F32(ctypes.cast(raw.ct_reduce_tensor_stats_f32,
+                                               ctypes.c_void_p).value)
         self._record = raw.ct_record_tensor_stats
+        self._suspend = suspend or (lambda on: None)
+        self._size = ctypes.sizeof(_TensorStats)
         self._text: Dict[str, bytes] = {}  # labels and dtypes, encoded once
         #: (span, the struct, its shape array), in record order
         self._pending: List[Tuple[int, _TensorStats, Any]] = []
+        # What a first call makes (the shape array types of the usual ranks, ctypes'
+        # and torch's lazily built state) is made here, before any update.
+        for rank in range(_WARM_RANKS):
+            _dims((1,) * rank)
+        self._reduced("", torch.zeros(1))
 
     def _bytes(self, text: str, arg: str) -> bytes:
         b = self._text.get(text)
@@ -74,25 +108,40 @@ class StatsRecorder:
         return b
 
     def record(self, span: int, label: str, t: torch.Tensor) -> None:
-        shape = tuple(t.shape)
+        """Reduces ``t``'s statistics now, for ``span``; recorded by :meth:`flush`."""
+        st, dims = self._reduced(label, t)
+        self._pending.append((span, st, dims))
+
+    def _reduced(self, label: str, t: torch.Tensor) -> Tuple[_TensorStats, Any]:
+        """The filled struct of ``t``'s statistics and the shape array it points to."""
+        shape = t.shape
         rank = len(shape)
-        dims = (ctypes.c_int64 * max(rank, 1))(*shape)
-        st = _TensorStats(size=ctypes.sizeof(_TensorStats), label=self._bytes(label, "label"),
-                          shape=dims, rank=rank)
+        dims = _dims(shape)
+        st = _TensorStats()
+        st.size, st.label, st.shape, st.rank = self._size, self._bytes(label, "label"), dims, rank
         if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided and t.numel():
-            x = t if t.is_contiguous() else t.contiguous()
+            x = t
+            if not t.is_contiguous():
+                self._suspend(True)
+                try:
+                    x = t.contiguous()
+                finally:
+                    self._suspend(False)
             # The tensor stays referenced (x) for the call: the library reads numel floats
             # from its data pointer, which matches the shape by construction.
-            rc = self._reduce(ctypes.c_void_p(x.data_ptr()), dims, ctypes.c_size_t(rank),
-                              ctypes.byref(st))
+            rc = self._reduce(x.data_ptr(), dims, rank, st)
             if rc:
                 self._session._call(rc)
         else:
-            nf, rms, amax, mean = tensor_stats(t)
+            self._suspend(True)
+            try:
+                nf, rms, amax, mean = tensor_stats(t)
+            finally:
+                self._suspend(False)
             st.dtype = self._bytes(dtype_name(t), "dtype")
             st.elements = t.numel()
             st.non_finite, st.rms, st.abs_max, st.mean = nf, rms, amax, mean
-        self._pending.append((span, st, dims))
+        return st, dims
 
     def flush(self) -> None:
         """Records what was reduced (after the update: tracer work outside it)."""

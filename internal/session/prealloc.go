@@ -1,0 +1,81 @@
+package session
+
+import (
+	"syscall"
+
+	"github.com/candle-trace/candle-trace/internal/outfile"
+)
+
+// reservingFile is a trace file whose disk blocks are reserved ahead of its
+// writes (fallocate with FALLOC_FL_KEEP_SIZE: the file's size still grows
+// only by what is written, so neither a reader nor a killed process ever
+// sees bytes that were not). ext4 then maps each 4 KiB a write brings to a
+// block reserved already, where it would reserve one per page (delayed
+// allocation): half the kernel's CPU per byte of trace on the machines we
+// measured (BENCHMARKS.md, issue 14). Close gives back what was reserved
+// past the end. Where the file cannot reserve (a FIFO, a device, a file
+// system without fallocate) it writes as a plain file.
+type reservingFile struct {
+	*outfile.File
+	written, reserved int64
+	cannot            bool
+}
+
+// Reservations grow with the file (half of what it holds, within these
+// bounds): a small trace reserves little, a large one calls fallocate
+// rarely, and what a killed process leaves reserved past its end is at
+// most a third of its size or maxReserve.
+const (
+	minReserve = 1 << 20
+	maxReserve = 16 << 20
+)
+
+func reserving(f *outfile.File) *reservingFile { return &reservingFile{File: f} }
+
+func (f *reservingFile) Write(b []byte) (int, error) {
+	if end := f.written + int64(len(b)); end > f.reserved && !f.cannot {
+		f.reserve(end)
+	}
+	n, err := f.File.Write(b)
+	f.written += int64(n)
+	return n, err
+}
+
+// reserve reserves blocks up to at least end.
+func (f *reservingFile) reserve(end int64) {
+	step := min(max(f.written/2, minReserve), maxReserve)
+	from := max(f.reserved, f.written)
+	var err error
+	if cerr := f.control(func(fd int) {
+		err = syscall.Fallocate(fd, 1 /* FALLOC_FL_KEEP_SIZE */, from, end+step-from)
+	}); cerr != nil || err != nil {
+		f.cannot = true
+		return
+	}
+	f.reserved = end + step
+}
+
+func (f *reservingFile) control(fn func(fd int)) error {
+	raw, err := f.File.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return raw.Control(func(fd uintptr) { fn(int(fd)) })
+}
+
+// Close gives back the blocks reserved past the end (a truncation to the
+// size the file has), then closes it.
+func (f *reservingFile) Close() error {
+	if f.reserved > f.written {
+		_ = f.control(func(fd int) {
+			var st syscall.Stat_t
+			if syscall.Fstat(fd, &st) == nil {
+				_ = syscall.Ftruncate(fd, st.Size)
+			}
+		})
+	}
+	return f.File.Close()
+}
+
+// WriteString is Write of s (the embedded file's would not count it).
+func (f *reservingFile) WriteString(s string) (int, error) { return f.Write([]byte(s)) }

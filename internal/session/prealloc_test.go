@@ -1,0 +1,90 @@
+package session
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/candle-trace/candle-trace/internal/aggregate"
+	"github.com/candle-trace/candle-trace/internal/outfile"
+)
+
+func blocksOf(t *testing.T, path string) (size, allocated int64) {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &st))
+	return st.Size, st.Blocks * 512
+}
+
+// A trace file reserves disk blocks ahead of its writes, never shows them
+// (its size is what was written, at every moment), and gives back what it
+// reserved past its end when it closes.
+func TestReservingFileReservesAheadAndGivesBackAtClose(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	f, err := outfile.Create(path, aggregate.OwnFile)
+	require.NoError(t, err)
+	w := reserving(f)
+	require.NoError(t, w.reserveCheck(), "the test folder's file system reserves blocks (fallocate)")
+	line := bytes.Repeat([]byte("x"), 999)
+	line = append(line, '\n')
+	var want int64
+	for _, tc := range []struct {
+		name  string
+		lines int
+	}{{"one line", 1}, {"past the first reservation", 2000}, {"past the next", 3000}} {
+		for i := 0; i < tc.lines; i++ {
+			n, err := w.Write(line)
+			require.NoError(t, err)
+			require.Equal(t, len(line), n)
+		}
+		want += int64(tc.lines * len(line))
+		size, allocated := blocksOf(t, path)
+		require.Equal(t, want, size, "%s: the size is what was written", tc.name)
+		require.Greater(t, allocated, size, "%s: blocks reserved past the end", tc.name)
+		require.GreaterOrEqual(t, w.reserved, want)
+	}
+	require.NoError(t, w.Close())
+	size, allocated := blocksOf(t, path)
+	require.Equal(t, want, size)
+	require.Less(t, allocated, size+64<<10, "what was reserved past the end is given back")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, want, int64(len(data)))
+	require.Equal(t, int64(len(data)), int64(bytes.Count(data, []byte("\n")))*int64(len(line)), "whole lines, nothing else")
+}
+
+// Where nothing can be reserved (a character device), writes go through
+// as to a plain file and closing it truncates nothing.
+func TestReservingFileWritesWhereItCannotReserve(t *testing.T) {
+	f, err := outfile.Create(os.DevNull, aggregate.OwnFile)
+	require.NoError(t, err)
+	w := reserving(f)
+	for i := 0; i < 3; i++ {
+		n, err := w.Write(make([]byte, 1<<20))
+		require.NoError(t, err)
+		require.Equal(t, 1<<20, n)
+	}
+	require.True(t, w.cannot, "a device takes no reservation")
+	require.NoError(t, w.Close())
+	st, err := os.Stat(os.DevNull)
+	require.NoError(t, err)
+	require.NotZero(t, st.Mode()&os.ModeCharDevice, "/dev/null is still a device")
+}
+
+// reserveCheck reports whether f's file system takes a reservation: one of
+// a block past its end, given back at once.
+func (f *reservingFile) reserveCheck() error {
+	var err error
+	if cerr := f.control(func(fd int) {
+		if err = syscall.Fallocate(fd, 1, 0, 4096); err == nil {
+			err = syscall.Ftruncate(fd, 0)
+		}
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}

@@ -1,0 +1,226 @@
+package session
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/candle-trace/candle-trace/internal/events"
+	"github.com/candle-trace/candle-trace/internal/testutil"
+)
+
+// compactPairBytes is what a span pair of a cached name on the counter
+// clock takes in a ring: a 24-byte begin and a 16-byte end (fastpath.h).
+const compactPairBytes = 40
+
+// holdDrainer keeps every drain out (it holds mu) until release is called
+// or patience runs out; stuck reports whether it had to give up, which
+// means a producer waited for a drain that could not come.
+func holdDrainer(patience time.Duration) (release func(), stuck func() bool) {
+	held, done := make(chan struct{}), make(chan struct{})
+	var gaveUp bool
+	finished := make(chan struct{})
+	go func() {
+		mu.Lock()
+		close(held)
+		select {
+		case <-done:
+		case <-time.After(patience):
+			gaveUp = true
+		}
+		mu.Unlock()
+		close(finished)
+	}()
+	<-held
+	return func() { close(done); <-finished }, func() bool { return gaveUp }
+}
+
+// A burst the ring's address space holds never makes the producer wait,
+// even with no drain at all while it runs: the ring stretches past its
+// everyday size into pages it had not touched. A drain faults in pages
+// ahead of the producer; once drained, the next time the producer reaches
+// its limit it wraps back to the start and the pages past its everyday
+// size, those ahead included, go back to the kernel.
+func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
+	s, path := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	// The thread's ring (a test before may have left it stretched) in the
+	// first half of its everyday size, drained: after a wrap back, the
+	// padding record to the end of its address space counts as written
+	// until the drainer has read it, so a burst then has only the lap's
+	// start to fill (a burst reaching the everyday size with the drainer an
+	// eighth of it behind wraps back; with no drain at all here it would
+	// wait); and a ring a test left full gives its stretched pages back at
+	// its next wrap.
+	setup := 0
+	for p := ownRingProbe(); p.cap == 0 || p.offset >= p.soft/2 || p.resident > 3*p.soft; p = ownRingProbe() {
+		require.Less(t, setup, 1_000_000, "the ring never came back to its everyday size: %+v", p)
+		require.NoError(t, spanPairsC(s.Handle(), 2000))
+		setup += 2000
+		require.NoError(t, s.Flush())
+	}
+	before := ownRingProbe()
+	require.Greater(t, before.cap, before.soft, "the ring has room to stretch into")
+	require.GreaterOrEqual(t, before.cap, 4*before.soft)
+	pairs := int(3 * before.soft / compactPairBytes) // twice past the everyday size, inside the address space
+
+	release, stuck := holdDrainer(10 * time.Second)
+	err := spanPairsC(s.Handle(), pairs)
+	burst := ownRingProbe()
+	release()
+	require.NoError(t, err)
+	require.False(t, stuck(), "the producer waited for a drain while its ring had room to stretch (before %+v, after %+v)", before, burst)
+	assert.Equal(t, before.waits, burst.waits, "no wait for room")
+	assert.Greater(t, burst.offset, before.soft, "records went past the everyday size")
+	assert.GreaterOrEqual(t, burst.resident, uint64(pairs)*compactPairBytes*9/10, "the burst's pages are resident")
+
+	require.NoError(t, s.Flush())
+	drained := ownRingProbe()
+	assert.GreaterOrEqual(t, drained.resident, burst.resident+(1<<20),
+		"the drain faulted in pages ahead of the stretched producer (%d bytes resident, %d before)", drained.resident, burst.resident)
+	// Small batches, each drained: at its next stretch step the producer
+	// finds the drainer caught up and wraps back.
+	after := 0
+	for ownRingProbe().offset >= before.soft {
+		require.Less(t, after, 200_000, "never wrapped back: %+v", ownRingProbe())
+		require.NoError(t, spanPairsC(s.Handle(), 500))
+		after += 500
+		require.NoError(t, s.Flush())
+	}
+	back := ownRingProbe()
+	assert.LessOrEqual(t, after, 5000, "wrapped back within a stretch step or two of the drain")
+	assert.LessOrEqual(t, back.resident, 3*back.soft+back.soft/2, "stretched pages past three everyday sizes went back to the kernel (%d bytes resident)", back.resident)
+
+	require.NoError(t, s.Finish())
+	starts, ends := countSpanLines(t, path)
+	assert.Equal(t, 1+setup+pairs+after, starts)
+	assert.Equal(t, 1+setup+pairs+after, ends)
+	testutil.RequireValid(t, path)
+}
+
+// countSpanLines counts a trace's span_start and span_end lines without
+// decoding them (hundreds of thousands of lines).
+func countSpanLines(t *testing.T, path string) (starts, ends int) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.True(t, bytes.HasSuffix(data, []byte("}\n")), "whole lines")
+	return bytes.Count(data, []byte(`{"kind":"span_start",`)), bytes.Count(data, []byte(`{"kind":"span_end",`))
+}
+
+// Two sessions' spans interleaved on one thread: the compact records carry
+// no session, the ring's session markers say whose they are, and each
+// trace gets its own spans, nested as they were made.
+func TestInterleavedSessionsOnOneThreadKeepTheirSpans(t *testing.T) {
+	a, pathA := openT(t, measuredRootRun)
+	dir := t.TempDir()
+	pathB := filepath.Join(dir, "b.jsonl")
+	b, err := Open(pathB, []byte(measuredRootRun))
+	require.NoError(t, err)
+	const iters = 3000 // a few ring laps' worth of markers, with drains in between
+	for i := 0; i < iters; i++ {
+		outerA := begin(t, a, "a/outer")
+		outerB := begin(t, b, "b/outer")
+		innerA := begin(t, a, fmt.Sprintf("a/inner%d", i%3))
+		end(t, a, innerA)
+		innerB := begin(t, b, "b/inner")
+		end(t, b, innerB)
+		end(t, a, outerA)
+		end(t, b, outerB)
+	}
+	require.NoError(t, a.Finish())
+	require.NoError(t, b.Finish())
+	for _, tc := range []struct {
+		path, outer, inner string
+	}{{pathA, "a/outer", "a/inner"}, {pathB, "b/outer", "b/inner"}} {
+		lines := testutil.Lines(t, tc.path)
+		starts := testutil.OfKind(lines, "span_start")
+		require.Len(t, starts, 1+2*iters)
+		require.Len(t, testutil.OfKind(lines, "span_end"), 1+2*iters)
+		byID := map[string]map[string]any{}
+		for _, st := range starts {
+			byID[st["id"].(string)] = st
+		}
+		for _, st := range starts[1:] {
+			name := st["name"].(string)
+			parent := byID[st["parent_id"].(string)]
+			if name == tc.outer {
+				assert.Equal(t, "s1", st["parent_id"])
+			} else {
+				require.Contains(t, name, tc.inner)
+				assert.Equal(t, tc.outer, parent["name"], "%s nests in its session's outer span", name)
+			}
+		}
+		testutil.RequireValid(t, tc.path)
+	}
+}
+
+// The measured span, new names (their first record carries the bytes) and
+// spans around a tracer interval take the long record form, the rest the
+// compact one; in one trace, the two give the same lines.
+func TestLongAndCompactRecordsMakeOneTrace(t *testing.T) {
+	s, path := openT(t, trainRun)
+	m, err := s.BeginMeasurement("update")
+	require.NoError(t, err)
+	for i := 0; i < 100; i++ {
+		outer := begin(t, s, "step")
+		inner, err := s.BeginSpan(fmt.Sprintf("op%d", i%7), events.SpanOp, events.StepForward)
+		require.NoError(t, err)
+		if i == 50 {
+			require.NoError(t, s.TracerBegin())
+			require.NoError(t, s.TracerEnd())
+		}
+		end(t, s, inner)
+		end(t, s, outer)
+	}
+	end(t, s, m)
+	require.NoError(t, s.Finish())
+	lines := testutil.Lines(t, path)
+	require.Len(t, testutil.OfKind(lines, "span_start"), 2+200)
+	for _, st := range testutil.OfKind(lines, "span_start") {
+		if st["span_kind"] == "op" {
+			assert.Equal(t, "forward", st["step"])
+		}
+	}
+	testutil.RequireValid(t, path)
+}
+
+// Closed-span tables are memory of their own (mapClosed): a finished
+// session's is kept for the next one, and one more goes back to the kernel;
+// a session that takes the kept one finds it empty.
+func TestClosedTablesAreKeptForTheNextSessionOrGivenBack(t *testing.T) {
+	mu.Lock()
+	kept := len(closedMaps)
+	if spareClosed != nil {
+		kept--
+	}
+	mu.Unlock()
+	a, _ := openT(t, measuredRootRun)
+	b, pathB := openT(t, measuredRootRun)
+	for _, s := range []*Session{a, b} {
+		require.NoError(t, spanPairsC(s.Handle(), 2000))
+		require.NoError(t, s.Flush())
+	}
+	require.NoError(t, a.Finish())
+	require.NoError(t, b.Finish())
+	mu.Lock()
+	require.NotNil(t, spareClosed, "a finished session's table is kept")
+	require.Equal(t, kept+1, len(closedMaps), "one kept, the other given back")
+	mu.Unlock()
+	testutil.RequireValid(t, pathB)
+
+	c, pathC := openT(t, measuredRootRun)
+	require.NoError(t, spanPairsC(c.Handle(), 100))
+	id := begin(t, c, "late")
+	end(t, c, id)
+	require.NoError(t, c.Flush())
+	require.NoError(t, c.RecordScalar(id, "loss", 1), "the kept table holds the new session's spans")
+	requireCode(t, c.RecordScalar(1500, "loss", 1), InvalidHandle, "s1500") // closed in a and b, never in c
+	require.NoError(t, c.Finish())
+	testutil.RequireValid(t, pathC)
+}
