@@ -46,7 +46,7 @@ for tpy in $TORCH_PYS; do
     bindings/python/tests/test_torch.py bindings/python/tests/test_torch_trust.py \
     bindings/python/tests/test_torch_observer.py bindings/python/tests/test_torch_compile.py \
     bindings/python/tests/test_torch_watch.py bindings/python/tests/test_torch_triggers.py \
-    bindings/python/tests/test_torch_stats.py \
+    bindings/python/tests/test_torch_stats.py bindings/python/tests/test_torch_module_spans.py \
     bindings/python/tests/test_run.py \
     bindings/python/tests/test_distributed.py
 done

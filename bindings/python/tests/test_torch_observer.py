@@ -198,6 +198,34 @@ def test_observer_released_after_a_failed_capture(tmp_path, monkeypatch):
 
 
 @needs_observer
+def test_an_op_is_recorded_alone_whether_its_kind_calls_other_ops_or_not(tmp_path, monkeypatch):
+    """The observer leaves record functions on for an op whose kind has called no other op
+    so far (turning them off and on again costs torch more than such an op's callbacks)
+    and learns when it does: add_ of a tensor calls none, add_ of a Python number calls
+    some. Either way the op alone is recorded, in order."""
+    monkeypatch.setenv("CANDLE_TRACE_TORCH_OPS", "observer")
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.zeros(8)
+    path = tmp_path / "nests.jsonl"
+    with ctt.profile(model, opt, path, capture_step=1, name="mlp") as prof:
+        opt.zero_grad()
+        model(torch.randn(4, 16)).sum().backward()
+        with torch.no_grad():
+            for _ in range(3):
+                x.add_(x)
+                x.add_(1)
+        opt.step()
+        prof.step()
+    assert x.tolist() == [7.0] * 8  # ((0*2+1)*2+1)*2+1
+    ops = [(o["op_name"], o["shape"]) for o in read_trace(path) if o["kind"] == "op"]
+    first = ops.index(("aten::add_", [8]))
+    assert ops[first:first + 7] == [("aten::add_", [8])] * 6 + [ops[first + 6]]
+    assert ops[first + 6] != ("aten::add_", [8]) and prof.op_count == len(ops)
+    candle_graph(path, tmp_path)
+
+
+@needs_observer
 def test_ops_on_another_thread_go_to_that_threads_span(tmp_path, monkeypatch):
     """A thread with no span of its own records into the measured region; spans nest
     per thread."""

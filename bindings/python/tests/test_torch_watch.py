@@ -316,10 +316,11 @@ def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
     # What the capture and the recorder after it cost is on updates 21-23. A stall of
     # the machine elsewhere in 40 real updates (a page fault's I/O on a busy machine is
     # a block, which the slow rule rightly keeps) may fire the slow trigger: it is
-    # allowed there, with its trace, and nowhere near the capture.
+    # allowed there -- before the capture too (13.2 ms at update 11 of one run) -- with
+    # its trace, and nowhere near the capture.
     fired = [(f.update, f.trigger) for f in w.fired]
-    elsewhere = [(u, t) for u, t in fired[1:] if t == "slow" and not 21 <= u <= 23]
-    assert fired[:1] == [(20, "user")] and fired[1:] == elsewhere, [
+    elsewhere = [(u, t) for u, t in fired if t == "slow" and not 21 <= u <= 23]
+    assert sorted(fired) == sorted([(20, "user")] + elsewhere), [
         (f.update, f.trigger, f.detail) for f in w.fired]
     noise = {f"update-{u:06d}-slow.jsonl" for u, _ in elsewhere} | {
         f"update-{u + 1:06d}-after-slow.jsonl" for u, _ in elsewhere}

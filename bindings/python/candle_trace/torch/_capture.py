@@ -30,8 +30,8 @@ from . import _gradients, _observer, _ops
 from ._common import (compiled_inner, dtype_name, exception_reason, outside_dynamo, patch,
                       restore, warn_once)
 from ._device import Device
-from ._modules import ModuleSpans
-from ._spans import Spans
+from ._modules import ModuleSpans, module_spans
+from ._spans import Spans, spans_for
 from ._stats import StatsRecorder
 
 __all__ = ["Capture", "Config", "Layout"]
@@ -149,7 +149,9 @@ class Capture:
         self.session = Session(c.path, c.entrypoint, c.phase, c.capture_step, c.device,
                                tags=c.tags, contract=self._contract(), identity=c.identity,
                                run=run)
-        self.spans = Spans(self.session)
+        # The spans in C++ with the op observer's library (its module spans too).
+        native = self.ops.native if isinstance(self.ops, _ops.ObserverOps) else None
+        self.spans: Spans = spans_for(self.session, native)
         if c.stats:
             self.stats = StatsRecorder(self.session, self.ops_suspend)
         self.state = "open"
@@ -181,7 +183,7 @@ class Capture:
             if self.ops is not None:
                 self.ops.prepare(self.session)
             self.device.start(self.session)  # type: ignore[arg-type]
-            self._module_spans = ModuleSpans(self, self.modules, self._tops, self.cfg.name)
+            self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
             if self.cfg.phase == "train":
                 self._wrap_backward()

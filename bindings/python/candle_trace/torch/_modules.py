@@ -19,6 +19,12 @@ A backward span opens when the gradient of the module's output arrives and close
 the gradients of its inputs are computed (or, for a module whose inputs need none, when
 another module's backward starts outside it or the backward call returns) -- always on
 the thread that runs the hook.
+
+Two implementations, chosen with the capture's spans (:func:`module_spans`):
+:class:`NativeModuleSpans`, whose wrappers and hooks are C++ objects
+(``_module_spans.cpp``: no Python frame, no ctypes call per module), and
+:class:`PyModuleSpans`, the same in Python where the op observer's library cannot be
+built.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch.overrides import has_torch_function_unary
 
+from .. import _args
 from ._common import first_tensor, outside_dynamo, patch, restore, tensors
+from ._spans import NativeSpans
 
-__all__ = ["ModuleSpans"]
+__all__ = ["ModuleSpans", "PyModuleSpans", "NativeModuleSpans", "module_spans"]
 
 _KEYS = itertools.count(1)  # one key per ModuleSpans, never reused in the process
 
@@ -43,7 +51,7 @@ class ModuleSpans:
     ``spans``, ``stats`` (a StatsRecorder or None), ``ops_suspend``,
     ``on_top_forward(module)``, ``failing(exc)`` (the program raised) and ``abort(exc)``
     (an internal error fails the capture); every hook's work is tracer work, between
-    ``spans``' brackets."""
+    ``spans``' brackets. Subclasses make the wrappers (:meth:`_wrapper`)."""
 
     def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
                  tops: Sequence[torch.nn.Module], root: str) -> None:
@@ -57,8 +65,6 @@ class ModuleSpans:
         #: the key of this capture's hook in a tensor's ``_backward_hooks`` (a str: never
         #: one of register_hook's integer ids, nor another capture's)
         self._key = f"candle_trace-{next(_KEYS)}"
-        #: what every tensor hook of this capture calls, bound to the tensor's lists
-        self._run_hooks = _hook_runner(capture)
 
     def install(self) -> None:
         for m in self._names:
@@ -69,6 +75,24 @@ class ModuleSpans:
         for u in reversed(self._undo):
             u()
         self._undo.clear()
+
+    def _wrapper(self, module: torch.nn.Module) -> Callable:
+        raise NotImplementedError
+
+    def _record_output(self, name: str, sid: int, t: torch.Tensor) -> None:
+        """The statistics of a module's output, where the capture takes them."""
+        if t.is_floating_point():
+            self._cap.stats.record(sid, f"{name}/output", t)  # pauses op recording if it must
+
+
+class PyModuleSpans(ModuleSpans):
+    """The module spans in Python (with :class:`_spans.Spans`)."""
+
+    def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
+                 tops: Sequence[torch.nn.Module], root: str) -> None:
+        super().__init__(capture, modules, tops, root)
+        #: what every tensor hook of this capture calls, bound to the tensor's lists
+        self._run_hooks = _hook_runner(capture)
 
     # -- forward ------------------------------------------------------------------------
 
@@ -126,8 +150,8 @@ class ModuleSpans:
              hooks: Tuple[Callable, Callable]) -> None:
         cap = self._cap
         t = out if isinstance(out, torch.Tensor) else first_tensor(out)
-        if t is not None and cap.stats is not None and t.is_floating_point():
-            cap.stats.record(sid, f"{name}/output", t)  # pauses op recording if it must
+        if t is not None and cap.stats is not None:
+            self._record_output(name, sid, t)
         if t is not None and t.requires_grad and torch.is_grad_enabled():
             begin, end = hooks
             self._tensor_hook(t, begin, True)
@@ -238,3 +262,50 @@ def _hook_runner(cap: Any) -> Callable:
             te(hc)
 
     return outside_dynamo(run)
+
+
+class NativeModuleSpans(ModuleSpans):
+    """The module spans in C++ (with :class:`_spans.NativeSpans`): each module's forward
+    wrapper and its tensors' hooks are objects of ``_module_spans.cpp`` that do what
+    :class:`PyModuleSpans` does, calling back into Python only for what is rare (the
+    update's first forward, a failure, the output's statistics of a full capture)."""
+
+    def __init__(self, capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
+                 tops: Sequence[torch.nn.Module], root: str) -> None:
+        super().__init__(capture, modules, tops, root)
+        spans = capture.spans
+        # torch.compile must see the hooks as opaque (outside_dynamo), as the wrappers:
+        # one disabled caller per capture, bound to each tensor's hooks.
+        call = lambda hooks, grad: hooks(grad)  # noqa: E731
+        disabled = outside_dynamo(call)
+        wrap = None if disabled is call else functools.partial(functools.partial, disabled)
+        self._table = spans.native.module_table(capture, spans.frames, self._key,
+                                                self._record_output_at, wrap, root)
+        self._index: Dict[torch.nn.Module, int] = {}
+        self._span_names: List[str] = []  # by index
+        for m, (name, qual) in self._names.items():
+            self._index[m] = self._table.add(m, name, qual, _encoded(name),
+                                             _encoded(f"{name} [no_grad]"), m in self._tops)
+            self._span_names.append(name)
+
+    def _wrapper(self, module: torch.nn.Module) -> Callable:
+        return outside_dynamo(self._table.wrapper(self._index[module], module.forward))
+
+    def _record_output_at(self, index: int, sid: int, t: torch.Tensor) -> None:
+        self._record_output(self._span_names[index], sid, t)
+
+
+def _encoded(name: str) -> Any:
+    """A span name as the library takes it, or the binding's error for it (raised when
+    the span would open: the capture fails, the program goes on -- as in Python)."""
+    try:
+        return _args.text(name, "Spans.push", "name")
+    except Exception as e:  # noqa: BLE001 - the argument check's error, kept for later
+        return e
+
+
+def module_spans(capture: Any, modules: Sequence[Tuple[str, torch.nn.Module]],
+                 tops: Sequence[torch.nn.Module], root: str) -> ModuleSpans:
+    """The module spans of ``capture``, in C++ when its spans are (:class:`NativeSpans`)."""
+    cls = NativeModuleSpans if isinstance(capture.spans, NativeSpans) else PyModuleSpans
+    return cls(capture, modules, tops, root)

@@ -244,7 +244,30 @@ struct Thread {
     KindSlot kinds[kKindSlots];
 };
 
-thread_local Thread tl;
+// Each thread's Thread, on the heap. A thread_local with a constructor is reached, in a
+// dlopen'ed library, through a wrapper that checks its initialization and calls
+// __tls_get_addr at every access: ~11 calls per op callback (callgrind); a plain pointer
+// is one. Freed at the thread's exit (the key's destructor).
+thread_local Thread *tl_thread = nullptr;
+
+void free_thread(void *t) { delete static_cast<Thread *>(t); }
+
+Thread *new_thread() {
+    static pthread_key_t key = [] {
+        pthread_key_t k;
+        pthread_key_create(&k, free_thread);
+        return k;
+    }();
+    Thread *t = new Thread();
+    pthread_setspecific(key, t);
+    tl_thread = t;
+    return t;
+}
+
+inline Thread &this_thread() {
+    Thread *t = tl_thread;
+    return *(__builtin_expect(t != nullptr, 1) ? t : new_thread());
+}
 
 inline void release_ins(Thread &t) {
     for (const Impl *i : t.ins) c10::raw::weak_intrusive_ptr::decref(const_cast<Impl *>(i));
@@ -252,17 +275,18 @@ inline void release_ins(Thread &t) {
 }
 
 inline Thread &thread_state() {
+    Thread &t = this_thread();
     uint64_t e = g_epoch.load(std::memory_order_acquire);
-    if (tl.epoch != e) {
-        tl.epoch = e;
-        tl.span = 0;
-        tl.depth = 0;
-        tl.rec_depth = -1;
-        tl.opaque = tl.op_quiet = tl.learning = false;
-        release_ins(tl);
-        tl.pending.clear();
+    if (t.epoch != e) {
+        t.epoch = e;
+        t.span = 0;
+        t.depth = 0;
+        t.rec_depth = -1;
+        t.opaque = t.op_quiet = t.learning = false;
+        release_ins(t);
+        t.pending.clear();
     }
-    return tl;
+    return t;
 }
 
 // This thread's buffer for the current capture, registered on first use.
@@ -574,7 +598,7 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
 }
 
 void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
-    Thread &t = tl;
+    Thread &t = this_thread();
     if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
     int d = --t.depth;
     if (d != t.rec_depth) {
@@ -638,7 +662,7 @@ bool is_collective(const char *name) {
 }
 
 std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn) {
-    tl.after_user_scope = true;
+    this_thread().after_user_scope = true;
     if (!g_active.load(std::memory_order_relaxed)) return nullptr;
     const char *name = fn.name();
     if (!name || !is_collective(name)) return nullptr;
@@ -758,7 +782,7 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
     // Off while the thread is suspended: Python's stats allocate many small temporaries
     // that are not the model's, and torch's allocator pays for every reported block.
     bool memoryProfilingEnabled() const override {
-        return g_active.load(std::memory_order_relaxed) && tl.suspended == 0;
+        return g_active.load(std::memory_order_relaxed) && this_thread().suspended == 0;
     }
 
     torch::profiler::impl::ActiveProfilerType profilerType() override {

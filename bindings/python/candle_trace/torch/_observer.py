@@ -1,5 +1,6 @@
 """The C++ op observer (_observer.cpp): built on first use against the installed torch,
-loaded with ctypes, and driven by candle_trace.torch.profile.
+loaded with ctypes, and driven by candle_trace.torch.profile. The same library carries the
+module spans in C++ (_module_spans.cpp, :attr:`Observer.native`).
 
 The build goes through torch.utils.cpp_extension.load (ninja and a C++ compiler, torch's
 headers) into ``$CANDLE_TRACE_CACHE`` (default ``~/.cache/candle_trace``), one folder per
@@ -13,6 +14,8 @@ load the built library in milliseconds.
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import ctypes
 import hashlib
 import os
@@ -29,6 +32,11 @@ import torch
 from .. import _lib
 
 SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
+#: the library's sources: the observer, and the module spans in C++ (_native.h)
+SOURCES = (SOURCE,) + tuple(SOURCE.parent / f for f in (
+    "_native.cpp", "_span_stack.cpp", "_module_spans.cpp"))
+#: what the build folder's name digests: the sources and the header they share
+DIGESTED = SOURCES + (SOURCE.parent / "_native.h",)
 PROTOCOL = 3  # kProtocol of _observer.cpp
 MODES = ("auto", "observer", "dispatch")
 
@@ -57,8 +65,8 @@ def cache_root() -> Path:
 
 
 def build_dir() -> Tuple[str, Path]:
-    """(extension name, build folder) for this torch, Python and source."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    """(extension name, build folder) for this torch, Python and sources."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in DIGESTED)).hexdigest()[:12]
     tv = torch.__version__.replace("+", "_").replace("/", "_")
     cuda = getattr(torch.version, "cuda", None)
     flavour = f"cu{cuda.replace('.', '')}" if cuda else "cpu"
@@ -91,7 +99,7 @@ def build(verbose: bool = False) -> Path:
     sys.stderr.flush()
     started = time.monotonic()
     cpp_extension.load(
-        name=name, sources=[str(SOURCE)], build_directory=str(folder),
+        name=name, sources=[str(p) for p in SOURCES], build_directory=str(folder),
         # NDEBUG as in torch's own (release) build: at::RecordFunction has debug-only
         # members and assertions that must match the library's layout.
         extra_cflags=["-O2", "-DNDEBUG", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
@@ -141,6 +149,14 @@ class Observer:
                            addr(c.ct_record_data_edge), addr(c.ct_last_error))
         self.set_span = dll.ct_obs_set_span
         self.suspend = dll.ct_obs_suspend
+        native = dll.ct_obs_native
+        native.argtypes = [ctypes.c_void_p] * 4 + [ctypes.py_object] * 4
+        native.restype = ctypes.py_object
+        #: the module spans in C++ (_module_spans.cpp): span_stack(), module_table()
+        self.native = native(addr(c.ct_span_begin), addr(c.ct_span_end), addr(c.ct_tracer_begin),
+                             addr(c.ct_tracer_end), torch.Tensor,
+                             torch.overrides.has_torch_function_unary, collections.OrderedDict,
+                             collections.abc.Mapping)
         self.running = False
         #: ns torch spends per record function the observer sees, before and after
         #: its callbacks run (calibrate()); None until measured

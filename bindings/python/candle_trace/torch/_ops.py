@@ -67,6 +67,8 @@ class ObserverOps(OpSource):
         self._want_memory = want_memory
         self._named = named
         self._on = False
+        #: the module spans in C++ of the same library (_spans.NativeSpans)
+        self.native = obs.native
 
     def prepare(self, session: Session) -> None:
         self._obs.calibrate(session)
@@ -75,7 +77,7 @@ class ObserverOps(OpSource):
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
         memory = self._obs.begin(session.handle, measured, self._want_memory, self._named)
         self._on = True
-        spans.on_innermost = self._obs.set_span
+        spans.publish_to(self._obs)
         self._obs.set_span(measured)
         self._spans = spans
         if self._want_memory and not memory:
@@ -88,7 +90,7 @@ class ObserverOps(OpSource):
 
     def stop(self) -> None:
         if self._on:
-            self._spans.on_innermost = lambda sid: None
+            self._spans.publish_to(None)
             self._obs.stop()
 
     def discard(self) -> None:

@@ -9,18 +9,23 @@ Everything the capture does inside the program -- hooks' bookkeeping, statistics
 gradient norms, writing records -- runs between :meth:`Spans.pause` and
 :meth:`Spans.resume` (``ct_tracer_begin``/``ct_tracer_end``): the session clock stands
 still there, so no span counts it, and the trace states the total.
+
+Two implementations of the stacks: :class:`NativeSpans` keeps them in C++
+(``_module_spans.cpp``, the op observer's library), where the module spans' wrappers and
+hooks (``_modules.NativeModuleSpans``) push and pop without Python; :class:`Spans` keeps
+them in Python, where that library cannot be built. :func:`spans_for` chooses.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _args
 from ..session import Session, _raise
 
-__all__ = ["Spans"]
+__all__ = ["Spans", "NativeSpans", "spans_for"]
 
 
 # The wire enums of ct_span_kind and ct_step (include/candle_trace.h).
@@ -74,10 +79,19 @@ class Spans:
         st = self._tl.stack
         return st[-1][1] if st else 1
 
-    def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
+    def publish_to(self, observer: Any) -> None:
+        """From now on the op observer (an ``_observer.Observer``; None: no one) is told
+        each thread's innermost span, where its ops go."""
+        self.on_innermost = observer.set_span if observer is not None else (lambda sid: None)
+
+    def _name(self, name: str) -> bytes:
         b = self._names.get(name)
         if b is None:
             b = self._names[name] = _args.text(name, "Spans.push", "name")
+        return b
+
+    def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
+        b = self._name(name)
         out = ctypes.c_uint64()
         st = self._begin(self._hc, b, _KIND[kind], _STEP[step], ctypes.byref(out))
         if st:
@@ -125,3 +139,53 @@ class Spans:
             self.pop_top()
             if top == sid:
                 return
+
+
+class NativeSpans(Spans):
+    """The same stacks in C++ (the op observer's library: ``native``, an
+    ``Observer.native``), shared with the module spans' C++ wrappers and hooks; the op
+    observer is told the innermost span there without a call from Python."""
+
+    def __init__(self, session: Session, native: Any) -> None:
+        super().__init__(session)
+        del self._tl  # the stacks are the C++ object's
+        self.native = native
+        self.frames = native.span_stack(session._hc, ctypes.addressof(session._hc), _raise)
+
+    def reset(self) -> None:
+        self.frames.reset()
+
+    def publish_to(self, observer: Any) -> None:
+        # The observer is this very library (one per process): its ct_obs_set_span is
+        # called from C++.
+        self.frames.publish = observer is not None
+
+    @property
+    def stack(self) -> List[Tuple[str, int]]:
+        return self.frames.frames()
+
+    def current(self) -> int:
+        return self.frames.current()
+
+    def push(self, owner: str, name: str, kind: str, step: Optional[str]) -> int:
+        return self.frames.push(owner, self._name(name), _KIND[kind], _STEP[step])
+
+    def push_measured(self, name: str) -> int:
+        sid = self.session.begin_measurement(name)
+        self.frames.push_frame("update", sid)
+        return sid
+
+    def find(self, owner: str) -> Optional[int]:
+        return self.frames.find(owner)
+
+    def pop_top(self) -> None:
+        self.frames.pop_top()
+
+    def close_until(self, sid: int) -> None:
+        self.frames.close_until(sid)
+
+
+def spans_for(session: Session, native: Any) -> Spans:
+    """The spans of a capture: in C++ where the op observer's library is loaded
+    (``native``: its ``Observer.native``), else in Python."""
+    return NativeSpans(session, native) if native is not None else Spans(session)

@@ -1,0 +1,318 @@
+"""The module spans and span stacks in C++ (_module_spans.cpp: _spans.NativeSpans,
+_modules.NativeModuleSpans) against their Python versions (_spans.Spans,
+_modules.PyModuleSpans): the same traces from the same updates, the same answers and
+errors from the same calls on the stacks, and what the C++ objects refuse."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import warnings
+import weakref
+
+import pytest
+from conftest import REPO, judged, observer_expected, read_trace
+
+sys.path.insert(0, str(REPO / "examples" / "python"))
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import candle_trace.torch as ctt  # noqa: E402
+from candle_trace import CandleTraceError, CandleTraceValueError, Session, Status  # noqa: E402
+from candle_trace.torch import Triggers, _capture, _observer  # noqa: E402
+from candle_trace.torch._modules import NativeModuleSpans, PyModuleSpans  # noqa: E402
+from candle_trace.torch._spans import NativeSpans, Spans  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not observer_expected(), reason="no C++ compiler, ninja or torch headers here")
+
+IMPLEMENTATIONS = ["native", "python"]
+
+
+def native():
+    obs = _observer.get()
+    assert obs is not None, _observer.failure()
+    return obs.native
+
+
+@pytest.fixture
+def implementation(request, monkeypatch):
+    """Captures use the module spans of request.param ("native" is the default where the
+    observer is built; "python" is forced here, with the same op observer)."""
+    if request.param == "python":
+        monkeypatch.setattr(_capture, "spans_for", lambda session, native: Spans(session))
+    return request.param
+
+
+class Pair(nn.Module):
+    """Returns a tuple holding a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x), {"b": self.b(x)}
+
+
+class Mix(nn.Module):
+    """Takes a list of tensors."""
+
+    def forward(self, xs):
+        return torch.stack(xs).sum(0)
+
+
+class Odd(nn.Module):
+    """Module spans' harder cases: tuple and dict outputs, a list input, a module called
+    twice, a forward with gradients off inside the update, an input needing no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = Pair()
+        self.mix = Mix()
+        self.shared = nn.Linear(8, 8)
+        self.probe = nn.Linear(8, 2)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        a, d = self.pair(x)
+        y = self.mix([a, d["b"]])
+        y = self.shared(torch.relu(self.shared(y)))
+        with torch.no_grad():
+            self.probe(y)
+        return self.head(y)
+
+
+VOLATILE = {"timestamp", "timestamp_ns", "start_ns", "duration_ns", "tid", "run_id",
+            "storage_id", "tracer_ns", "tracer_estimated_ns"}
+
+
+def normalized(lines):
+    """A trace without what differs from run to run (times, thread and run ids, storage
+    addresses); the meta line reduced to its capture contract."""
+    out = []
+    for rec in lines:
+        if rec["kind"] == "meta":
+            out.append(("meta", rec["capture_contract"]))
+            continue
+        out.append({k: v for k, v in rec.items() if k not in VOLATILE})
+    return out
+
+
+def odd_update(model, opt):
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    opt.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+
+
+def gpt_update(w):
+    w.update(*w.batch())
+
+
+def profiled(path, workload):
+    """Update 2 of 3 captured in full (statistics of module outputs included)."""
+    torch.manual_seed(0)
+    if workload == "gpt":
+        import workloads
+        w = workloads.gpt(2, 8)
+        model, opt, update = w.model, w.optimizer, lambda: gpt_update(w)
+    else:
+        model = Odd()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        update = lambda: odd_update(model, opt)  # noqa: E731
+    torch.manual_seed(1)
+    with ctt.profile(model, opt, path, capture_step=2, name="m") as prof:
+        for _ in range(3):
+            update()
+            prof.step()
+    return prof
+
+
+@pytest.mark.parametrize("workload", ["gpt", "odd"])
+def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, monkeypatch, workload):
+    a = profiled(tmp_path / "native.jsonl", workload)
+    assert isinstance(a.capture.spans, NativeSpans)  # the default where the observer is built
+    monkeypatch.setattr(_capture, "spans_for", lambda session, native: Spans(session))
+    b = profiled(tmp_path / "python.jsonl", workload)
+    assert not isinstance(b.capture.spans, NativeSpans)
+    native_lines = judged(tmp_path / "native.jsonl", tmp_path)
+    python_lines = read_trace(tmp_path / "python.jsonl")
+    assert normalized(native_lines) == normalized(python_lines)
+    # ... and what both wrote is the module spans (not two equal empty traces)
+    spans = {(s["name"], s.get("step")) for s in native_lines
+             if s["kind"] == "span_start" and s["span_kind"] == "module"}
+    if workload == "odd":
+        assert spans == {(n, st) for n in ("m", "pair", "pair.a", "pair.b", "mix", "shared", "head")
+                         for st in ("forward", "backward")} | {("probe [no_grad]", None)}
+    else:
+        assert ("blocks.1.attn.qkv", "backward") in spans and ("head", "forward") in spans
+    assert any(s["kind"] == "tensor_stats" and s["label"] == "pair/output" for s in native_lines) \
+        or workload == "gpt"
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
+def test_the_flight_recorder_keeps_module_spans_of_the_update_a_trigger_keeps(tmp_path, implementation):
+    torch.manual_seed(0)
+    model = Odd()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctt.watch(model, opt, tmp_path, triggers=Triggers(slow=None), capture_next=False) as w:
+        for i in range(1, 5):
+            odd_update(model, opt)
+            if i == 3:
+                w.trigger("why")
+            w.step()
+        kind = type(w._cap._module_spans)
+    assert kind is (NativeModuleSpans if implementation == "native" else PyModuleSpans)
+    assert [f.update for f in w.fired] == [3]
+    lines = judged(w.traces[0], tmp_path)
+    spans = {s["id"]: s for s in lines if s["kind"] == "span_start"}
+    steps = {(s["name"], s.get("step")) for s in spans.values() if s["span_kind"] == "module"}
+    assert ("pair.a", "backward") in steps and ("probe [no_grad]", None) in steps
+    # the backward ops of a module land in its backward span
+    bwd = {(spans[o["span_id"]]["name"], o["op_name"]) for o in lines
+           if o["kind"] == "op" and spans[o["span_id"]].get("step") == "backward"}
+    assert ("head", "aten::mm") in bwd
+    assert all("forward" not in m.__dict__ for m in model.modules())  # wrappers removed
+
+
+class WithBadName(nn.Module):
+    """A submodule whose name holds a NUL (nn.Module.add_module lets it through)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Odd()
+        self.add_module("bad\0name", nn.Identity())
+
+    def forward(self, x):
+        return getattr(self, "bad\0name")(self.inner(x))
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
+def test_a_module_name_the_library_cannot_take_fails_the_capture_not_the_program(tmp_path, implementation):
+    torch.manual_seed(0)
+    model = WithBadName()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():  # (warned once per process: the other run may have)
+        warnings.simplefilter("ignore")
+        with ctt.profile(model, opt, tmp_path / "t.jsonl", capture_step=1, name="m") as prof:
+            odd_update(model, opt)
+            prof.step()
+    lines = read_trace(tmp_path / "t.jsonl")
+    assert lines[-1]["outcome"] == "failed"
+    assert "CandleTraceValueError: candle_trace: Spans.push: name contains a NUL character" in \
+        lines[-1]["reason"]
+
+
+def test_a_capture_and_its_wrappers_are_collected_after_a_watch(tmp_path):
+    """The wrappers, tables and hooks (C++ objects in reference cycles through the
+    modules) go with the capture."""
+    torch.manual_seed(0)
+    model = Odd()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctt.watch(model, opt, tmp_path, triggers=Triggers(slow=None)) as w:
+        for _ in range(3):
+            odd_update(model, opt)
+            w.step()
+        cap = weakref.ref(w._cap)
+        assert isinstance(w._cap._module_spans, NativeModuleSpans)
+        wrapper = model.head.forward  # (torch 2.x: behind torch.compiler.disable's wrapper)
+        assert type(getattr(wrapper, "__wrapped__", wrapper)).__name__ == "ModuleForward"
+        del wrapper
+    del w
+    gc.collect()
+    assert cap() is None
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+# -- the span stacks, call for call ----------------------------------------------------
+
+
+@pytest.fixture
+def stack_session(tmp_path):
+    s = Session(str(tmp_path / "spans.jsonl"), "test::spans", "train", 1, "cpu")
+    yield s
+    try:
+        s.finish_failed("test over")
+    except CandleTraceError:
+        pass
+
+
+def make_spans(kind, session):
+    return NativeSpans(session, native()) if kind == "native" else Spans(session)
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_the_span_stacks_answer_alike(stack_session, kind):
+    spans = make_spans(kind, stack_session)
+    assert spans.current() == 1 and spans.stack == []
+    m = spans.push_measured("update")
+    a = spans.push("f:a", "a", "module", "forward")
+    b = spans.push("b:a.b", "a.b", "module", "backward")
+    assert spans.stack == [("update", m), ("f:a", a), ("b:a.b", b)]
+    assert spans.current() == b
+    assert spans.find("f:a") == a and spans.find("nobody") is None
+    other = []
+    t = threading.Thread(target=lambda: other.append((spans.current(), spans.stack)))
+    t.start()
+    t.join()
+    assert other == [(1, [])]  # per thread
+    spans.close_until(12345)  # not open: nothing closes
+    assert len(spans.stack) == 3
+    spans.close_until(a)  # a and what is inside it
+    assert spans.stack == [("update", m)]
+    spans.pop_top()
+    assert spans.stack == []
+    with pytest.raises(IndexError):
+        spans.pop_top()
+    spans.push("optimizer", "step", "function", "optimizer")
+    spans.reset()
+    assert spans.stack == [] and spans.current() == 1
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_the_span_stacks_refuse_alike(stack_session, kind):
+    spans = make_spans(kind, stack_session)
+    spans.push_measured("update")
+    # the binding's check
+    with pytest.raises(CandleTraceValueError) as e:
+        spans.push("f:x", "a\0b", "module", "forward")
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
+    assert "candle_trace: Spans.push: name contains a NUL character ('a\\x00b')" in str(e.value)
+    # the library's: a name that is not UTF-8, a span closed behind the stack's back
+    with pytest.raises(CandleTraceError) as e:
+        spans.push("f:x", b"\xff\xfe", "module", "forward")
+    assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT and "UTF-8" in str(e.value)
+    inner = spans.push("f:y", "y", "module", "forward")
+    stack_session.end_span(inner)
+    with pytest.raises(CandleTraceError) as e:
+        spans.pop_top()
+    assert e.value.status != Status.CT_OK and str(e.value)
+    assert len(spans.stack) == 1  # the refused span left the stack all the same
+
+
+def test_the_native_objects_refuse_bad_arguments(stack_session):
+    nat = native()
+    hc = stack_session._hc
+    with pytest.raises(ValueError, match="address"):
+        nat.span_stack(hc, 0, lambda st: None)
+    with pytest.raises(ValueError, match="callable"):
+        nat.span_stack(hc, 8, "not callable")
+    stack = nat.span_stack(hc, __import__("ctypes").addressof(hc), lambda st: None)
+    with pytest.raises(TypeError):
+        nat.module_table(object(), "not a stack", "k", print, None, "m")
+    table = nat.module_table(object(), stack, "k", print, None, "m")
+    with pytest.raises(IndexError, match="no such module"):
+        table.wrapper(0, print)
+    with pytest.raises(TypeError, match="bytes or the exception"):
+        table.add(nn.Linear(1, 1), "m", "", "not bytes", b"m [no_grad]", True)
+    with pytest.raises(TypeError):
+        type(stack)()
+    with pytest.raises(TypeError):
+        stack.find(3)
+    # a status the raise callback does not raise on is still an error
+    with pytest.raises(RuntimeError, match="status"):
+        stack.push("f:x", b"\xff", 2, 1)
