@@ -186,6 +186,13 @@ PyObject *stack_frames(SpanStack *s, PyObject *) {
     return out;
 }
 
+// The session clock stops (pause) and goes on (resume): ct_tracer_begin/end, the status
+// returned as the ctypes calls they replace return it (a capture ending inside a
+// bracket resumes a session already finished: not the program's error).
+PyObject *stack_pause(SpanStack *s, PyObject *) { return PyLong_FromLong(p_tracer_begin(*s->handle)); }
+
+PyObject *stack_resume(SpanStack *s, PyObject *) { return PyLong_FromLong(p_tracer_end(*s->handle)); }
+
 PyObject *stack_reset(SpanStack *s, PyObject *) {
     s->st->threads.clear();
     s->st->last = 0;
@@ -236,6 +243,9 @@ PyMethodDef stack_methods[] = {
     {"current", (PyCFunction)stack_current, METH_NOARGS, "this thread's innermost span (1: none)"},
     {"frames", (PyCFunction)stack_frames, METH_NOARGS, "this thread's open spans, innermost last"},
     {"reset", (PyCFunction)stack_reset, METH_NOARGS, "forgets every thread's open spans"},
+    {"pause", (PyCFunction)stack_pause, METH_NOARGS,
+     "ct_tracer_begin on the session -> status: the tracer's work follows"},
+    {"resume", (PyCFunction)stack_resume, METH_NOARGS, "ct_tracer_end on the session -> status"},
     {nullptr, nullptr, 0, nullptr},
 };
 

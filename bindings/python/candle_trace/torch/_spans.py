@@ -151,6 +151,10 @@ class NativeSpans(Spans):
         del self._tl  # the stacks are the C++ object's
         self.native = native
         self.frames = native.span_stack(session._hc, ctypes.addressof(session._hc), _raise)
+        # The tracer's brackets as C methods of the stacks: a ctypes call costs thousands
+        # of instructions, and every hook of the update in Python (backward, the
+        # optimizer's step, the loss's statistics) opens one.
+        self.pause, self.resume = self.frames.pause, self.frames.resume  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.frames.reset()
