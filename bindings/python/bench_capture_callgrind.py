@@ -20,7 +20,8 @@ headers, and a C compiler):
 
 The library's tracer intervals are reached through the shim, which switches collection
 when the outermost interval opens and closes: an interval's own begin counts outside,
-its end inside (in time, each is split at its clock read). The leak (outside minus
+its end inside (in time, each is split at its clock read; until 2026-12-02 the shim
+counted the end outside as well, against this rule). The leak (outside minus
 untraced) is before the calibrated backdating (tracer_estimated_ns), which is time.
 ``--repo`` counts another checkout's binding and workloads (main's, for a before/after);
 ``--keep DIR`` keeps callgrind's profiles there (``callgrind_annotate --inclusive=yes
@@ -62,7 +63,7 @@ static void opened(void) { if (in_update && depth++ == 0 && mode) CALLGRIND_TOGG
 static void closing(void) { if (in_update && --depth == 0 && mode) CALLGRIND_TOGGLE_COLLECT; }
 int shim_begin(uint64_t h) { int r = real_b(h); opened(); return r; }
 int shim_begin_earlier(uint64_t h, uint64_t e) { int r = real_be(h, e); opened(); return r; }
-int shim_end(uint64_t h) { closing(); return real_e(h); }
+int shim_end(uint64_t h) { int r = real_e(h); closing(); return r; }
 void shim_update(int on) {
     if (on) {
         CALLGRIND_START_INSTRUMENTATION;
