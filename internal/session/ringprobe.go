@@ -33,3 +33,12 @@ func ownRingProbe() ringProbe {
 		resident: uint64(C.ct__ring_resident(r)),
 	}
 }
+
+// prefaultOwnRing runs the drainer's prefault of the calling thread's ring
+// as if its producer had written up to head (tests).
+func prefaultOwnRing(head uint64) { C.ct__ring_prefault(C.ct__own_ring(), C.uint64_t(head)) }
+
+// ownRingTail is the drainer's position in the calling thread's ring (tests).
+func ownRingTail() uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))
+}
