@@ -136,7 +136,7 @@ func drainRing(r *C.ct_ring) {
 		return
 	}
 	mask := uint64(r.cap) - 1
-	if head&mask >= uint64(r.soft) {
+	if head&mask > uint64(r.soft) {
 		C.ct__ring_prefault(r, C.uint64_t(head))
 	}
 	data := unsafe.Slice((*byte)(unsafe.Pointer(r.data)), uint64(r.cap))

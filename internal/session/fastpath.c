@@ -590,9 +590,10 @@ static inline int ring_caught_up(const ct_ring *r, uint64_t used) { return used 
 
 void ct__ring_prefault(ct_ring *r, uint64_t head) {
     uint64_t off = head & (r->cap - 1);
-    /* A burst: past the everyday size and a whole one of it behind (a small
-     * stretch faults in its own few pages). */
-    if (off < r->soft || head - r->tail < r->soft) return;
+    /* A burst: past the everyday size (at its very end, a producer wraps
+     * back; an aggregate session's always does) and a whole one of it behind
+     * (a small stretch faults in its own few pages). */
+    if (off <= r->soft || head - r->tail < r->soft) return;
     uint64_t from = page_up(off), to = from + CT_RING_AHEAD;
     if (to > r->cap) to = r->cap;
     if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);

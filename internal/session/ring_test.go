@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -223,4 +224,30 @@ func TestClosedTablesAreKeptForTheNextSessionOrGivenBack(t *testing.T) {
 	requireCode(t, c.RecordScalar(1500, "loss", 1), InvalidHandle, "s1500") // closed in a and b, never in c
 	require.NoError(t, c.Finish())
 	testutil.RequireValid(t, pathC)
+}
+
+// A ring whose producer stands at the end of its everyday size, a whole
+// lap of it behind the drainer, has not stretched: an aggregate session's
+// ring never does (it wraps back there), and the drainer faults in nothing
+// ahead of it. It did: 2 MiB of an aggregate ring became resident whenever
+// a drain found it so (test_aggregate's flat-memory check, ~1 run in 4).
+// Past the everyday size, the drainer faults pages in ahead.
+func TestDrainerFaultsInAheadOnlyOfAStretchedRing(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s, err := Open(filepath.Join(t.TempDir(), "summary.json"), []byte(aggregateRun))
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, s.Finish()) }()
+	end(t, s, begin(t, s, "make/the/ring"))
+	require.NoError(t, s.Flush()) // nothing unread: the pages past the everyday size hold nothing
+	r := ownRingProbe()
+	ahead := func() uint64 { return ownRingResidentIn(r.soft, r.soft+2<<20) }
+	ownRingDrop(r.soft, r.soft+2<<20) // an earlier test on this thread may have stretched it
+	require.Zero(t, ahead())
+	tail := ownRingTail()
+	lap := (tail/r.cap + 1) * r.cap // a head a whole everyday size ahead of tail
+	prefaultOwnRing(lap + r.soft)
+	assert.Zero(t, ahead(), "nothing faulted in at the everyday size's end")
+	prefaultOwnRing(lap + r.soft + 4096)
+	assert.Greater(t, ahead(), r.soft, "pages faulted in ahead of a stretched ring")
 }

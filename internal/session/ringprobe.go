@@ -1,7 +1,31 @@
 package session
 
 /*
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include "fastpath.h"
+
+// Bytes of [from, to) of the calling thread's ring in memory (tests).
+static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
+    const ct_ring *r = ct__own_ring();
+    if (!r || to > r->cap || from >= to) return 0;
+    size_t pages = (to - from) / 4096;
+    unsigned char *vec = malloc(pages);
+    if (!vec) return 0;
+    uint64_t n = 0;
+    if (mincore(r->data + from, to - from, vec) == 0)
+        for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+    free(vec);
+    return n * 4096;
+}
+
+// Gives [from, to) of the calling thread's ring back to the kernel (tests;
+// only where no record is unread).
+static void own_ring_drop(uint64_t from, uint64_t to) {
+    const ct_ring *r = ct__own_ring();
+    if (r && to <= r->cap && from < to) madvise(r->data + from, to - from, MADV_DONTNEED);
+}
 */
 import "C"
 
@@ -32,4 +56,20 @@ func ownRingProbe() ringProbe {
 		waits:    atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.waits))),
 		resident: uint64(C.ct__ring_resident(r)),
 	}
+}
+
+// prefaultOwnRing runs the drainer's prefault of the calling thread's ring
+// as if its producer had written up to head (tests).
+func prefaultOwnRing(head uint64) { C.ct__ring_prefault(C.ct__own_ring(), C.uint64_t(head)) }
+
+// ownRingResidentIn is how many bytes of [from, to) of the calling thread's
+// ring are in memory; ownRingDrop gives them back (page-aligned bounds).
+func ownRingResidentIn(from, to uint64) uint64 {
+	return uint64(C.own_ring_resident_in(C.uint64_t(from), C.uint64_t(to)))
+}
+func ownRingDrop(from, to uint64) { C.own_ring_drop(C.uint64_t(from), C.uint64_t(to)) }
+
+// ownRingTail is the drainer's position in the calling thread's ring (tests).
+func ownRingTail() uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))
 }

@@ -297,8 +297,7 @@ func (s *Session) writeLocked() error {
 		return s.poison
 	}
 	if err := s.writeOut(); err != nil {
-		s.poison = err
-		setPoison(s.slot, err.Error())
+		s.poisonLocked(err)
 		return err
 	}
 	return nil

@@ -10,14 +10,14 @@ package session
 // state; the C slot publishes it to the span fast path, which reads the state
 // word and the poison's text without a lock and writes neither (fastpath.c
 // check_slot). The poison's Go error is the whole message (the slot's copy
-// is cut to CT_POISON_CAP bytes); writeLocked sets both, and nothing else
-// poisons.
+// is cut to CT_POISON_CAP bytes); poisonLocked sets both, called by
+// writeLocked alone: nothing but a failed write poisons.
 //
 // Who writes what of a session, then (the C slot, fastpath.h ct_slot, and
 // the Go Session):
 //
 //	handle, generation     C's slot_alloc/release, called by registry.go and releaseLocked only
-//	state, poison text     Go, here (and writeLocked); C reads them
+//	state, poison text     Go, here; C reads them
 //	measured               C (ct_measurement_begin's CAS); Go once at open for measured_root
 //	next_span              one counter: C's per-thread id blocks, Go's nextSpanID (atomic adds)
 //	agg, agg_on            Go (at open, SetAggregateEnabled); C reads them
@@ -45,6 +45,12 @@ func (s *Session) endableLocked(fn string) error {
 		return errorf(InvalidHandle, "%s: session %d is unknown or already finished", fn, s.handle)
 	}
 	return nil
+}
+
+// poisonLocked poisons the session for good with write error err.
+func (s *Session) poisonLocked(err error) {
+	s.poison = err
+	setPoison(s.slot, err.Error())
 }
 
 func (s *Session) poisonedErr(fn string) error {
