@@ -34,6 +34,7 @@ the first; ``CANDLE_TRACE_CALLGRIND_JOBS=N`` runs N valgrinds at a time.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import re
@@ -121,7 +122,17 @@ def _child(name: str, mode: str, shim_path: str) -> None:
     w = workloads.WORKLOADS[name]()
     for _ in range(5):
         w.update(*w.batch())
-    update = shim.shim_update
+    shim_update = shim.shim_update
+
+    def update(on: int) -> None:
+        # Python's collector empties its youngest generation first, in every mode: else
+        # whether a collection (~0.2M instructions) falls inside the one counted update
+        # depends on how many objects happened to be allocated before it (under
+        # torch.profiler it runs before the profiler starts, below).
+        if on and mode != "tp":
+            gc.collect()
+        shim_update(on)
+
     if mode == "untraced":
         w.update(*w.batch())
         x, y = w.batch()
@@ -135,6 +146,7 @@ def _child(name: str, mode: str, shim_path: str) -> None:
             x, y = w.batch()
             tp = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                          profile_memory=True)
+            gc.collect()  # not while it records: it would record the frees
             tp.__enter__()
             if i:
                 update(1)

@@ -52,12 +52,14 @@ struct TensorStats {
 };
 
 using span_begin_fn = int (*)(uint64_t, const char *, int, int, uint64_t *);
+using measurement_begin_fn = int (*)(uint64_t, const char *, uint64_t *);
 using span_end_fn = int (*)(uint64_t, uint64_t);
 using tracer_fn = int (*)(uint64_t);
 using reduce_f32_fn = int (*)(const float *, const int64_t *, size_t, TensorStats *);
 using record_stats_fn = int (*)(uint64_t, uint64_t, const TensorStats *);
 
 extern span_begin_fn p_span_begin;
+extern measurement_begin_fn p_measurement_begin;  // ct_measurement_begin
 extern span_end_fn p_span_end;
 extern tracer_fn p_tracer_begin;
 extern tracer_fn p_tracer_end;
@@ -118,6 +120,9 @@ int intern_owner(SpanStack *s, const std::string &tag);
 // Each returns 0, or -1 with a Python error set.
 int push(SpanStack *s, int owner, const char *name, int kind, int step, uint64_t *sid);
 void push_frame(SpanStack *s, int owner, uint64_t sid);
+// Opens the session's measured region (ct_measurement_begin) as this thread's innermost
+// span, owned by `owner`.
+int push_measured(SpanStack *s, int owner, const char *name, uint64_t *sid);
 int pop_top(SpanStack *s);
 int close_until(SpanStack *s, uint64_t sid);
 // The calling thread's innermost open span of `owner`, 0 when none.

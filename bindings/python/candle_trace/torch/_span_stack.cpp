@@ -78,6 +78,15 @@ void push_frame(SpanStack *s, int owner, uint64_t sid) {
     notify(s, sid);
 }
 
+int push_measured(SpanStack *s, int owner, const char *name, uint64_t *sid) {
+    uint64_t out = 0;
+    int st = p_measurement_begin(*s->handle, name, &out);
+    if (st) return lib_error(s, st);
+    push_frame(s, owner, out);
+    *sid = out;
+    return 0;
+}
+
 // Closes the calling thread's innermost span.
 int pop_top(SpanStack *s) {
     std::vector<Frame> &f = frames_of(s);
@@ -139,6 +148,17 @@ PyObject *stack_push_frame(SpanStack *s, PyObject *args) {
     if (o < 0) return nullptr;
     push_frame(s, o, sid);
     Py_RETURN_NONE;
+}
+
+PyObject *stack_push_measured(SpanStack *s, PyObject *args) {
+    PyObject *owner;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Uy", &owner, &name)) return nullptr;
+    int o = owner_arg(s, owner);
+    if (o < 0) return nullptr;
+    uint64_t sid = 0;
+    if (push_measured(s, o, name, &sid) < 0) return nullptr;
+    return PyLong_FromUnsignedLongLong(sid);
 }
 
 PyObject *stack_pop_top(SpanStack *s, PyObject *) {
@@ -236,6 +256,9 @@ PyMethodDef stack_methods[] = {
      "push(owner, name: bytes, kind, step) -> span id: opens a span on this thread"},
     {"push_frame", (PyCFunction)stack_push_frame, METH_VARARGS,
      "push_frame(owner, sid): a span opened elsewhere (the measured region) as this thread's innermost"},
+    {"push_measured", (PyCFunction)stack_push_measured, METH_VARARGS,
+     "push_measured(owner, name: bytes) -> span id: opens the session's measured region "
+     "(ct_measurement_begin) on this thread"},
     {"pop_top", (PyCFunction)stack_pop_top, METH_NOARGS, "closes this thread's innermost span"},
     {"close_until", (PyCFunction)stack_close_until, METH_O,
      "closes this thread's spans down to and including sid, if it is open"},

@@ -59,6 +59,10 @@ def tensor_stats(t: torch.Tensor) -> Tuple[int, float, float, float]:
     return int(non_finite), rms, absmax, mean
 
 
+#: labels and dtypes encoded (and checked) once per process: a capture's recorder is new,
+#: its labels are not
+_TEXT: Dict[str, bytes] = {}
+
 #: rank -> the ctypes array type of a shape, kept for the process: ``c_int64 * n`` makes
 #: a new type (~67k instructions) whenever the last one was collected -- in every capture
 #: (its arrays die when it is written), inside the update.
@@ -101,7 +105,7 @@ class StatsRecorder:
         self._record = raw.ct_record_tensor_stats
         self._suspend = suspend or (lambda on: None)
         self._size = ctypes.sizeof(_TensorStats)
-        self._text: Dict[str, bytes] = {}  # labels and dtypes, encoded once
+        self._text = _TEXT
         #: (span, the struct, its shape array), in record order
         self._pending: List[Tuple[int, _TensorStats, Any]] = []
         # What a first call makes (the shape array types of the usual ranks, ctypes'
