@@ -2,7 +2,7 @@
 figures do not move with the machine's load, unlike bench_capture.py's times).
 
     PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_capture_callgrind.py \
-        [--repo CHECKOUT] [WORKLOAD...]
+        [--repo CHECKOUT] [--keep DIR] [WORKLOAD...]
 
 For each workload of examples/python/workloads.py (default: mlp gpt-b1), one update is
 counted four ways, each in its own valgrind process, instructions collected only while
@@ -20,14 +20,21 @@ headers, and a C compiler):
 
 The library's tracer intervals are reached through the shim, which switches collection
 when the outermost interval opens and closes: an interval's own begin counts outside,
-its end inside (in time, each is split at its clock read). The leak (outside minus
+its end inside (in time, each is split at its clock read; until 2026-12-02 the shim
+counted the end outside as well, against this rule). The leak (outside minus
 untraced) is before the calibrated backdating (tracer_estimated_ns), which is time.
-``--repo`` counts another checkout's binding and workloads (main's, for a before/after).
+``--repo`` counts another checkout's binding and workloads (main's, for a before/after);
+``--keep DIR`` keeps callgrind's profiles there (``callgrind_annotate --inclusive=yes
+DIR/cg.mlp.inside`` says which functions the instructions are in); ``--warm`` counts the
+process's second capture (what the observer learns once per process -- which op kinds
+to quiet -- already known, as in bench_capture.py's rounds but the first), without it
+the first; ``CANDLE_TRACE_CALLGRIND_JOBS=N`` runs N valgrinds at a time.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import re
@@ -38,6 +45,11 @@ from pathlib import Path
 
 REPO = Path(os.environ.get("CANDLE_TRACE_BENCH_REPO") or Path(__file__).resolve().parents[2])
 MODES = ("untraced", "tp", "outside", "inside")
+KEEP = ""  # --keep: the folder callgrind's profiles are kept in
+JOBS = int(os.environ.get("CANDLE_TRACE_CALLGRIND_JOBS", "1"))  # valgrinds at a time
+#: --warm: the counted capture is the process's second (bench_capture.py's rounds after the
+#: first): what the observer learns once per process (which op kinds to quiet) is known
+WARM = os.environ.get("CANDLE_TRACE_CALLGRIND_WARM") == "1"
 
 SHIM = r"""
 #include <stdint.h>
@@ -52,7 +64,7 @@ static void opened(void) { if (in_update && depth++ == 0 && mode) CALLGRIND_TOGG
 static void closing(void) { if (in_update && --depth == 0 && mode) CALLGRIND_TOGGLE_COLLECT; }
 int shim_begin(uint64_t h) { int r = real_b(h); opened(); return r; }
 int shim_begin_earlier(uint64_t h, uint64_t e) { int r = real_be(h, e); opened(); return r; }
-int shim_end(uint64_t h) { closing(); return real_e(h); }
+int shim_end(uint64_t h) { int r = real_e(h); closing(); return r; }
 void shim_update(int on) {
     if (on) {
         CALLGRIND_START_INSTRUMENTATION;
@@ -97,10 +109,30 @@ def _child(name: str, mode: str, shim_path: str) -> None:
                                 addr(shim.shim_end), addr(c.ct_record_op),
                                 addr(c.ct_record_memory), addr(c.ct_record_data_edge),
                                 addr(c.ct_last_error))
+        # the brackets of the module spans in C++ (where the build has them)
+        if hasattr(obs, "native_over"):
+            obs.native = obs.native_over(addr(shim.shim_begin), addr(shim.shim_end))
+        elif hasattr(obs, "native"):  # a checkout before native_over (--repo)
+            import collections
+            import collections.abc
+            obs.native = obs._dll.ct_obs_native(
+                addr(c.ct_span_begin), addr(c.ct_span_end), addr(shim.shim_begin),
+                addr(shim.shim_end), torch.Tensor, torch.overrides.has_torch_function_unary,
+                collections.OrderedDict, collections.abc.Mapping)
     w = workloads.WORKLOADS[name]()
     for _ in range(5):
         w.update(*w.batch())
-    update = shim.shim_update
+    shim_update = shim.shim_update
+
+    def update(on: int) -> None:
+        # Python's collector empties its youngest generation first, in every mode: else
+        # whether a collection (~0.2M instructions) falls inside the one counted update
+        # depends on how many objects happened to be allocated before it (under
+        # torch.profiler it runs before the profiler starts, below).
+        if on and mode != "tp":
+            gc.collect()
+        shim_update(on)
+
     if mode == "untraced":
         w.update(*w.batch())
         x, y = w.batch()
@@ -114,6 +146,7 @@ def _child(name: str, mode: str, shim_path: str) -> None:
             x, y = w.batch()
             tp = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                          profile_memory=True)
+            gc.collect()  # not while it records: it would record the frees
             tp.__enter__()
             if i:
                 update(1)
@@ -123,22 +156,23 @@ def _child(name: str, mode: str, shim_path: str) -> None:
             tp.__exit__(None, None, None)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            prof = ctt.profile(w.model, w.optimizer, os.path.join(tmp, "t.jsonl"),
-                               capture_step=3)
-            prof.start()
-            for i in range(1, 5):
-                x, y = w.batch()
-                if i == 3:
-                    update(1)
-                w.update(x, y)
-                if i == 3:
-                    update(0)
-                prof.step()
-            prof.stop()
+            for counted in ([False, True] if WARM else [True]):
+                prof = ctt.profile(w.model, w.optimizer, os.path.join(tmp, f"t{counted}.jsonl"),
+                                   capture_step=3)
+                prof.start()
+                for i in range(1, 5):
+                    x, y = w.batch()
+                    if i == 3 and counted:
+                        update(1)
+                    w.update(x, y)
+                    if i == 3 and counted:
+                        update(0)
+                    prof.step()
+                prof.stop()
 
 
 def _count(name: str, mode: str, shim: str, tmp: str) -> int:
-    out = os.path.join(tmp, f"cg.{name}.{mode}")
+    out = os.path.join(KEEP or tmp, f"cg.{name}.{mode}")
     env = dict(os.environ, PYTHONHASHSEED="0", GODEBUG="asyncpreemptoff=1",
                CANDLE_TRACE_BENCH_REPO=str(REPO))
     r = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
@@ -159,8 +193,12 @@ def run(names) -> dict:
         Path(src).write_text(SHIM)
         subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", shim, src],
                        check=True)
-        for name in names:
-            res[name] = {m: _count(name, m, shim, tmp) for m in MODES}
+        # one valgrind per mode and workload, JOBS at a time (counts do not depend on load)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=JOBS) as pool:
+            futs = {(n, m): pool.submit(_count, n, m, shim, tmp) for n in names for m in MODES}
+            for name in names:
+                res[name] = {m: futs[(name, m)].result() for m in MODES}
     return res
 
 
@@ -183,10 +221,18 @@ def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         _child(*sys.argv[2:5])
         return 0
-    global REPO
+    global REPO, KEEP
     args = sys.argv[1:]
-    if args[:1] == ["--repo"]:
-        REPO = Path(args[1]).resolve()
+    while args[:1] in (["--repo"], ["--keep"], ["--warm"]):
+        if args[0] == "--warm":
+            os.environ["CANDLE_TRACE_CALLGRIND_WARM"] = "1"  # the children's
+            args = args[1:]
+            continue
+        if args[0] == "--repo":
+            REPO = Path(args[1]).resolve()
+        else:
+            KEEP = str(Path(args[1]).resolve())
+            os.makedirs(KEEP, exist_ok=True)
         args = args[2:]
     names = args or ["mlp", "gpt-b1"]
     res = run(names)

@@ -303,12 +303,21 @@ def test_the_native_objects_refuse_bad_arguments(stack_session):
         nat.span_stack(hc, 8, "not callable")
     stack = nat.span_stack(hc, __import__("ctypes").addressof(hc), lambda st: None)
     with pytest.raises(TypeError):
-        nat.module_table(object(), "not a stack", "k", print, None, "m")
-    table = nat.module_table(object(), stack, "k", print, None, "m")
+        nat.module_table(object(), "not a stack", "k", print, None, "m", None)
+    with pytest.raises(TypeError, match="StatsBuffer or None"):
+        nat.module_table(object(), stack, "k", print, None, "m", "not a buffer")
+    table = nat.module_table(object(), stack, "k", print, None, "m", nat.stats_buffer())
     with pytest.raises(IndexError, match="no such module"):
         table.wrapper(0, print)
     with pytest.raises(TypeError, match="bytes or the exception"):
-        table.add(nn.Linear(1, 1), "m", "", "not bytes", b"m [no_grad]", True)
+        table.add(nn.Linear(1, 1), "m", "", "not bytes", b"m [no_grad]", b"m/output", True)
+    with pytest.raises(TypeError):
+        type(nat.stats_buffer())()
+    with pytest.raises(ValueError, match="filled ct_tensor_stats"):
+        nat.stats_buffer().add(1, 0)
+    # the clock's brackets answer the library's status, as the ctypes calls they replace
+    assert (stack.pause(), stack.resume()) == (0, 0)
+    assert stack.resume() != 0  # no interval open: refused, not raised
     with pytest.raises(TypeError):
         type(stack)()
     with pytest.raises(TypeError):

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import read_trace
+from conftest import observer_expected, read_trace
 
 torch = pytest.importorskip("torch")
 
@@ -61,10 +61,22 @@ def session(tmp_path):
         pass
 
 
-def _recorded(session, tmp_path, tensors):
-    """Records each tensor through a StatsRecorder, flushes, and returns the trace's
-    tensor_stats records in order."""
-    rec = StatsRecorder(session)
+def _native():
+    """The op observer's library's module (its StatsBuffer), built here."""
+    from candle_trace.torch import _observer
+    obs = _observer.get()
+    assert obs is not None, _observer.failure()
+    return obs.native
+
+
+needs_native = pytest.mark.skipif(not observer_expected(),
+                                  reason="no C++ compiler, ninja or torch headers here")
+
+
+def _recorded(session, tmp_path, tensors, native=None):
+    """Records each tensor through a StatsRecorder (its statistics kept in C++ with
+    ``native``), flushes, and returns the trace's tensor_stats records in order."""
+    rec = StatsRecorder(session, native=native)
     with session.measure("m") as m:
         for label, t in tensors:
             rec.record(m.id, label, t)
@@ -192,3 +204,73 @@ def test_a_module_span_name_holding_a_nul_is_refused_with_the_same_check(session
         spans.push("model", "a\0b", "module", "forward")
     assert e.value.status == Status.CT_ERR_INVALID_ARGUMENT
     assert "candle_trace: Spans.push: name contains a NUL character ('a\\x00b')" in str(e.value)
+
+
+def _cases_of_every_path():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    base[1, 1] = float("nan")
+    return [
+        ("plain", torch.tensor([1.0, -2.0, 3.0, -4.0])),
+        ("matrix", torch.from_numpy(_cases()["non-finite in some blocks"]).reshape(50, 100)),
+        ("empty", torch.zeros(0, 3)),
+        ("transposed", base.t()),
+        ("float64", base.double() * 1e150),
+        ("int64", torch.tensor([3, -7, 2])),
+        ("scalar", torch.tensor(2.5)),
+        ("parameter", torch.nn.Parameter(base.clone())),  # a subclass: Python's path
+    ]
+
+
+@needs_native
+def test_statistics_kept_in_cpp_are_the_python_paths_records_in_the_same_order(tmp_path):
+    """StatsRecorder with the observer's StatsBuffer (float32 reduced in C++, the rest
+    by Python and copied in) writes exactly the records of the Python-only recorder."""
+    cases = _cases_of_every_path()
+    out = {}
+    for which, native in (("python", None), ("cpp", _native())):
+        folder = tmp_path / which
+        folder.mkdir()
+        s = Session(str(folder / "stats.jsonl"), "test::stats", "infer", 1, "cpu")
+        out[which] = _recorded(s, folder, cases, native=native)
+    py, cpp = out["python"], out["cpp"]
+    strip = ("span_id", "ts_ns")
+    assert [g["label"] for g in cpp] == [k for k, _ in cases]
+    assert [{k: v for k, v in g.items() if k not in strip} for g in cpp] == \
+        [{k: v for k, v in g.items() if k not in strip} for g in py]
+
+
+@needs_native
+def test_the_buffer_reduces_only_what_the_librarys_float32_pass_takes(session):
+    buf = _native().stats_buffer()
+    taken = {name: buf.reduce(1, name.encode(), t) for name, t in _cases_of_every_path()}
+    assert taken == {"plain": True, "matrix": True, "scalar": True, "empty": False,
+                     "transposed": False, "float64": False, "int64": False, "parameter": False}
+    assert buf.count() == 3
+    buf.drop()
+    assert buf.count() == 0
+    with pytest.raises(TypeError):
+        buf.reduce(1, "a str label", torch.ones(2))
+
+
+@needs_native
+def test_a_refused_record_kept_in_cpp_raises_the_librarys_message(session):
+    rec = StatsRecorder(session, native=_native())
+    rec.record(999, "orphan", torch.ones(2))
+    assert rec.buffer.count() == 1
+    with pytest.raises(CandleTraceError, match="span"):
+        rec.flush()
+    assert rec.buffer.count() == 0  # dropped with the refusal, as Python's path does
+
+
+@needs_native
+def test_drop_forgets_what_cpp_kept(session, tmp_path):
+    rec = StatsRecorder(session, native=_native())
+    with session.measure("m") as m:
+        rec.record(m.id, "kept", torch.ones(3))
+        rec.record(m.id, "kept too", torch.ones(3, dtype=torch.float64))
+        rec.drop()
+        rec.record(m.id, "written", torch.full((2,), -2.0))
+        rec.flush()
+    session.finish()
+    got = [r for r in read_trace(tmp_path / "stats.jsonl") if r["kind"] == "tensor_stats"]
+    assert [(g["label"], g["mean"]) for g in got] == [("written", -2.0)]

@@ -152,8 +152,8 @@ class Capture:
         # The spans in C++ with the op observer's library (its module spans too).
         native = self.ops.native if isinstance(self.ops, _ops.ObserverOps) else None
         self.spans: Spans = spans_for(self.session, native)
-        if c.stats:
-            self.stats = StatsRecorder(self.session, self.ops_suspend)
+        if c.stats:  # kept in C++ with the op observer's library (its module spans reduce there)
+            self.stats = StatsRecorder(self.session, self.ops_suspend, native)
         self.state = "open"
 
     def _contract(self) -> dict:

@@ -21,6 +21,7 @@ class Device:
         #: the device collectors asked for; ``collecting`` says which started
         self.collect: List[str] = list(collect)
         self.collecting: List[str] = []
+        self._cuda_named = device.startswith("cuda")  # sample() runs inside the update
 
     @property
     def cuda(self) -> bool:
@@ -63,7 +64,7 @@ class Device:
 
     def sample(self, session: Session) -> None:
         """One device_memory sample of torch's caching allocator (CUDA only)."""
-        if not self.cuda:
+        if not (self._cuda_named and self.cuda):
             return
         dev = torch.device(self.device)
         session.record_device_memory(self.device, used_bytes=torch.cuda.memory_allocated(dev),

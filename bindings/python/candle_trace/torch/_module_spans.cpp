@@ -63,6 +63,7 @@ struct ModInfo {
     PyObject *module;   // strong: the wrapper is the module's instance attribute anyway
     PyObject *name;     // bytes (the span's name), or null when it could not be encoded
     PyObject *no_grad;  // bytes: "<name> [no_grad]", or null likewise
+    PyObject *out_label;  // bytes: "<name>/output", the output's statistics; null: Python's
     PyObject *name_error;  // why not (the binding's argument error), raised at push
     std::string qual;   // the qualified name ("" for the model)
     int owner_forward, owner_backward;
@@ -76,6 +77,7 @@ struct ModuleTable {
     PyObject *key;            // this capture's key in a tensor's _backward_hooks
     PyObject *record_output;  // record_output(index, sid, tensor): the output's statistics
     PyObject *hook_wrap;      // hook_wrap(hooks) -> what goes into the dict, or null
+    PyObject *stats;          // the capture's StatsBuffer (_stats_buffer.cpp), or null
     std::string *root;        // the model's span name
     std::vector<ModInfo> *mods;
 };
@@ -392,21 +394,36 @@ int push_module(ModuleTable *t, const ModInfo &m, bool grad, uint64_t *sid) {
                 grad ? kStepForward : kStepNone, sid);
 }
 
-// After the module's forward returned: its output's statistics (Python's, when the
-// capture takes them), the hooks of its backward span, and its span closes.
+// Python's record_output(index, sid, tensor): the output's statistics by Python's path.
+int record_output_py(ModuleTable *t, int index, uint64_t sid, PyObject *tensor) {
+    PyObject *r = PyObject_CallFunction(t->record_output, "iKO", index,
+                                        static_cast<unsigned long long>(sid), tensor);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+// The output's statistics, where the capture takes them: the library's float32 pass from
+// here (stats_reduce), anything else by Python's path.
+int output_stats(ModuleTable *t, int index, uint64_t sid, PyObject *tensor) {
+    if (t->stats) {
+        PyObject *label = (*t->mods)[index].out_label;
+        int done = label ? stats_reduce(t->stats, sid, label, tensor) : 0;
+        return done != 0 ? (done < 0 ? -1 : 0) : record_output_py(t, index, sid, tensor);
+    }
+    PyObject *stats = PyObject_GetAttr(t->cap, s_stats);
+    if (!stats) return -1;
+    int rc = stats != Py_None ? record_output_py(t, index, sid, tensor) : 0;
+    Py_DECREF(stats);
+    return rc;
+}
+
+// After the module's forward returned: its output's statistics, the hooks of its backward
+// span, and its span closes.
 int forward_end(ModuleTable *t, int index, uint64_t sid, PyObject *args, PyObject *out) {
     PyObject *tensor = first_tensor(out);
     if (!tensor && PyErr_Occurred()) return -1;
     if (tensor) {
-        PyObject *stats = PyObject_GetAttr(t->cap, s_stats);
-        int rc = stats ? 0 : -1;
-        if (stats && stats != Py_None) {
-            PyObject *r = PyObject_CallFunction(t->record_output, "iKO", index,
-                                                static_cast<unsigned long long>(sid), tensor);
-            if (!r) rc = -1;
-            Py_XDECREF(r);
-        }
-        Py_XDECREF(stats);
+        int rc = output_stats(t, index, sid, tensor);
         int rg = rc == 0 ? requires_grad(tensor) : -1;
         if (rg > 0 && c10::GradMode::is_enabled()) {
             rc = tensor_hook(t, tensor, index, true);
@@ -545,11 +562,13 @@ PyObject *hooks_call(TensorHooks *self, PyObject *, PyObject *) {
 
 // ---- ModuleTable: the Python methods (_modules.NativeModuleSpans) ---------------------
 
-// add(module, name, qual, name_bytes_or_error, no_grad_bytes_or_error, top) -> index
+// add(module, name, qual, name_bytes_or_error, no_grad_bytes_or_error,
+//     output_label_bytes_or_error, top) -> index
 PyObject *table_add(ModuleTable *t, PyObject *args) {
-    PyObject *module, *name, *qual, *name_b, *no_grad_b;
+    PyObject *module, *name, *qual, *name_b, *no_grad_b, *out_label_b;
     int top;
-    if (!PyArg_ParseTuple(args, "OUUOOp", &module, &name, &qual, &name_b, &no_grad_b, &top))
+    if (!PyArg_ParseTuple(args, "OUUOOOp", &module, &name, &qual, &name_b, &no_grad_b,
+                          &out_label_b, &top))
         return nullptr;
     const char *n = PyUnicode_AsUTF8(name);
     const char *q = n ? PyUnicode_AsUTF8(qual) : nullptr;
@@ -558,6 +577,7 @@ PyObject *table_add(ModuleTable *t, PyObject *args) {
     m.module = module;
     m.name = PyBytes_Check(name_b) ? name_b : nullptr;
     m.no_grad = PyBytes_Check(no_grad_b) ? no_grad_b : nullptr;
+    m.out_label = PyBytes_Check(out_label_b) ? out_label_b : nullptr;  // else Python raises it
     m.name_error = !m.name ? name_b : (!m.no_grad ? no_grad_b : nullptr);
     if (m.name_error && !PyExceptionInstance_Check(m.name_error)) {
         PyErr_SetString(PyExc_TypeError, "a module's names are bytes or the exception encoding raised");
@@ -570,6 +590,7 @@ PyObject *table_add(ModuleTable *t, PyObject *args) {
     Py_INCREF(m.module);
     Py_XINCREF(m.name);
     Py_XINCREF(m.no_grad);
+    Py_XINCREF(m.out_label);
     Py_XINCREF(m.name_error);
     t->mods->push_back(m);
     return PyLong_FromSsize_t(static_cast<Py_ssize_t>(t->mods->size() - 1));
@@ -600,6 +621,7 @@ void release_mods(std::vector<ModInfo> &mods) {
         Py_CLEAR(m.module);
         Py_CLEAR(m.name);
         Py_CLEAR(m.no_grad);
+        Py_CLEAR(m.out_label);
         Py_CLEAR(m.name_error);
     }
     mods.clear();
@@ -612,6 +634,7 @@ int table_traverse(ModuleTable *t, visitproc visit, void *arg) {
     Py_VISIT(t->key);
     Py_VISIT(t->record_output);
     Py_VISIT(t->hook_wrap);
+    Py_VISIT(t->stats);
     if (t->mods)
         for (ModInfo &m : *t->mods) Py_VISIT(m.module);
     return 0;
@@ -622,6 +645,7 @@ int table_clear(ModuleTable *t) {
     Py_CLEAR(t->key);
     Py_CLEAR(t->record_output);
     Py_CLEAR(t->hook_wrap);
+    Py_CLEAR(t->stats);
     if (t->mods) release_mods(*t->mods);
     // The stack goes last: the wrappers and hooks still alive check `cap` first.
     PyObject *s = reinterpret_cast<PyObject *>(t->stack);
@@ -642,8 +666,9 @@ void table_dealloc(ModuleTable *t) {
 
 PyMethodDef table_methods[] = {
     {"add", (PyCFunction)table_add, METH_VARARGS,
-     "add(module, name, qual, name_bytes, no_grad_bytes, top) -> index (a name that could "
-     "not be encoded is passed as the exception: raised when its span would open)"},
+     "add(module, name, qual, name_bytes, no_grad_bytes, output_label_bytes, top) -> index "
+     "(a name that could not be encoded is passed as the exception: raised when its span "
+     "would open, or by Python's statistics for the output's label)"},
     {"wrapper", (PyCFunction)table_wrapper, METH_VARARGS,
      "wrapper(index, orig_forward) -> the module's forward wrapper"},
     {nullptr, nullptr, 0, nullptr},
@@ -771,12 +796,17 @@ bool make_types() {
 
 }  // namespace
 
-// module_table(cap, stack, key, record_output, hook_wrap_or_None, root) -> ModuleTable
+// module_table(cap, stack, key, record_output, hook_wrap_or_None, root, stats_or_None)
+//   -> ModuleTable
 PyObject *new_table(PyObject *, PyObject *args) {
-    PyObject *cap, *stack, *key, *record_output, *hook_wrap, *root;
-    if (!PyArg_ParseTuple(args, "OO!UOOU", &cap, g_stack_type, &stack, &key, &record_output,
-                          &hook_wrap, &root))
+    PyObject *cap, *stack, *key, *record_output, *hook_wrap, *root, *stats;
+    if (!PyArg_ParseTuple(args, "OO!UOOUO", &cap, g_stack_type, &stack, &key, &record_output,
+                          &hook_wrap, &root, &stats))
         return nullptr;
+    if (stats != Py_None && Py_TYPE(stats) != g_stats_type) {
+        PyErr_SetString(PyExc_TypeError, "module_table: stats is a StatsBuffer or None");
+        return nullptr;
+    }
     const char *r = PyUnicode_AsUTF8(root);
     if (!r) return nullptr;
     ModuleTable *t = PyObject_GC_New(ModuleTable, g_table_type);
@@ -792,6 +822,7 @@ PyObject *new_table(PyObject *, PyObject *args) {
     t->key = key;
     t->record_output = record_output;
     t->hook_wrap = hook_wrap == Py_None ? nullptr : (Py_INCREF(hook_wrap), hook_wrap);
+    t->stats = stats == Py_None ? nullptr : (Py_INCREF(stats), stats);
     PyObject_GC_Track(t);
     if (!t->mods || !t->root) {
         Py_DECREF(t);

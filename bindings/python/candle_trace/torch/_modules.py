@@ -279,13 +279,18 @@ class NativeModuleSpans(ModuleSpans):
         call = lambda hooks, grad: hooks(grad)  # noqa: E731
         disabled = outside_dynamo(call)
         wrap = None if disabled is call else functools.partial(functools.partial, disabled)
+        # The outputs' float32 statistics are reduced into the capture's StatsBuffer from
+        # C++; anything else comes back to _record_output_at.
+        stats = capture.stats.buffer if capture.stats is not None else None
         self._table = spans.native.module_table(capture, spans.frames, self._key,
-                                                self._record_output_at, wrap, root)
+                                                self._record_output_at, wrap, root, stats)
         self._index: Dict[torch.nn.Module, int] = {}
         self._span_names: List[str] = []  # by index
         for m, (name, qual) in self._names.items():
             self._index[m] = self._table.add(m, name, qual, _encoded(name),
-                                             _encoded(f"{name} [no_grad]"), m in self._tops)
+                                             _encoded(f"{name} [no_grad]"),
+                                             _encoded(f"{name}/output", "StatsRecorder.record",
+                                                      "label"), m in self._tops)
             self._span_names.append(name)
 
     def _wrapper(self, module: torch.nn.Module) -> Callable:
@@ -295,11 +300,12 @@ class NativeModuleSpans(ModuleSpans):
         self._record_output(self._span_names[index], sid, t)
 
 
-def _encoded(name: str) -> Any:
-    """A span name as the library takes it, or the binding's error for it (raised when
-    the span would open: the capture fails, the program goes on -- as in Python)."""
+def _encoded(name: str, fn: str = "Spans.push", arg: str = "name") -> Any:
+    """A span name (or statistics label) as the library takes it, or the binding's error
+    for it (raised when the span would open, or by Python's statistics: the capture
+    fails, the program goes on -- as in Python)."""
     try:
-        return _args.text(name, "Spans.push", "name")
+        return _args.text(name, fn, arg)
     except Exception as e:  # noqa: BLE001 - the argument check's error, kept for later
         return e
 

@@ -312,9 +312,11 @@ inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; 
 // its end as the op returns, and neither the op nor its span counts the bookkeeping --
 // nor, as calibrated, torch's own work for the callback before it was entered.
 //
-// Each interval reads the clock once, standing (`at`: an op's start or end, an
-// allocation's time). The library never backdates an interval past a value it handed
-// out nor into the interval before it, so no time is left out twice.
+// An interval that times something reads the clock inside it (`at()`: an op's start or
+// end, where the clock stands still: any read gives the value it stopped at); the others
+// read none -- a read costs a sequence lock and a counter read, and the library never
+// backdates an interval past a value it handed out nor into the interval before it
+// (where that one left the clock), read or not, so no time is left out twice.
 //
 // While the calibration counts (ct_obs_count_intervals), each interval is counted: it
 // divides what torch spent for the observer by the record functions it saw (two
@@ -326,12 +328,11 @@ struct TracerWork {
     explicit TracerWork(uint64_t earlier = g_earlier_ns) {
         if (g_counting) ++g_counted;
         p_tracer_begin_earlier(g_session, earlier);
-        at = p_now(g_session);
     }
     ~TracerWork() { p_tracer_end(g_session); }
     TracerWork(const TracerWork &) = delete;
     TracerWork &operator=(const TracerWork &) = delete;
-    uint64_t at;
+    uint64_t at() const { return p_now(g_session); }
 };
 
 // The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
@@ -539,7 +540,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
     } catch (...) {  // never let torch log a failed callback; the op goes unrecorded
         return nullptr;
     }
-    t.t0 = work.at;
+    t.t0 = work.at();
     return nullptr;
 }
 
@@ -617,7 +618,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
         return;
     }
     if (t.learning) learn_quiet(t);
-    uint64_t t1 = work.at;
+    uint64_t t1 = work.at();
     if (!g_active.load(std::memory_order_relaxed)) {
         release_ins(t);
         return;
@@ -693,7 +694,7 @@ std::unique_ptr<at::ObserverContext> on_user_start(const at::RecordFunction &fn)
                     if (e.isTensor()) add(e.toTensor());
             }
         }
-        r.t0 = work.at;
+        r.t0 = work.at();
         g_coll_open.fetch_add(1, std::memory_order_acq_rel);
         return ctx;
     } catch (...) {
@@ -712,7 +713,7 @@ void on_user_end(const at::RecordFunction &, at::ObserverContext *c) {
     }
     TracerWork work(0);
     try {
-        ctx->rec.t1 = work.at;
+        ctx->rec.t1 = work.at();
         std::lock_guard<std::mutex> lock(g_coll_mu);
         g_colls.push_back(std::move(ctx->rec));
     } catch (...) {

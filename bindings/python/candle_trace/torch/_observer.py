@@ -32,9 +32,10 @@ import torch
 from .. import _lib
 
 SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
-#: the library's sources: the observer, and the module spans in C++ (_native.h)
+#: the library's sources: the observer, and the module spans and statistics in C++
+#: (_native.h)
 SOURCES = (SOURCE,) + tuple(SOURCE.parent / f for f in (
-    "_native.cpp", "_span_stack.cpp", "_module_spans.cpp"))
+    "_native.cpp", "_span_stack.cpp", "_module_spans.cpp", "_stats_buffer.cpp"))
 #: what the build folder's name digests: the sources and the header they share
 DIGESTED = SOURCES + (SOURCE.parent / "_native.h",)
 PROTOCOL = 3  # kProtocol of _observer.cpp
@@ -150,17 +151,29 @@ class Observer:
         self.set_span = dll.ct_obs_set_span
         self.suspend = dll.ct_obs_suspend
         native = dll.ct_obs_native
-        native.argtypes = [ctypes.c_void_p] * 4 + [ctypes.py_object] * 4
+        native.argtypes = [ctypes.c_void_p] * 7 + [ctypes.py_object] * 4
         native.restype = ctypes.py_object
-        #: the module spans in C++ (_module_spans.cpp): span_stack(), module_table()
-        self.native = native(addr(c.ct_span_begin), addr(c.ct_span_end), addr(c.ct_tracer_begin),
-                             addr(c.ct_tracer_end), torch.Tensor,
-                             torch.overrides.has_torch_function_unary, collections.OrderedDict,
-                             collections.abc.Mapping)
+        #: the module spans and statistics in C++ (_module_spans.cpp, _stats_buffer.cpp):
+        #: span_stack(), module_table(), stats_buffer()
+        self.native = self.native_over(addr(c.ct_tracer_begin), addr(c.ct_tracer_end))
         self.running = False
         #: ns torch spends per record function the observer sees, before and after
         #: its callbacks run (calibrate()); None until measured
         self.per_op_ns: Optional[int] = None
+
+    def native_over(self, tracer_begin: int, tracer_end: int) -> Any:
+        """The module of the module spans and statistics in C++ whose brackets call these
+        functions (addresses): the library's ``ct_tracer_begin``/``ct_tracer_end``, or a
+        counting tool's shim in front of them (bench_capture_callgrind.py). One library
+        per process: the latest call's functions are every object's."""
+        c = _lib.load().c
+        addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        return self._dll.ct_obs_native(
+            addr(c.ct_span_begin), addr(c.ct_span_end), addr(c.ct_measurement_begin),
+            tracer_begin, tracer_end,
+            addr(c.ct_reduce_tensor_stats_f32), addr(c.ct_record_tensor_stats), torch.Tensor,
+            torch.overrides.has_torch_function_unary, collections.OrderedDict,
+            collections.abc.Mapping)
 
     def error(self) -> str:
         m = self._dll.ct_obs_error()
@@ -168,14 +181,15 @@ class Observer:
 
     @staticmethod
     def named(tensors: Sequence[Tuple[str, torch.Tensor]]) -> tuple:
-        """The argument of begin() for these named tensors (prepare it ahead of the step)."""
+        """The argument of begin() for these named tensors (prepare it ahead of the step):
+        the arrays (kept alive by the tuple), their addresses and the count."""
         n = len(tensors)
-        return (
+        arrays = (
             (ctypes.c_uint64 * max(n, 1))(*[t._cdata for _, t in tensors]),
             (ctypes.c_int64 * max(n, 1))(*[t.numel() for _, t in tensors]),
             (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in tensors]),
-            n,
         )
+        return arrays + tuple(ctypes.addressof(a) for a in arrays) + (n,)
 
     def calibrate(self, session: Any = None, batch: int = 20, batches: int = 7) -> int:
         """What recording costs that no tracer interval covers -- torch setting up each
@@ -258,14 +272,16 @@ class Observer:
         """Starts recording (``named`` from :meth:`named`); returns whether op-output
         memory is recorded. Each callback's tracer interval begins ``earlier_ns`` early
         (default: half of :meth:`calibrate`'s figure, none when it was not measured)."""
-        impls, numels, names, n = named
-        mem = ctypes.c_int(0)
+        _, _, _, impls, numels, names, n = named
         earlier = (self.per_op_ns or 0) // 2 if earlier_ns is None else earlier_ns
-        if self._dll.ct_obs_begin(session, measured, 1 if memory else 0, impls, numels, names,
-                                  n, earlier, ctypes.byref(mem)):
+        # ct_obs_begin through the library's own module: a ctypes call converting nine
+        # arguments costs ~15k instructions, and this runs in the update's first forward.
+        mem = self.native.observer_begin(session, measured, 1 if memory else 0, impls, numels,
+                                         names, n, earlier)
+        if mem < 0:
             raise ObserverUnavailable(self.error())
         self.running = True
-        return bool(mem.value)
+        return bool(mem)
 
     def stop(self) -> None:
         if self.running:

@@ -77,8 +77,9 @@ class ObserverOps(OpSource):
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
         memory = self._obs.begin(session.handle, measured, self._want_memory, self._named)
         self._on = True
+        # Each thread's span is 0 once the observer begins, which is the measured region
+        # (no ct_obs_set_span for it): its innermost span from now on.
         spans.publish_to(self._obs)
-        self._obs.set_span(measured)
         self._spans = spans
         if self._want_memory and not memory:
             warn_once("observer-memory", "another profiler owns torch's memory reporting "

@@ -78,6 +78,15 @@ void push_frame(SpanStack *s, int owner, uint64_t sid) {
     notify(s, sid);
 }
 
+int push_measured(SpanStack *s, int owner, const char *name, uint64_t *sid) {
+    uint64_t out = 0;
+    int st = p_measurement_begin(*s->handle, name, &out);
+    if (st) return lib_error(s, st);
+    push_frame(s, owner, out);
+    *sid = out;
+    return 0;
+}
+
 // Closes the calling thread's innermost span.
 int pop_top(SpanStack *s) {
     std::vector<Frame> &f = frames_of(s);
@@ -141,6 +150,17 @@ PyObject *stack_push_frame(SpanStack *s, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyObject *stack_push_measured(SpanStack *s, PyObject *args) {
+    PyObject *owner;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Uy", &owner, &name)) return nullptr;
+    int o = owner_arg(s, owner);
+    if (o < 0) return nullptr;
+    uint64_t sid = 0;
+    if (push_measured(s, o, name, &sid) < 0) return nullptr;
+    return PyLong_FromUnsignedLongLong(sid);
+}
+
 PyObject *stack_pop_top(SpanStack *s, PyObject *) {
     if (pop_top(s) < 0) return nullptr;
     Py_RETURN_NONE;
@@ -186,6 +206,13 @@ PyObject *stack_frames(SpanStack *s, PyObject *) {
     return out;
 }
 
+// The session clock stops (pause) and goes on (resume): ct_tracer_begin/end, the status
+// returned as the ctypes calls they replace return it (a capture ending inside a
+// bracket resumes a session already finished: not the program's error).
+PyObject *stack_pause(SpanStack *s, PyObject *) { return PyLong_FromLong(p_tracer_begin(*s->handle)); }
+
+PyObject *stack_resume(SpanStack *s, PyObject *) { return PyLong_FromLong(p_tracer_end(*s->handle)); }
+
 PyObject *stack_reset(SpanStack *s, PyObject *) {
     s->st->threads.clear();
     s->st->last = 0;
@@ -229,6 +256,9 @@ PyMethodDef stack_methods[] = {
      "push(owner, name: bytes, kind, step) -> span id: opens a span on this thread"},
     {"push_frame", (PyCFunction)stack_push_frame, METH_VARARGS,
      "push_frame(owner, sid): a span opened elsewhere (the measured region) as this thread's innermost"},
+    {"push_measured", (PyCFunction)stack_push_measured, METH_VARARGS,
+     "push_measured(owner, name: bytes) -> span id: opens the session's measured region "
+     "(ct_measurement_begin) on this thread"},
     {"pop_top", (PyCFunction)stack_pop_top, METH_NOARGS, "closes this thread's innermost span"},
     {"close_until", (PyCFunction)stack_close_until, METH_O,
      "closes this thread's spans down to and including sid, if it is open"},
@@ -236,6 +266,9 @@ PyMethodDef stack_methods[] = {
     {"current", (PyCFunction)stack_current, METH_NOARGS, "this thread's innermost span (1: none)"},
     {"frames", (PyCFunction)stack_frames, METH_NOARGS, "this thread's open spans, innermost last"},
     {"reset", (PyCFunction)stack_reset, METH_NOARGS, "forgets every thread's open spans"},
+    {"pause", (PyCFunction)stack_pause, METH_NOARGS,
+     "ct_tracer_begin on the session -> status: the tracer's work follows"},
+    {"resume", (PyCFunction)stack_resume, METH_NOARGS, "ct_tracer_end on the session -> status"},
     {nullptr, nullptr, 0, nullptr},
 };
 

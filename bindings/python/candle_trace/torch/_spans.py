@@ -33,6 +33,11 @@ _KIND = {"function": 0, "op": 1, "module": 2}
 _STEP = {None: 0, "forward": 1, "backward": 2, "optimizer": 3}
 
 
+#: span names as the library takes them, encoded (and checked) once per process: a
+#: capture's Spans is new, its names are not
+_ENCODED: Dict[str, bytes] = {}
+
+
 class _Thread(threading.local):
     def __init__(self) -> None:
         self.stack: List[Tuple[str, int]] = []
@@ -48,7 +53,7 @@ class Spans:
         self._tb, self._te, self._hc = raw.ct_tracer_begin, raw.ct_tracer_end, hc
         # The span fast path (no argtypes: ctypes converts nothing), names encoded once.
         self._begin, self._end = raw.ct_span_begin, raw.ct_span_end
-        self._names: Dict[str, bytes] = {}
+        self._names = _ENCODED
         self._tl = _Thread()
         #: told the new innermost span of the calling thread (the op observer's span)
         self.on_innermost: Callable[[int], None] = lambda sid: None
@@ -151,6 +156,10 @@ class NativeSpans(Spans):
         del self._tl  # the stacks are the C++ object's
         self.native = native
         self.frames = native.span_stack(session._hc, ctypes.addressof(session._hc), _raise)
+        # The tracer's brackets as C methods of the stacks: a ctypes call costs thousands
+        # of instructions, and every hook of the update in Python (backward, the
+        # optimizer's step, the loss's statistics) opens one.
+        self.pause, self.resume = self.frames.pause, self.frames.resume  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.frames.reset()
@@ -171,9 +180,8 @@ class NativeSpans(Spans):
         return self.frames.push(owner, self._name(name), _KIND[kind], _STEP[step])
 
     def push_measured(self, name: str) -> int:
-        sid = self.session.begin_measurement(name)
-        self.frames.push_frame("update", sid)
-        return sid
+        # ct_measurement_begin from C++ (the session's ctypes call costs ~8k instructions)
+        return self.frames.push_measured("update", self._name(name))
 
     def find(self, owner: str) -> Optional[int]:
         return self.frames.find(owner)
