@@ -94,17 +94,28 @@ def report(summary_path):
 
 
 def test_a_stalled_data_step_is_kept_with_the_update_after_it(tmp_path):
-    r, folder, summary = failure("stall", tmp_path)
+    # Update 37's data step stalls. A stall of the machine before it may fire the slow
+    # trigger too, with its traces: a page fault's I/O on a busy machine is a block,
+    # which the slow rule rightly keeps (74.0 ms against a 64.2 ms bar at update 13 of
+    # one CI run, the test suites beside it), as test_a_full_captures_own_cost_is_not_a_
+    # slow_update allows. Nothing but slow ones, none after the stall; room for their
+    # traces beside the stall's two (the run's cap is 3 by default).
+    r, folder, summary = failure("stall", tmp_path, max_traces=12)
     w = r["watch"]
-    assert [(f.update, f.trigger) for f in w.fired] == [(37, "slow")], [f.detail for f in w.fired]
-    assert sorted(os.listdir(folder)) == ["update-000037-slow.jsonl",
-                                          "update-000038-after-slow.jsonl"]
+    fired = [(f.update, f.trigger) for f in w.fired]
+    before = [(u, t) for u, t in fired if t == "slow" and u < 37]
+    assert fired == before + [(37, "slow")], [(f.update, f.trigger, f.detail) for f in w.fired]
+    noise = {f"update-{u:06d}-slow.jsonl" for u, _ in before} | {
+        f"update-{u + 1:06d}-after-slow.jsonl" for u, _ in before}
+    assert set(os.listdir(folder)) - noise == {"update-000037-slow.jsonl",
+                                               "update-000038-after-slow.jsonl"}
+    stall = w.fired[-1]
     lines = judged(folder / "update-000037-slow.jsonl", tmp_path)
     assert lines[0]["capture_step"] == 37
     stats = {s["label"]: s for s in kinds(lines, "tensor_stats")}
-    assert stats["candle_trace/trigger/slow"]["mean"] == pytest.approx(w.fired[0].value)
-    assert stats["candle_trace/trigger/slow/threshold"]["mean"] == pytest.approx(w.fired[0].threshold)
-    assert w.fired[0].value > w.fired[0].threshold
+    assert stats["candle_trace/trigger/slow"]["mean"] == pytest.approx(stall.value)
+    assert stats["candle_trace/trigger/slow/threshold"]["mean"] == pytest.approx(stall.threshold)
+    assert stall.value > stall.threshold
     assert {"aten::addmm", "aten::relu"} <= {o["op_name"] for o in kinds(lines, "op")}
     # the measured region starts at the step() before the update: the stall is in it
     spans = {s["id"]: s for s in kinds(lines, "span_start")}
@@ -117,17 +128,18 @@ def test_a_stalled_data_step_is_kept_with_the_update_after_it(tmp_path):
     spans = {s["name"]: s for s in summary["spans"]}
     assert spans["train/step"]["count"] == 40 and spans["train/forward"]["count"] == 40
     scalars = {s["label"]: s for s in summary["scalars"]}
-    assert scalars["trigger/slow"]["count"] == 1 and scalars["loss"]["count"] == 40
-    (firing,) = summary["triggers"]["fired"]
+    assert scalars["trigger/slow"]["count"] == len(fired) and scalars["loss"]["count"] == 40
+    firing = summary["triggers"]["fired"][-1]
+    assert [f["update"] for f in summary["triggers"]["fired"]] == [u for u, _ in fired]
     assert (firing["update"], firing["trigger"], firing["no_trace"]) == (37, "slow", "")
-    assert firing["value"] == pytest.approx(w.fired[0].value)
-    assert firing["threshold"] == pytest.approx(w.fired[0].threshold)
+    assert firing["value"] == pytest.approx(stall.value)
+    assert firing["threshold"] == pytest.approx(stall.threshold)
     assert firing["trace"] == str(folder / "update-000037-slow.jsonl")
-    assert firing["detail"] == w.fired[0].detail
+    assert firing["detail"] == stall.detail
     text = report(tmp_path / "summary.json")
-    assert "Triggers fired (1 listed):" in text
-    assert (f"update 37  slow  {w.fired[0].value * 1e3:.2f} ms > {w.fired[0].threshold * 1e3:.2f} ms  "
-            f"{w.fired[0].detail}  -> {folder / 'update-000037-slow.jsonl'}") in text
+    assert f"Triggers fired ({len(fired)} listed):" in text
+    assert (f"update 37  slow  {stall.value * 1e3:.2f} ms > {stall.threshold * 1e3:.2f} ms  "
+            f"{stall.detail}  -> {folder / 'update-000037-slow.jsonl'}") in text
     assert f"-> {folder / 'update-000037-slow.jsonl'}" in text
 
 
