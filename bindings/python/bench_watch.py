@@ -16,7 +16,9 @@ rounds of those per-round ratios, with their interquartile range, and of the per
 absolute cost (mode - untraced, ms per update), which depends less on the machine's speed
 than the ratio does. The plain medians per mode are printed beside them. The long run:
 ``LONG`` MLP updates (default 10,000) under a watch with no anomaly, peak RSS sampled
-every 1,000 updates.
+every 1,000 updates. A trace that run writes is a firing the run should not have had:
+``CANDLE_TRACE_BENCH_KEEP=DIR`` keeps them in DIR (by default they go with a temporary
+folder), with each firing's detail printed, to see where the update's time went.
 """
 
 from __future__ import annotations
@@ -105,7 +107,11 @@ def long_run(n: int) -> dict:
     torch.set_num_threads(1)
     w = workloads.mlp()
     rss = []
-    with tempfile.TemporaryDirectory() as tmp:
+    keep = os.environ.get("CANDLE_TRACE_BENCH_KEEP")
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep or scratch
+        if keep:
+            os.makedirs(keep, exist_ok=True)
         with ctt.watch(w.model, w.optimizer, tmp) as wt:
             for i in range(1, n + 1):
                 w.update(*w.batch())
@@ -115,6 +121,9 @@ def long_run(n: int) -> dict:
                         kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
                     rss.append(kb)
             traces = os.listdir(tmp)
+    for f in wt.fired:
+        print(f"  fired on update {f.update}: {f.trigger}, {f.detail}"
+              + (f" -> {f.trace}" if keep and f.trace else ""))
     return {"updates": n, "rss_kb": rss, "traces": traces, "fired": [(f.update, f.trigger) for f in wt.fired]}
 
 
