@@ -234,20 +234,19 @@ func drainLongSpanRecord(r *C.ct_ring, h *C.ct_rec_hdr, data []byte, off uint64,
 			uint32(h.kind), uint32(h.step), h.measured != 0, tid)
 	case C.CT_REC_SPAN_END:
 		dur, tracer := uint64(h.ts), uint64(h.parent)
-		// The start is the one its span_start was written with, not its
-		// ticks converted again: a span open longer than the counter's kept
-		// segments would convert them through another. (A span not the
-		// innermost is not ended: onSpanEnd ignores the record.)
-		var start uint64
-		if top := c.stack.innermost(); top != nil && top.id == uint64(h.id) {
-			start = top.start
+		endAt := uint32(h.flags)&C.CT_RECF_END_AT != 0 // the end on the session clock
+		if ticks {                                     // both ends on the counter: no tracer time between them
+			dur, tracer, endAt = tsc.ns(dur)-c.t0, 0, true
 		}
-		switch {
-		case ticks: // both ends on the counter: no tracer time between them
-			end := tsc.ns(dur) - c.t0
-			dur, tracer = end-min(end, start), 0
-		case uint32(h.flags)&C.CT_RECF_END_AT != 0: // the end on the session clock
-			dur -= min(dur, start)
+		// From an end, the duration takes the start its span_start was
+		// written with, not its ticks converted again: a span open longer
+		// than the counter's kept segments would convert them through
+		// another. (A span not the innermost is not ended: onSpanEnd ignores
+		// the record.)
+		if endAt {
+			if top := c.stack.innermost(); top != nil && top.id == uint64(h.id) {
+				dur -= min(dur, top.start)
+			}
 		}
 		c.s.onSpanEnd(c.stack, uint64(h.id), dur, h.measured != 0, tracer)
 	}

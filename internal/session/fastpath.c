@@ -193,6 +193,15 @@ static inline __attribute__((always_inline)) uint64_t base_now(const ct_slot *s)
     return s->tsc ? ct__tsc_now() : clock_now();
 }
 
+/* Raises the session clock's mark (the value no backdated interval goes
+ * before) to v, if it is lower; readers and tracer_end race to raise it. */
+static inline __attribute__((always_inline)) void raise_mark(ct_slot *s, uint64_t v) {
+    uint64_t hw = __atomic_load_n(&s->tracer_hw, __ATOMIC_RELAXED);
+    while (v > hw &&
+           !__atomic_compare_exchange_n(&s->tracer_hw, &hw, v, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+    }
+}
+
 static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, uint64_t *excluded) {
     uint64_t seq = LOAD(&s->tracer_seq);
     if (__builtin_expect(seq == 0, 1)) {
@@ -223,10 +232,7 @@ static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, 
          * (both sequentially consistent, as the writer's lock and its read of
          * the mark): a writer either sees it, or changed the sequence and this
          * read starts over (leaving the mark a little high: harmless). */
-        uint64_t hw = __atomic_load_n(&s->tracer_hw, __ATOMIC_RELAXED);
-        while (clock > hw && !__atomic_compare_exchange_n(&s->tracer_hw, &hw, clock, 1, __ATOMIC_SEQ_CST,
-                                                          __ATOMIC_RELAXED)) {
-        }
+        raise_mark(s, clock);
         uint64_t again = __atomic_load_n(&s->tracer_seq, __ATOMIC_SEQ_CST);
         if (again != seq) {
             seq = again;
@@ -338,11 +344,7 @@ ct_status ct__tracer_end(ct_session h) {
         /* The clock goes on from the value it stood at: the next interval's
          * backdating stops there, read or not, or it would leave this
          * interval's time (and the program time before its start) out again. */
-        uint64_t stood = s->tracer_since - s->t0 - s->tracer_total;
-        uint64_t hw = __atomic_load_n(&s->tracer_hw, __ATOMIC_RELAXED);
-        while (stood > hw && !__atomic_compare_exchange_n(&s->tracer_hw, &hw, stood, 1, __ATOMIC_SEQ_CST,
-                                                          __ATOMIC_RELAXED)) {
-        }
+        raise_mark(s, s->tracer_since - s->t0 - s->tracer_total);
         STORE(&s->tracer_total, s->tracer_total + (base_now(s) - s->tracer_since));
     }
     STORE(&s->tracer_depth, s->tracer_depth - 1);
