@@ -16,7 +16,15 @@ func main() {}
 // DefaultMaxProcs caps the Go scheduler inside a training process, whose
 // cores belong to the training. CANDLE_TRACE_GOMAXPROCS (or GOMAXPROCS)
 // overrides it.
-const DefaultMaxProcs = 2
+//
+// One, because with a second P idle the runtime's monitor thread leaves a P
+// with the thread that last ran Go (back in C, or in a system call) for up
+// to 10 ms, polling every 20 µs meanwhile: a flight recorder's one ct_reopen
+// per update cost about 45 wake-ups and 1.4 ms of CPU an update that way on
+// a 2-core VM, more than all its other work in Go. With no idle P the
+// monitor takes the P back on its second look and sleeps. The Go side is
+// one drainer and a few tickers, which share one lock anyway.
+const DefaultMaxProcs = 1
 
 func init() {
 	if os.Getenv("GOMAXPROCS") != "" {
