@@ -598,7 +598,18 @@ void ct__ring_prefault(ct_ring *r, uint64_t head) {
     if (off <= r->soft || head - r->tail < r->soft) return;
     uint64_t from = page_up(off), to = from + CT_RING_AHEAD;
     if (to > r->cap) to = r->cap;
-    if (to > from) madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
+    if (to > from) {
+        madvise(r->data + from, to - from, MADV_POPULATE_WRITE);
+        /* Counted as the producer's reach at its next wrap back: a ring that
+         * stretched only a little gives these pages back too. */
+        if (to > LOAD(&r->faulted)) STORE(&r->faulted, to);
+    }
+}
+
+/* Whether a wrap back has pages to give back: the producer stretched, or the
+ * drainer faulted pages in ahead of it, past what a ring keeps. */
+static inline int ring_spread(ct_ring *r) {
+    return r->reach > ring_keep(r) || LOAD(&r->faulted) > ring_keep(r);
 }
 
 /* The producer wraps back to the start from off (early, or at the end of the
@@ -616,6 +627,7 @@ static void ring_release(ct_ring *r, uint64_t tail, uint64_t off) {
      * reach (ct__ring_prefault). */
     if (r->cap > keep_to) madvise(r->data + keep_to, r->cap - keep_to, MADV_DONTNEED);
     r->reach = r->soft;
+    STORE(&r->faulted, 0);
 }
 
 /* Whether a record may stretch the ring: trace spans, whose drainer encodes
@@ -659,7 +671,7 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
             if (wrap) {
                 /* Back to the start, early or at the end: the pages past
                  * the everyday size go if the drainer has caught up. */
-                if (r->reach > ring_keep(r) && ring_caught_up(r, used)) ring_release(r, tail & (r->cap - 1), off);
+                if (ring_spread(r) && ring_caught_up(r, used)) ring_release(r, tail & (r->cap - 1), off);
                 ct_rec_hdr *pad = (ct_rec_hdr *)(r->data + off);
                 pad->size = (uint32_t)to_end;
                 pad->type = CT_REC_PAD;

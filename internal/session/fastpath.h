@@ -132,6 +132,7 @@ typedef struct ct_ring {
     uint64_t wake_mark;           /* head when the drainer was last woken (producer only) */
     uint64_t limit;               /* producer: offset up to which the fast path writes before looking again */
     uint64_t reach;               /* producer: the furthest limit since stretched pages were last released */
+    uint64_t faulted;             /* drainer sets, producer clears: the furthest page it faulted in ahead since */
     uint64_t waits;               /* producer: how often it waited for room (tests, benchmarks) */
     struct ct_ring *next;
     uint8_t *data;

@@ -108,6 +108,46 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	testutil.RequireValid(t, path)
 }
 
+// A ring that stretched only a little past its everyday size, drained with
+// the drainer faulting pages in ahead of it, gives those pages back at its
+// next wrap like a ring that stretched far: what it keeps resident is the
+// bound of a wrap back (three everyday sizes and what was unread), not the
+// 2 MiB the drainer faulted in ahead.
+func TestPagesFaultedInAheadOfASmallStretchGoBackAtTheWrap(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s, _ := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	defer func() { assert.NoError(t, s.Finish()) }()
+	// The thread's ring at the start of a lap, drained, back at its bound.
+	for p := ownRingProbe(); p.cap == 0 || p.offset >= p.soft/8 || p.resident > 3*p.soft+p.soft/2; p = ownRingProbe() {
+		require.NoError(t, spanPairsC(s.Handle(), 500))
+		require.NoError(t, s.Flush())
+	}
+	before := ownRingProbe()
+	// A whole everyday size and a bit written with the drainer held: the
+	// producer stretches one step or two, well within three everyday sizes.
+	release, stuck := holdDrainer(10 * time.Second)
+	err := spanPairsC(s.Handle(), int(before.soft*5/4/compactPairBytes))
+	burst := ownRingProbe()
+	release()
+	require.NoError(t, err)
+	require.False(t, stuck())
+	require.Greater(t, burst.offset, burst.soft)
+	require.Less(t, burst.offset, 2*burst.soft, "a small stretch")
+	require.NoError(t, s.Flush())
+	drained := ownRingProbe()
+	require.Greater(t, drained.resident, 3*drained.soft+drained.soft/2,
+		"the drain faulted in pages ahead of the producer (%d bytes resident)", drained.resident)
+	for n := 0; ownRingProbe().offset >= before.soft; n += 500 {
+		require.Less(t, n, 200_000, "never wrapped back: %+v", ownRingProbe())
+		require.NoError(t, spanPairsC(s.Handle(), 500))
+		require.NoError(t, s.Flush())
+	}
+	back := ownRingProbe()
+	assert.LessOrEqual(t, back.resident, 3*back.soft+back.soft/2,
+		"pages faulted in ahead went back to the kernel at the wrap (%d bytes resident)", back.resident)
+}
+
 // countSpanLines counts a trace's span_start and span_end lines without
 // decoding them (hundreds of thousands of lines).
 func countSpanLines(t *testing.T, path string) (starts, ends int) {
