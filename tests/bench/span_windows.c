@@ -1,0 +1,101 @@
+/* Whether a span pair's cost is a property of the process or of the moment
+ * (issue 14's "bimodality"): one thread, windows of ~60 ms 30 ms apart; in
+ * each window, chunk by chunk interleaved, the span pair, two rdtsc alone,
+ * and two rdtsc around a handful of plain stores and adds (no library). A
+ * line per window: the three chunk medians, ns per iteration.
+ *
+ *     make bench-span-windows      # or: build/span_windows [WINDOWS] [trace]
+ *
+ * CANDLE_TRACE_RING_KB sizes the ring, as for any program. The trace or
+ * summary goes to /tmp and is removed at the end. */
+#define _POSIX_C_SOURCE 199309L
+#include "candle_trace.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { CHUNKS = 31, PAIRS = 2000 };
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline uint64_t counter(void) {
+    unsigned lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v) {
+    qsort(v, CHUNKS, sizeof *v, by_value);
+    return v[CHUNKS / 2];
+}
+
+static uint64_t scratch[8192];
+
+int main(int argc, char **argv) {
+    int windows = argc > 1 ? atoi(argv[1]) : 25;
+    int trace = argc > 2 && strcmp(argv[2], "trace") == 0;
+    const char *run = trace
+        ? "{\"entrypoint\":\"span_windows\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"measured_root\":true}"
+        : "{\"entrypoint\":\"span_windows\",\"phase\":\"infer\",\"capture_step\":1,\"device\":\"cpu\",\"mode\":\"aggregate\"}";
+    const char *path = trace ? "/tmp/span_windows.jsonl" : "/tmp/span_windows.json";
+    ct_session s;
+    if (ct_open(path, run, &s) != CT_OK) {
+        fprintf(stderr, "span_windows: %s\n", ct_last_error());
+        return 1;
+    }
+    double pair[CHUNKS], bare[CHUNKS], work[CHUNKS];
+    uint64_t acc = 0, pos = 0;
+    printf("%s, ns per iteration, chunk medians per window: span pair / 2x rdtsc / 2x rdtsc + stores\n",
+           trace ? "trace mode" : "aggregate mode");
+    for (int w = 0; w < windows; w++) {
+        for (int c = 0; c < CHUNKS; c++) {
+            ct_span sp;
+            uint64_t t0 = now_ns();
+            for (int i = 0; i < PAIRS; i++) {
+                if (ct_span_begin(s, "layer/forward", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp) != CT_OK ||
+                    ct_span_end(s, sp) != CT_OK) {
+                    fprintf(stderr, "span_windows: %s\n", ct_last_error());
+                    return 1;
+                }
+            }
+            uint64_t t1 = now_ns();
+            for (int i = 0; i < PAIRS; i++) acc += counter() + counter();
+            uint64_t t2 = now_ns();
+            for (int i = 0; i < PAIRS; i++) {
+                uint64_t x = counter(), *p = &scratch[pos & 8191];
+                p[0] = x;
+                p[1] = acc;
+                acc += x * 3 + (acc >> 7);
+                p[2] = acc;
+                pos += 5;
+                p[3] = counter() - x;
+            }
+            uint64_t t3 = now_ns();
+            pair[c] = (double)(t1 - t0) / PAIRS;
+            bare[c] = (double)(t2 - t1) / PAIRS;
+            work[c] = (double)(t3 - t2) / PAIRS;
+        }
+        printf("%5.1f %5.1f %5.1f\n", median(pair), median(bare), median(work));
+        fflush(stdout);
+        struct timespec gap = {0, 30000000};
+        nanosleep(&gap, NULL);
+    }
+    if (ct_finish(s) != CT_OK) {
+        fprintf(stderr, "span_windows: %s\n", ct_last_error());
+        return 1;
+    }
+    remove(path); /* what it wrote is not the point: the times are */
+    return acc == 42 ? 2 : 0; /* acc is used: the loops are not optimised away */
+}
