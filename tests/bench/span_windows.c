@@ -1,21 +1,25 @@
 /* Whether a span pair's cost is a property of the process or of the moment
  * (issue 14's "bimodality"): one thread, windows of ~60 ms 30 ms apart; in
  * each window, chunk by chunk interleaved, the span pair, two rdtsc alone,
- * and two rdtsc around a handful of plain stores and adds (no library). A
- * line per window: the three chunk medians, ns per iteration.
+ * two rdtsc around a handful of plain stores and adds (no library), and a
+ * chain of 24 dependent multiplies (72 cycles of the core's clock). A line
+ * per window: the four chunk medians, ns per iteration, and the CPU the
+ * process's other threads (the drainer) spent in the window.
  *
  *     make bench-span-windows      # or: build/span_windows [WINDOWS] [trace]
  *
  * CANDLE_TRACE_RING_KB sizes the ring, as for any program. The trace or
  * summary goes to /tmp and is removed at the end. */
-#define _POSIX_C_SOURCE 199309L
+#define _DEFAULT_SOURCE
 #include "candle_trace.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { CHUNKS = 31, PAIRS = 2000 };
 
@@ -43,6 +47,25 @@ static double median(double *v) {
 
 static uint64_t scratch[8192];
 
+/* CPU ns of the process's other threads (the drainer, Go's), from schedstat. */
+static uint64_t others_cpu_ns(void) {
+    char me[32], path[300];
+    snprintf(me, sizeof me, "%ld", (long)getpid());
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 0;
+    uint64_t sum = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, me) == 0) continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long ns = 0;
+        if (f && fscanf(f, "%llu", &ns) == 1) sum += ns;
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return sum;
+}
+
 int main(int argc, char **argv) {
     int windows = argc > 1 ? atoi(argv[1]) : 25;
     int trace = argc > 2 && strcmp(argv[2], "trace") == 0;
@@ -55,11 +78,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "span_windows: %s\n", ct_last_error());
         return 1;
     }
-    double pair[CHUNKS], bare[CHUNKS], work[CHUNKS];
+    double pair[CHUNKS], bare[CHUNKS], work[CHUNKS], alu[CHUNKS];
     uint64_t acc = 0, pos = 0;
-    printf("%s, ns per iteration, chunk medians per window: span pair / 2x rdtsc / 2x rdtsc + stores\n",
+    printf("%s, ns per iteration, chunk medians per window: span pair / 2x rdtsc / 2x rdtsc + stores / 24 dependent multiplies; then the other threads' CPU in the window (us)\n",
            trace ? "trace mode" : "aggregate mode");
     for (int w = 0; w < windows; w++) {
+        uint64_t others0 = others_cpu_ns();
         for (int c = 0; c < CHUNKS; c++) {
             ct_span sp;
             uint64_t t0 = now_ns();
@@ -83,11 +107,16 @@ int main(int argc, char **argv) {
                 p[3] = counter() - x;
             }
             uint64_t t3 = now_ns();
+            for (int i = 0; i < PAIRS; i++) /* a chain of 24 dependent multiplies: the core's clock */
+                for (int k = 0; k < 24; k++) __asm__ volatile("imul $3, %0, %0" : "+r"(acc));
+            uint64_t t4 = now_ns();
             pair[c] = (double)(t1 - t0) / PAIRS;
+            alu[c] = (double)(t4 - t3) / PAIRS;
             bare[c] = (double)(t2 - t1) / PAIRS;
             work[c] = (double)(t3 - t2) / PAIRS;
         }
-        printf("%5.1f %5.1f %5.1f\n", median(pair), median(bare), median(work));
+        uint64_t others = others_cpu_ns() - others0;
+        printf("%5.1f %5.1f %5.1f %5.1f %6.0f\n", median(pair), median(bare), median(work), median(alu), others / 1e3);
         fflush(stdout);
         struct timespec gap = {0, 30000000};
         nanosleep(&gap, NULL);
