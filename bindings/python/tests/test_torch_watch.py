@@ -93,6 +93,18 @@ def failure(scenario, tmp_path, **kw):
     return r, tmp_path / "traces", json.loads((tmp_path / "summary.json").read_text())
 
 
+def host_stalls(w, anomaly):
+    """The slow firings at updates other than the program's ``anomaly`` (a set of update
+    numbers), and the traces written for them: the failure programs' loader waits block,
+    and a blocked update keeps its time off the CPU as the program's (a data loader's
+    wait is), so a stall of the VM's host during one fires the slow trigger, rightly by
+    its rule (68.1 ms against a 64.5 ms bar in one CI run; see Slow)."""
+    noise = [f.update for f in w.fired if f.trigger == "slow" and f.update not in anomaly]
+    files = {f"update-{u:06d}-slow.jsonl" for u in noise} | {
+        f"update-{u + 1:06d}-after-slow.jsonl" for u in noise}
+    return noise, files
+
+
 def report(summary_path):
     r = subprocess.run([str(REPO / "build" / "candle-trace"), "report", str(summary_path)],
                        capture_output=True, text=True, timeout=60)
@@ -158,15 +170,18 @@ def watch_failures_loader_s():
 
 def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     with pytest.warns(RuntimeWarning, match="non-finite gradient in fc1.weight"):
-        r, folder, summary = failure("nan", tmp_path)
+        r, folder, summary = failure("nan", tmp_path, max_traces=12)
     w = r["watch"]
+    stalls, noise = host_stalls(w, {20, 21})
     # 21, captured in full, reads its gradients: still NaN (its loss too, but non_finite
     # fires when the loss turns so, not again)
-    assert [(f.update, f.trigger) for f in w.fired] == [(20, "non_finite"), (21, "non_finite_grad")]
-    assert sorted(os.listdir(folder)) == ["update-000020-non_finite.jsonl",
-                                          "update-000021-after-non_finite.jsonl"]
-    assert w.fired[1].trace == str(folder / "update-000021-after-non_finite.jsonl")
-    assert re.fullmatch(r"non-finite gradient norm in fc1\.weight.* \([1-4] of 4\)", w.fired[1].detail)
+    fired = [f for f in w.fired if f.update not in stalls]
+    assert [(f.update, f.trigger) for f in fired] == [(20, "non_finite"), (21, "non_finite_grad")], [
+        (f.update, f.trigger, f.detail) for f in w.fired]
+    assert sorted(set(os.listdir(folder)) - noise) == ["update-000020-non_finite.jsonl",
+                                                       "update-000021-after-non_finite.jsonl"]
+    assert fired[1].trace == str(folder / "update-000021-after-non_finite.jsonl")
+    assert re.fullmatch(r"non-finite gradient norm in fc1\.weight.* \([1-4] of 4\)", fired[1].detail)
     for name in ("update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"):
         # the model's own finding, not a broken trace: its one error is the NaN gradients
         cg = candle_graph(folder / name, tmp_path, require_valid=False)
@@ -181,30 +196,31 @@ def test_a_loss_that_turns_nan_is_kept_once(tmp_path):
     assert any(s["non_finite"] > 0 for s in kinds(after, "tensor_stats"))
     # NaN under torch 1.13, an overflow to inf under 2.x: either is listed as such
     shown = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-    firing, grad = summary["triggers"]["fired"]
-    loss = str(w.fired[0].value)
+    firing, grad = [f for f in summary["triggers"]["fired"] if f["update"] not in stalls]
+    loss = str(fired[0].value)
     assert (firing["update"], firing["trigger"], firing["value"], firing["detail"]) == (
         20, "non_finite", shown[loss], f"loss {loss}")
     assert (grad["update"], grad["trigger"], grad["value"]) == (
-        21, "non_finite_grad", shown[str(w.fired[1].value)])
+        21, "non_finite_grad", shown[str(fired[1].value)])
     text = report(tmp_path / "summary.json")
     assert f"update 20  non_finite  {shown[loss]}  loss {loss}  -> " in text
-    assert (f"update 21  non_finite_grad  {shown[str(w.fired[1].value)]}  {w.fired[1].detail}  "
-            f"-> {w.fired[1].trace}") in text
+    assert (f"update 21  non_finite_grad  {shown[str(fired[1].value)]}  {fired[1].detail}  "
+            f"-> {fired[1].trace}") in text
 
 
 def test_an_out_of_memory_error_in_backward_is_kept_as_a_failed_trace(tmp_path):
-    r, folder, summary = failure("oom", tmp_path)
+    r, folder, summary = failure("oom", tmp_path, max_traces=12)
     reason = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB "
               "(GPU 0; 79.35 GiB total capacity; 71.20 GiB already allocated)")
     assert r["error"] == reason  # the program still sees its exception
-    assert os.listdir(folder) == ["update-000015-exception.jsonl"]
+    stalls, noise = host_stalls(r["watch"], {15})
+    assert set(os.listdir(folder)) - noise == {"update-000015-exception.jsonl"}
     lines = judged(folder / "update-000015-exception.jsonl", tmp_path, complete=False)
     assert lines[-1]["reason"] == reason
     assert {"aten::addmm", "aten::relu"} <= {o["op_name"] for o in kinds(lines, "op")}
     assert kinds(lines, "memory")
     assert torch.autograd.backward.__module__ == "torch.autograd"
-    (firing,) = summary["triggers"]["fired"]
+    (firing,) = [f for f in summary["triggers"]["fired"] if f["update"] not in stalls]
     assert (firing["update"], firing["trigger"], firing["detail"]) == (15, "exception", reason)
     assert firing["trace"] == str(folder / "update-000015-exception.jsonl")
 
