@@ -281,11 +281,34 @@ def test_a_non_finite_gradient_in_an_update_read_in_full_fires(tmp_path):
     assert [(f.update, f.trigger) for f in w.fired] == [(10, "user"), (12, "non_finite")]
 
 
+def stolen_s():
+    """Each CPU's time stolen by the VM's host so far (/proc/stat, seconds)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        return [int(line.split()[8]) / tick for line in f if line.startswith("cpu") and line[3].isdigit()]
+
+
 def test_a_run_without_anomaly_writes_nothing(tmp_path):
     # the slow trigger at its defaults: the machine's stalls are not the program's
-    # (a 10,000-update run of this machine's: test_torch_triggers.py)
-    w, folder = watched(tmp_path, 60)
-    assert w.fired == [] and os.listdir(folder) == []
+    # (a 10,000-update run of this machine's: test_torch_triggers.py). Where the VM's
+    # kernel charges a vCPU the host took away to the thread that was running (a CI run:
+    # 75.7 ms against a 63.5 ms bar, in work on the CPU, with 0.9 ms of run-queue wait),
+    # no rule can tell it from the program's own time; a firing is excused only where the
+    # host stole at least its excess over the bar from a CPU during that update.
+    stolen = {}
+
+    def before(i, model, opt):
+        stolen[i] = stolen_s()
+
+    w, folder = watched(tmp_path, 60, before)
+    stolen[61] = stolen_s()
+    excused = {f.update for f in w.fired if f.trigger == "slow" and max(
+        b - a for a, b in zip(stolen[f.update], stolen[f.update + 1])) >= f.value - f.threshold}
+    assert [f for f in w.fired if f.update not in excused] == [], (
+        [(f.update, f.detail) for f in w.fired],
+        {f.update: [b - a for a, b in zip(stolen[f.update], stolen[f.update + 1])] for f in w.fired})
+    assert set(os.listdir(folder)) <= {n for u in excused for n in (
+        f"update-{u:06d}-slow.jsonl", f"update-{u + 1:06d}-after-slow.jsonl")}
     assert w.updates == 60
     assert torch.autograd.backward.__module__ == "torch.autograd"
 
