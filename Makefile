@@ -252,18 +252,18 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 	$(MAKE) --no-print-directory bench-peers
 
-# The same span burst (and a 50 M-event sustained run) through Tracy's C client
-# and LTTng-UST beside candle-trace's two modes and two clock reads, one process
-# per system per round, round-robin, printing ratios (tests/bench/peers/run.py).
-# It fetches Tracy (cargo, cached in build/peers) and installs LTTng (apt-get,
-# as root) when it can; a peer it cannot get is reported loudly and left out.
-# Not part of make test.
 # Whether the span pair's cost is the process's or the moment's (issue 14):
 # medians per 60 ms window beside two rdtsc, in one thread.
 bench-span-windows: $(BUILD)/span_windows
 	./$(BUILD)/span_windows 25
 	CANDLE_TRACE_RING_KB=65536 ./$(BUILD)/span_windows 25
 
+# The same span burst (and a 50 M-event sustained run) through Tracy's C client
+# and LTTng-UST beside candle-trace's two modes and two clock reads, one process
+# per system per round, round-robin, printing ratios (tests/bench/peers/run.py).
+# It fetches Tracy (cargo, cached in build/peers) and installs LTTng (apt-get,
+# as root) when it can; a peer it cannot get is reported loudly and left out.
+# Not part of make test.
 bench-peers: $(LIB)
 	python3 tests/bench/peers/run.py --build $(BUILD) --json $(BUILD)/peers/results.json
 

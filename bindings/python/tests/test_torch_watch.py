@@ -93,6 +93,13 @@ def failure(scenario, tmp_path, **kw):
     return r, tmp_path / "traces", json.loads((tmp_path / "summary.json").read_text())
 
 
+def slow_traces(updates):
+    """The traces the slow trigger writes for firings on ``updates``: the update's and
+    the full capture of the one after it."""
+    return {n for u in updates for n in (f"update-{u:06d}-slow.jsonl",
+                                         f"update-{u + 1:06d}-after-slow.jsonl")}
+
+
 def host_stalls(w, anomaly):
     """The slow firings at updates other than the program's ``anomaly`` (a set of update
     numbers), and the traces written for them: the failure programs' loader waits block,
@@ -100,9 +107,7 @@ def host_stalls(w, anomaly):
     wait is), so a stall of the VM's host during one fires the slow trigger, rightly by
     its rule (68.1 ms against a 64.5 ms bar in one CI run; see Slow)."""
     noise = [f.update for f in w.fired if f.trigger == "slow" and f.update not in anomaly]
-    files = {f"update-{u:06d}-slow.jsonl" for u in noise} | {
-        f"update-{u + 1:06d}-after-slow.jsonl" for u in noise}
-    return noise, files
+    return noise, slow_traces(noise)
 
 
 def report(summary_path):
@@ -124,8 +129,7 @@ def test_a_stalled_data_step_is_kept_with_the_update_after_it(tmp_path):
     fired = [(f.update, f.trigger) for f in w.fired]
     before = [(u, t) for u, t in fired if t == "slow" and u < 37]
     assert fired == before + [(37, "slow")], [(f.update, f.trigger, f.detail) for f in w.fired]
-    noise = {f"update-{u:06d}-slow.jsonl" for u, _ in before} | {
-        f"update-{u + 1:06d}-after-slow.jsonl" for u, _ in before}
+    noise = slow_traces(u for u, _ in before)
     assert set(os.listdir(folder)) - noise == {"update-000037-slow.jsonl",
                                                "update-000038-after-slow.jsonl"}
     stall = w.fired[-1]
@@ -302,13 +306,15 @@ def test_a_run_without_anomaly_writes_nothing(tmp_path):
 
     w, folder = watched(tmp_path, 60, before)
     stolen[61] = stolen_s()
-    excused = {f.update for f in w.fired if f.trigger == "slow" and max(
-        b - a for a, b in zip(stolen[f.update], stolen[f.update + 1])) >= f.value - f.threshold}
+
+    def stolen_in(u):
+        return [b - a for a, b in zip(stolen[u], stolen[u + 1])]
+
+    excused = {f.update for f in w.fired
+               if f.trigger == "slow" and max(stolen_in(f.update)) >= f.value - f.threshold}
     assert [f for f in w.fired if f.update not in excused] == [], (
-        [(f.update, f.detail) for f in w.fired],
-        {f.update: [b - a for a, b in zip(stolen[f.update], stolen[f.update + 1])] for f in w.fired})
-    assert set(os.listdir(folder)) <= {n for u in excused for n in (
-        f"update-{u:06d}-slow.jsonl", f"update-{u + 1:06d}-after-slow.jsonl")}
+        [(f.update, f.detail) for f in w.fired], {f.update: stolen_in(f.update) for f in w.fired})
+    assert set(os.listdir(folder)) <= slow_traces(excused)
     assert w.updates == 60
     assert torch.autograd.backward.__module__ == "torch.autograd"
 
@@ -380,8 +386,7 @@ def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
     elsewhere = [(u, t) for u, t in fired if t == "slow" and not 21 <= u <= 23]
     assert sorted(fired) == sorted([(20, "user")] + elsewhere), [
         (f.update, f.trigger, f.detail) for f in w.fired]
-    noise = {f"update-{u:06d}-slow.jsonl" for u, _ in elsewhere} | {
-        f"update-{u + 1:06d}-after-slow.jsonl" for u, _ in elsewhere}
+    noise = slow_traces(u for u, _ in elsewhere)
     assert set(os.listdir(folder)) - noise == {"update-000020-user.jsonl", "update-000021-after-user.jsonl"}
 
 
