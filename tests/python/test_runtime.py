@@ -102,8 +102,7 @@ def test_a_call_into_go_leaves_no_thread_polling_behind(tmp_path: Path) -> None:
     # With a second P idle, the runtime's monitor thread polled every 20 us
     # for the 10 ms it leaves a P with the thread that returned to C: ~45
     # wake-ups of our threads per update; with one P, a few.
+    # (What two Ps cost depends on the monitor's own back-off, whose state
+    # this cannot set: 48 here, 9.4 in a CI run. Only the default is asserted.)
     by_default = wakeups_per_update(tmp_path)
     assert by_default < 15, by_default
-    if (os.cpu_count() or 1) >= 2:
-        two = wakeups_per_update(tmp_path, CANDLE_TRACE_GOMAXPROCS="2")
-        assert two > 2 * by_default, (two, by_default)
