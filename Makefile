@@ -251,6 +251,12 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	./$(BUILD)/bench_spans /tmp 0 50000000
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate
 	$(MAKE) --no-print-directory bench-peers
+	$(MAKE) --no-print-directory bench-go-wakeups
+
+# How often our Go threads wake while the program computes between reopens, one P
+# against two (tests/bench/go_wakeups.py): the monitor's polling, per update.
+bench-go-wakeups: $(LIB)
+	python3 tests/bench/go_wakeups.py 4 $(LIB)
 
 # Whether the span pair's cost is the process's or the moment's (issue 14):
 # medians per 60 ms window beside two rdtsc, in one thread.
