@@ -11,6 +11,9 @@ Interleaving in one process keeps the machine's drift out of the difference.
     make bench-watch-perf   # or:
     PYTHONPATH=bindings/python python3 bindings/python/bench_watch_perf.py [WORKLOAD] [ROUNDS] [BLOCK]
 
+``CANDLE_TRACE_PERF_SYMBOLS=N`` also prints the N symbols whose samples the recorder adds
+most to (per update, both modes' samples of that symbol compared).
+
 Needs ``perf`` (linux-perf) allowed to sample the process (perf_event_paranoid <= 2).
 """
 
@@ -79,10 +82,12 @@ def child(name: str, rounds: int, block: int, out: str) -> None:
         json.dump({"windows": win, "per_mode": rounds * block}, f)
 
 
-def per_update(script: str, windows: dict, updates: int) -> dict:
-    """mode -> component -> ms per update, from ``perf script`` lines."""
+def per_update(script: str, windows: dict, updates: int) -> tuple[dict, dict]:
+    """mode -> component -> ms per update, and mode -> (library, symbol) -> ms per
+    update, from ``perf script`` lines."""
     spans = sorted((a, b, m) for m, ws in windows.items() for a, b in ws)
     counts: dict = {m: Counter() for m in windows}
+    symbols: dict = {m: Counter() for m in windows}
     line_re = re.compile(r"\s*(\d+\.\d+):\s+\S+\s+(.*) \((.*)\)\s*$")
     for line in script.splitlines():
         m = line_re.match(line)
@@ -94,7 +99,10 @@ def per_update(script: str, windows: dict, updates: int) -> dict:
             continue
         sym, dso = m.group(2), m.group(3)
         counts[mode][next(g for g, f in GROUPS if f(dso, sym))] += 1
-    return {md: {g: c[g] / HZ * 1e3 / updates for g, _ in GROUPS} for md, c in counts.items()}
+        symbols[mode][(os.path.basename(dso), re.sub(r"\+0x[0-9a-f]+$", "", sym))] += 1
+    scale = HZ / 1e3 * updates
+    return ({md: {g: c[g] / scale for g, _ in GROUPS} for md, c in counts.items()},
+            {md: {k: n / scale for k, n in c.items()} for md, c in symbols.items()})
 
 
 def main() -> int:
@@ -113,7 +121,7 @@ def main() -> int:
                                 check=True, capture_output=True, text=True).stdout
         with open(out) as f:
             got = json.load(f)
-    res = per_update(script, got["windows"], got["per_mode"])
+    res, symbols = per_update(script, got["windows"], got["per_mode"])
     u, f = res["untraced"], res["flight"]
     print(f"{name}: {got['per_mode']} updates per mode ({rounds} rounds of {block}), perf at "
           f"{HZ} Hz, CPU ms per update (perf's own cost included)")
@@ -125,6 +133,13 @@ def main() -> int:
     print(f"  {label:42s} {'':9s} {'':9s} {own:+7.2f}")
     tu, tf = sum(u.values()), sum(f.values())
     print(f"  {'total':42s} {tu:9.2f} {tf:9.2f} {tf - tu:+7.2f} ({tf / tu - 1:+.1%})")
+    top = int(os.environ.get("CANDLE_TRACE_PERF_SYMBOLS", "0"))
+    if top:
+        su, sf = symbols["untraced"], symbols["flight"]
+        added = sorted(((sf.get(k, 0) - su.get(k, 0), k) for k in set(su) | set(sf)), reverse=True)
+        print(f"  the {top} symbols the recorder adds most to, ms per update:")
+        for d, (lib, sym) in added[:top]:
+            print(f"    {d:+6.3f}  {sym[:70]}  ({lib})")
     return 0
 
 
