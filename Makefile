@@ -196,13 +196,18 @@ TORCH2_VENV := $(BUILD)/venv-torch2
 torch2-venv:
 	./bindings/python/torch2_venv.sh $(TORCH2_VENV)
 
+# The torch interpreters the Python benchmarks run under: TORCH_PYTHON alone when set;
+# else Debian's torch 1.13 and PyPI's torch 2.x ($(TORCH2_VENV), when made), since the
+# two differ by ten times on the same model (BENCHMARKS.md, "On a quiet Intel host").
+TORCH_PYTHONS = $${TORCH_PYTHON:-/usr/bin/python3 $$(test -x $(TORCH2_VENV)/bin/python && echo $(TORCH2_VENV)/bin/python || echo >&2 "(no $(TORCH2_VENV): make torch2-venv for the torch 2.x figures)")}
+
 bench-python: $(LIB)
-	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench.py
+	for py in $(TORCH_PYTHONS); do PYTHONPATH=bindings/python $$py bindings/python/bench.py || exit 1; done
 
 # Always-on watching (issue 13): the flight recorder's and the triggers' cost per update,
 # interleaved (bench_watch.py [ROUNDS] [LONG]), and where the recorder's CPU goes (perf).
 bench-watch: $(LIB)
-	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch.py $(WATCH_ARGS)
+	for py in $(TORCH_PYTHONS); do PYTHONPATH=bindings/python $$py bindings/python/bench_watch.py $(WATCH_ARGS) || exit 1; done
 
 bench-watch-perf: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch_perf.py $(WATCH_ARGS)
