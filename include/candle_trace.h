@@ -365,6 +365,13 @@ ct_status ct_tracer_begin(ct_session session);
  * ct_tracer_begin. */
 ct_status ct_tracer_begin_earlier(ct_session session, uint64_t earlier_ns);
 
+/* ct_tracer_begin_earlier, and the session clock inside the interval it
+ * opens in *now_ns (may be NULL; untouched on failure): the value
+ * ct_now_ns returns until the last open interval ends. For a tracer that
+ * times the program's work from inside its own (an op observer's start and
+ * end), one call instead of two. Errors as ct_tracer_begin. */
+ct_status ct_tracer_begin_at(ct_session session, uint64_t earlier_ns, uint64_t *now_ns);
+
 /* Closes a tracer interval; CT_ERR_STATE when none is open. */
 ct_status ct_tracer_end(ct_session session);
 

@@ -222,16 +222,20 @@ static inline __attribute__((always_inline)) uint64_t session_clock(ct_slot *s, 
             seq = LOAD(&s->tracer_seq);
             continue;
         }
-        uint64_t mono = base_now(s);
-        /* Acquire loads: the sequence's second read cannot move above them. */
+        /* Acquire loads: the sequence's second read cannot move above them.
+         * Inside an interval the clock stands at its start, so the counter
+         * is read only when none is open or the excluded time is wanted:
+         * the observer reads the clock inside every interval it opens. */
+        uint32_t depth = LOAD(&s->tracer_depth);
+        uint64_t mono = depth && !excluded ? 0 : base_now(s);
         uint64_t total = LOAD(&s->tracer_total);
         uint64_t since = LOAD(&s->tracer_since);
-        uint32_t depth = LOAD(&s->tracer_depth);
         uint64_t clock = (depth ? since : mono) - s->t0 - total;
         /* The value is published as handed out before the sequence is read again
          * (both sequentially consistent, as the writer's lock and its read of
          * the mark): a writer either sees it, or changed the sequence and this
-         * read starts over (leaving the mark a little high: harmless). */
+         * read starts over (leaving the mark a little high: harmless). Inside
+         * an interval the mark is there already (tracer_begin raised it). */
         raise_mark(s, clock);
         uint64_t again = __atomic_load_n(&s->tracer_seq, __ATOMIC_SEQ_CST);
         if (again != seq) {
@@ -281,11 +285,14 @@ static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct
     return ct__fail(CT_ERR_STATE, "%s: session %llu is finishing", fn, (unsigned long long)h);
 }
 
-ct_status ct__tracer_begin(ct_session h) { return ct__tracer_begin_earlier(h, 0); }
+ct_status ct__tracer_begin(ct_session h) { return ct__tracer_begin_at(h, 0, NULL, "ct_tracer_begin"); }
 
 ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns) {
+    return ct__tracer_begin_at(h, earlier_ns, NULL, earlier_ns ? "ct_tracer_begin_earlier" : "ct_tracer_begin");
+}
+
+ct_status ct__tracer_begin_at(ct_session h, uint64_t earlier_ns, uint64_t *at, const char *fn) {
     ct_slot *s = slot_get(h);
-    const char *fn = earlier_ns ? "ct_tracer_begin_earlier" : "ct_tracer_begin";
     ct_status st = check_slot(s, h, fn);
     if (st != CT_OK) return st;
     if (s->agg)
@@ -324,7 +331,13 @@ ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns) {
         /* Release stores: no reader sees them before the odd sequence number. */
         STORE(&s->tracer_since, now - back);
         STORE(&s->tracer_estimated, s->tracer_estimated + back);
+        /* The value the clock stands at is handed out from now on (readers
+         * inside the interval, *at): the mark goes there now rather than at
+         * the end, so those readers find it raised (ct__tracer_end would
+         * raise it to the same value). */
+        raise_mark(s, clock - back);
     }
+    if (at) *at = s->tracer_since - s->t0 - s->tracer_total;
     STORE(&s->tracer_depth, s->tracer_depth + 1);
     tracer_unlock(s, seq);
     return CT_OK;

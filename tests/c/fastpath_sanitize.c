@@ -351,10 +351,22 @@ static unsigned long tracer_intervals, clock_reads;
 
 static void *tracer(void *arg) {
     (void)arg;
+    uint64_t last = 0;
     while (!__atomic_load_n(&stop_tracer, __ATOMIC_ACQUIRE)) {
-        /* Begun as early as allowed: the clock reader checks the bound. */
-        ct_status st = (tracer_intervals & 1) ? ct__tracer_begin_earlier(trace_handle, 100000)
-                                              : ct__tracer_begin(trace_handle);
+        /* Begun as early as allowed: the clock reader checks the bound. Every
+         * third interval hands out where the clock stands inside it, which a
+         * read inside must give too, and never less than this thread saw. */
+        uint64_t at = 0;
+        int with_at = tracer_intervals % 3 == 2;
+        ct_status st = with_at                   ? ct__tracer_begin_at(trace_handle, 100000, &at, "at")
+                       : (tracer_intervals & 1) ? ct__tracer_begin_earlier(trace_handle, 100000)
+                                                : ct__tracer_begin(trace_handle);
+        if (st == CT_OK && with_at) {
+            uint64_t inside = ct__session_now(trace_handle);
+            CHECK(inside == at && at >= last, "ct__tracer_begin_at handed out %llu; inside %llu, before %llu",
+                  (unsigned long long)at, (unsigned long long)inside, (unsigned long long)last);
+            last = inside;
+        }
         if (st == CT_OK) st = ct__tracer_end(trace_handle);
         if (st != CT_OK) {
             CHECK(0, "tracer interval: %s", ct__errbuf());

@@ -663,6 +663,12 @@ static ct_status h_flush(ct_session s) { return ct_flush(s); }
 static ct_status h_tracer_begin(ct_session s) { return ct_tracer_begin(s); }
 static ct_status h_tracer_end(ct_session s) { return ct_tracer_end(s); }
 static ct_status h_tracer_begin_earlier(ct_session s) { return ct_tracer_begin_earlier(s, 1000); }
+static ct_status h_tracer_begin_at(ct_session s) {
+    uint64_t at = 7;
+    ct_status st = ct_tracer_begin_at(s, 1000, &at);
+    CHECK(st == CT_OK || at == 7, "a refused ct_tracer_begin_at wrote *now_ns (%llu)", (unsigned long long)at);
+    return st;
+}
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 static ct_status h_discard(ct_session s) { return ct_discard(s); }
@@ -700,6 +706,7 @@ static const struct {
     {"ct_tracer_begin", h_tracer_begin},
     {"ct_tracer_end", h_tracer_end},
     {"ct_tracer_begin_earlier", h_tracer_begin_earlier},
+    {"ct_tracer_begin_at", h_tracer_begin_at},
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
     {"ct_discard", h_discard},
@@ -1483,6 +1490,25 @@ static void test_tracer(ct_session s) {
     uint64_t est = ct_tracer_estimated_ns(s) - est0;
     CHECK(est >= 5000000ull && est < 1000000000ull, "ct_tracer_estimated_ns grew by %llu ns, want [5 ms, 1 s)",
           (unsigned long long)est);
+    /* ct_tracer_begin_at hands out the value the clock stands at, inside
+     * nested intervals too, and that value is no earlier than a read. */
+    uint64_t before_at = ct_now_ns(s);
+    sleep_ms(2);
+    uint64_t at = 0, nested_at = 0;
+    MUST(ct_tracer_begin_at(s, 1000000000ull, &at));
+    CHECK(at >= before_at, "ct_tracer_begin_at took the clock back past a read (%llu < %llu)",
+          (unsigned long long)at, (unsigned long long)before_at);
+    CHECK(ct_now_ns(s) == at, "ct_tracer_begin_at said %llu, the clock inside says %llu", (unsigned long long)at,
+          (unsigned long long)ct_now_ns(s));
+    sleep_ms(2);
+    MUST(ct_tracer_begin_at(s, 0, &nested_at));
+    CHECK(nested_at == at, "a nested ct_tracer_begin_at said %llu, the interval stands at %llu",
+          (unsigned long long)nested_at, (unsigned long long)at);
+    MUST(ct_tracer_end(s));
+    MUST(ct_tracer_begin_at(s, 0, NULL)); /* now_ns may be NULL */
+    MUST(ct_tracer_end(s));
+    MUST(ct_tracer_end(s));
+    CHECK(ct_now_ns(s) >= at, "the clock went back after ct_tracer_begin_at's interval");
     MUST(ct_span_end(s, sp));
 }
 

@@ -108,7 +108,7 @@ typedef struct ct_memory {
 
 namespace {
 
-constexpr int kProtocol = 3;  // _observer.py checks ct_obs_protocol()
+constexpr int kProtocol = 4;  // _observer.py checks ct_obs_protocol()
 constexpr int kCategoryActivation = 2;
 constexpr int kMemoryAlloc = 0;
 constexpr int kMemoryFree = 1;
@@ -116,14 +116,14 @@ constexpr size_t kPendingMax = 256;  // allocations remembered inside one op
 
 using now_fn = uint64_t (*)(ct_session);
 using tracer_fn = int (*)(ct_session);
-using tracer_earlier_fn = int (*)(ct_session, uint64_t);
+using tracer_at_fn = int (*)(ct_session, uint64_t, uint64_t *);
 using record_op_fn = int (*)(ct_session, ct_span, const ct_op *);
 using record_memory_fn = int (*)(ct_session, ct_span, int, const ct_memory *);
 using record_data_edge_fn = int (*)(ct_session, const char *, const char *);
 using last_error_fn = const char *(*)();
 
 now_fn p_now = nullptr;
-tracer_earlier_fn p_tracer_begin_earlier = nullptr;
+tracer_at_fn p_tracer_begin_at = nullptr;
 tracer_fn p_tracer_end = nullptr;
 // What recording an op costs that no tracer interval of ours covers (torch setting up
 // the RecordFunction, boxing inputs and outputs, calling in; the calls into the library
@@ -308,15 +308,15 @@ inline uint64_t span_of(const Thread &t) { return t.span ? t.span : g_measured; 
 
 // The observer's own work on a recorded op (gathering inputs, buffering the record) is
 // the tracer's, not the model's: the session clock stands still while it runs
-// (ct_tracer_begin_earlier/end), so an op's start is taken as the callback is entered and
+// (ct_tracer_begin_at/end), so an op's start is taken as the callback is entered and
 // its end as the op returns, and neither the op nor its span counts the bookkeeping --
 // nor, as calibrated, torch's own work for the callback before it was entered.
 //
-// An interval that times something reads the clock inside it (`at()`: an op's start or
-// end, where the clock stands still: any read gives the value it stopped at); the others
-// read none -- a read costs a sequence lock and a counter read, and the library never
-// backdates an interval past a value it handed out nor into the interval before it
-// (where that one left the clock), read or not, so no time is left out twice.
+// An interval that times something takes the value the clock stopped at from the call
+// that opened it (`at()`: an op's start or end); a separate read would cost a sequence
+// lock's loads and a call. The library never backdates an interval past a value it
+// handed out nor into the interval before it (where that one left the clock), read or
+// not, so no time is left out twice.
 //
 // While the calibration counts (ct_obs_count_intervals), each interval is counted: it
 // divides what torch spent for the observer by the record functions it saw (two
@@ -327,12 +327,18 @@ uint64_t g_counted = 0;
 struct TracerWork {
     explicit TracerWork(uint64_t earlier = g_earlier_ns) {
         if (g_counting) ++g_counted;
-        p_tracer_begin_earlier(g_session, earlier);
+        ok_ = p_tracer_begin_at(g_session, earlier, &at_) == 0;
     }
     ~TracerWork() { p_tracer_end(g_session); }
     TracerWork(const TracerWork &) = delete;
     TracerWork &operator=(const TracerWork &) = delete;
-    uint64_t at() const { return p_now(g_session); }
+    // The clock stands still inside: the value the interval began at, handed out by
+    // ct_tracer_begin_at (a refused interval: the clock as it reads).
+    uint64_t at() const { return ok_ ? at_ : p_now(g_session); }
+
+   private:
+    uint64_t at_ = 0;
+    bool ok_ = false;
 };
 
 // The kind of an op: dispatcher ops (RecordFunctions named by a schema, whose name
@@ -1047,11 +1053,11 @@ CT_OBS_EXPORT int ct_obs_protocol() { return kProtocol; }
 
 CT_OBS_EXPORT const char *ct_obs_error() { return g_error.c_str(); }
 
-CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin_earlier, void *tracer_end,
+CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin_at, void *tracer_end,
                                   void *record_op, void *record_memory,
                                   void *record_data_edge, void *last_error) {
     p_now = reinterpret_cast<now_fn>(now);
-    p_tracer_begin_earlier = reinterpret_cast<tracer_earlier_fn>(tracer_begin_earlier);
+    p_tracer_begin_at = reinterpret_cast<tracer_at_fn>(tracer_begin_at);
     p_tracer_end = reinterpret_cast<tracer_fn>(tracer_end);
     p_record_op = reinterpret_cast<record_op_fn>(record_op);
     p_record_memory = reinterpret_cast<record_memory_fn>(record_memory);
@@ -1081,7 +1087,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
             g_error = "candle_trace observer: a capture is already running";
             return 1;
         }
-        if (!p_now || !p_tracer_begin_earlier || !p_tracer_end || !p_record_op) {
+        if (!p_now || !p_tracer_begin_at || !p_tracer_end || !p_record_op) {
             g_error = "candle_trace observer: ct_obs_set_abi was not called";
             return 1;
         }

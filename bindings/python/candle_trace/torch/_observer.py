@@ -38,7 +38,7 @@ SOURCES = (SOURCE,) + tuple(SOURCE.parent / f for f in (
     "_native.cpp", "_span_stack.cpp", "_module_spans.cpp", "_stats_buffer.cpp"))
 #: what the build folder's name digests: the sources and the header they share
 DIGESTED = SOURCES + (SOURCE.parent / "_native.h",)
-PROTOCOL = 3  # kProtocol of _observer.cpp
+PROTOCOL = 4  # kProtocol of _observer.cpp
 MODES = ("auto", "observer", "dispatch")
 
 _lock = threading.Lock()
@@ -145,7 +145,7 @@ class Observer:
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
-        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin_earlier), addr(c.ct_tracer_end),
+        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin_at), addr(c.ct_tracer_end),
                            addr(c.ct_record_op), addr(c.ct_record_memory),
                            addr(c.ct_record_data_edge), addr(c.ct_last_error))
         self.set_span = dll.ct_obs_set_span
