@@ -372,6 +372,14 @@ ct_status ct_tracer_begin_earlier(ct_session session, uint64_t earlier_ns);
  * end), one call instead of two. Errors as ct_tracer_begin. */
 ct_status ct_tracer_begin_at(ct_session session, uint64_t earlier_ns, uint64_t *now_ns);
 
+/* ct_tracer_begin_earlier followed at once by ct_tracer_end, in one call:
+ * leaves out of the session clock up to earlier_ns of tracer work that has
+ * just ended and that no call could bracket (a framework's work for a
+ * profiling callback that has nothing else to do), within the same bounds,
+ * counted as estimated. Inside an open interval it does nothing. Errors as
+ * ct_tracer_begin. */
+ct_status ct_tracer_exclude_earlier(ct_session session, uint64_t earlier_ns);
+
 /* Closes a tracer interval; CT_ERR_STATE when none is open. */
 ct_status ct_tracer_end(ct_session session);
 

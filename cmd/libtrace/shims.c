@@ -72,6 +72,11 @@ ct_status ct_tracer_begin_at(ct_session s, uint64_t earlier_ns, uint64_t *now_ns
     return ct__tracer_begin_at(s, earlier_ns, now_ns, "ct_tracer_begin_at");
 }
 
+ct_status ct_tracer_exclude_earlier(ct_session s, uint64_t earlier_ns) {
+    FORK_GUARD("ct_tracer_exclude_earlier");
+    return ct__tracer_exclude_earlier(s, earlier_ns);
+}
+
 uint64_t ct_tracer_estimated_ns(ct_session s) {
     if (__atomic_load_n(&ct__forked, __ATOMIC_ACQUIRE)) return 0;
     return ct__tracer_estimated_ns(s);

@@ -291,8 +291,43 @@ ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns) {
     return ct__tracer_begin_at(h, earlier_ns, NULL, earlier_ns ? "ct_tracer_begin_earlier" : "ct_tracer_begin");
 }
 
-ct_status ct__tracer_begin_at(ct_session h, uint64_t earlier_ns, uint64_t *at, const char *fn) {
-    ct_slot *s = slot_get(h);
+/* With the tracer lock held and no interval open: an interval begins, up to
+ * earlier_ns before now (never before a value the clock handed out, nor where
+ * the last interval left it). Returns now, on the base clock. */
+static uint64_t interval_open(ct_slot *s, uint64_t earlier_ns) {
+    /* The session's first interval (since is 0 until one began; not
+     * seq == 1: a refused ct_tracer_end takes the lock too). */
+    int first = s->tracer_since == 0;
+    uint64_t now = base_now(s);
+    if (first && s->tsc) {
+        /* The first interval: a span begin or end that saw no interval
+         * (the sequence still 0) may have executed its rdtsc a few
+         * dozen cycles after that check (rdtsc is not ordered with
+         * loads), so later than this read. Freeze the clock past that
+         * window: a microsecond, once per session. */
+        uint64_t until = now + 1000;
+        while ((now = base_now(s)) < until) {
+        }
+    }
+    uint64_t clock = now - s->t0 - s->tracer_total;
+    /* The first interval: every value read before it came from the plain
+     * clock, at most this one. */
+    uint64_t hw = first ? clock : __atomic_load_n(&s->tracer_hw, __ATOMIC_SEQ_CST);
+    uint64_t back = clock > hw ? clock - hw : 0;
+    if (back > earlier_ns) back = earlier_ns;
+    if (first) STORE(&s->tracer_hw, hw);
+    /* Release stores: no reader sees them before the odd sequence number. */
+    STORE(&s->tracer_since, now - back);
+    STORE(&s->tracer_estimated, s->tracer_estimated + back);
+    /* The value the clock stands at is handed out from now on (readers
+     * inside the interval, ct_tracer_begin_at): the mark goes there now
+     * rather than at the end, so those readers find it raised (the end
+     * would raise it to the same value). */
+    raise_mark(s, clock - back);
+    return now;
+}
+
+static ct_status tracer_usable(ct_slot *s, ct_session h, const char *fn) {
     ct_status st = check_slot(s, h, fn);
     if (st != CT_OK) return st;
     if (s->agg)
@@ -300,45 +335,37 @@ ct_status ct__tracer_begin_at(ct_session h, uint64_t earlier_ns, uint64_t *at, c
                         "%s: session %llu is an aggregate session; its spans are "
                         "timed by the cycle counter, which tracer intervals do not correct",
                         fn, (unsigned long long)h);
+    return CT_OK;
+}
+
+ct_status ct__tracer_begin_at(ct_session h, uint64_t earlier_ns, uint64_t *at, const char *fn) {
+    ct_slot *s = slot_get(h);
+    ct_status st = tracer_usable(s, h, fn);
+    if (st != CT_OK) return st;
     uint64_t seq = tracer_lock(s);
     if (s->tracer_depth == UINT32_MAX) {
         tracer_unlock(s, seq);
         return ct__fail(CT_ERR_STATE, "%s: %u tracer intervals are open already", fn,
                         (unsigned)UINT32_MAX);
     }
-    if (s->tracer_depth == 0) {
-        /* The session's first interval (since is 0 until one began; not
-         * seq == 1: a refused ct_tracer_end takes the lock too). */
-        int first = s->tracer_since == 0;
-        uint64_t now = base_now(s);
-        if (first && s->tsc) {
-            /* The first interval: a span begin or end that saw no interval
-             * (the sequence still 0) may have executed its rdtsc a few
-             * dozen cycles after that check (rdtsc is not ordered with
-             * loads), so later than this read. Freeze the clock past that
-             * window: a microsecond, once per session. */
-            uint64_t until = now + 1000;
-            while ((now = base_now(s)) < until) {
-            }
-        }
-        uint64_t clock = now - s->t0 - s->tracer_total;
-        /* The first interval: every value read before it came from the plain
-         * clock, at most this one. */
-        uint64_t hw = first ? clock : __atomic_load_n(&s->tracer_hw, __ATOMIC_SEQ_CST);
-        uint64_t back = clock > hw ? clock - hw : 0;
-        if (back > earlier_ns) back = earlier_ns;
-        if (first) STORE(&s->tracer_hw, hw);
-        /* Release stores: no reader sees them before the odd sequence number. */
-        STORE(&s->tracer_since, now - back);
-        STORE(&s->tracer_estimated, s->tracer_estimated + back);
-        /* The value the clock stands at is handed out from now on (readers
-         * inside the interval, *at): the mark goes there now rather than at
-         * the end, so those readers find it raised (ct__tracer_end would
-         * raise it to the same value). */
-        raise_mark(s, clock - back);
-    }
+    if (s->tracer_depth == 0) interval_open(s, earlier_ns);
     if (at) *at = s->tracer_since - s->t0 - s->tracer_total;
     STORE(&s->tracer_depth, s->tracer_depth + 1);
+    tracer_unlock(s, seq);
+    return CT_OK;
+}
+
+ct_status ct__tracer_exclude_earlier(ct_session h, uint64_t earlier_ns) {
+    ct_slot *s = slot_get(h);
+    ct_status st = tracer_usable(s, h, "ct_tracer_exclude_earlier");
+    if (st != CT_OK) return st;
+    uint64_t seq = tracer_lock(s);
+    /* Inside an open interval the clock stands still: nothing to leave out. */
+    if (s->tracer_depth == 0) {
+        uint64_t now = interval_open(s, earlier_ns);
+        /* ... and it ends where it began, now. */
+        STORE(&s->tracer_total, s->tracer_total + (now - s->tracer_since));
+    }
     tracer_unlock(s, seq);
     return CT_OK;
 }

@@ -237,6 +237,7 @@ ct_status ct__tracer_begin_earlier(ct_session h, uint64_t earlier_ns);
 /* Both of the above, and ct_tracer_begin_at: *at (may be NULL) gets the value
  * the clock stands at inside the interval; fn names the caller in errors. */
 ct_status ct__tracer_begin_at(ct_session h, uint64_t earlier_ns, uint64_t *at, const char *fn);
+ct_status ct__tracer_exclude_earlier(ct_session h, uint64_t earlier_ns);
 uint64_t ct__tracer_estimated_ns(ct_session h);
 uint64_t ct__slot_tracer_estimated(ct_slot *s);
 ct_status ct__tracer_end(ct_session h);

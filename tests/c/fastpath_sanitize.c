@@ -368,6 +368,7 @@ static void *tracer(void *arg) {
             last = inside;
         }
         if (st == CT_OK) st = ct__tracer_end(trace_handle);
+        if (st == CT_OK && tracer_intervals % 5 == 4) st = ct__tracer_exclude_earlier(trace_handle, 100000);
         if (st != CT_OK) {
             CHECK(0, "tracer interval: %s", ct__errbuf());
             return NULL;

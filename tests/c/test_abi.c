@@ -669,6 +669,7 @@ static ct_status h_tracer_begin_at(ct_session s) {
     CHECK(st == CT_OK || at == 7, "a refused ct_tracer_begin_at wrote *now_ns (%llu)", (unsigned long long)at);
     return st;
 }
+static ct_status h_tracer_exclude_earlier(ct_session s) { return ct_tracer_exclude_earlier(s, 1000); }
 static ct_status h_finish(ct_session s) { return ct_finish(s); }
 static ct_status h_finish_failed(ct_session s) { return ct_finish_failed(s, "reason"); }
 static ct_status h_discard(ct_session s) { return ct_discard(s); }
@@ -707,6 +708,7 @@ static const struct {
     {"ct_tracer_end", h_tracer_end},
     {"ct_tracer_begin_earlier", h_tracer_begin_earlier},
     {"ct_tracer_begin_at", h_tracer_begin_at},
+    {"ct_tracer_exclude_earlier", h_tracer_exclude_earlier},
     {"ct_finish", h_finish},
     {"ct_finish_failed", h_finish_failed},
     {"ct_discard", h_discard},
@@ -1509,6 +1511,27 @@ static void test_tracer(ct_session s) {
     MUST(ct_tracer_end(s));
     MUST(ct_tracer_end(s));
     CHECK(ct_now_ns(s) >= at, "the clock went back after ct_tracer_begin_at's interval");
+    /* ct_tracer_exclude_earlier leaves out what passed since the last read,
+     * at most earlier_ns, counted as estimated; inside an interval nothing. */
+    uint64_t est1 = ct_tracer_estimated_ns(s), tracer1 = ct_tracer_ns(s); /* reads the clock too */
+    uint64_t read2 = ct_now_ns(s);
+    sleep_ms(5);
+    MUST(ct_tracer_exclude_earlier(s, 1000000000ull));
+    uint64_t after_exclude = ct_now_ns(s);
+    uint64_t left_out = ct_tracer_estimated_ns(s) - est1;
+    CHECK(after_exclude >= read2 && after_exclude - read2 < 2000000ull,
+          "ct_tracer_exclude_earlier left the clock %lld ns from the read before it, want [0, 2 ms)",
+          (long long)(after_exclude - read2));
+    CHECK(left_out >= 5000000ull && left_out < 1000000000ull && ct_tracer_ns(s) - tracer1 == left_out,
+          "ct_tracer_exclude_earlier left out %llu ns (estimated) and %llu ns (tracer), want the same, >= 5 ms",
+          (unsigned long long)left_out, (unsigned long long)(ct_tracer_ns(s) - tracer1));
+    MUST(ct_tracer_begin(s));
+    uint64_t est2 = ct_tracer_estimated_ns(s), frozen2 = ct_now_ns(s);
+    sleep_ms(2);
+    MUST(ct_tracer_exclude_earlier(s, 1000000000ull));
+    CHECK(ct_tracer_estimated_ns(s) == est2 && ct_now_ns(s) == frozen2,
+          "ct_tracer_exclude_earlier inside an interval moved the clock or the estimate");
+    MUST(ct_tracer_end(s));
     MUST(ct_span_end(s, sp));
 }
 

@@ -236,6 +236,7 @@ PROTOTYPES = {
     "ct_tracer_begin": (_st, [c_session]),
     "ct_tracer_begin_earlier": (_st, [c_session, _u64]),
     "ct_tracer_begin_at": (_st, [c_session, _u64, _P(_u64)]),
+    "ct_tracer_exclude_earlier": (_st, [c_session, _u64]),
     "ct_tracer_end": (_st, [c_session]),
     "ct_tracer_ns": (_u64, [c_session]),
     "ct_tracer_estimated_ns": (_u64, [c_session]),

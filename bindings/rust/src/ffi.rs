@@ -261,6 +261,7 @@ ct_fns! {
     pub fn ct_tracer_begin(session: ct_session) -> ct_status;
     pub fn ct_tracer_begin_earlier(session: ct_session, earlier_ns: u64) -> ct_status;
     pub fn ct_tracer_begin_at(session: ct_session, earlier_ns: u64, now_ns: *mut u64) -> ct_status;
+    pub fn ct_tracer_exclude_earlier(session: ct_session, earlier_ns: u64) -> ct_status;
     pub fn ct_tracer_end(session: ct_session) -> ct_status;
     pub fn ct_tracer_ns(session: ct_session) -> u64;
     pub fn ct_tracer_estimated_ns(session: ct_session) -> u64;

@@ -108,7 +108,7 @@ typedef struct ct_memory {
 
 namespace {
 
-constexpr int kProtocol = 4;  // _observer.py checks ct_obs_protocol()
+constexpr int kProtocol = 5;  // _observer.py checks ct_obs_protocol()
 constexpr int kCategoryActivation = 2;
 constexpr int kMemoryAlloc = 0;
 constexpr int kMemoryFree = 1;
@@ -117,6 +117,7 @@ constexpr size_t kPendingMax = 256;  // allocations remembered inside one op
 using now_fn = uint64_t (*)(ct_session);
 using tracer_fn = int (*)(ct_session);
 using tracer_at_fn = int (*)(ct_session, uint64_t, uint64_t *);
+using tracer_exclude_fn = int (*)(ct_session, uint64_t);
 using record_op_fn = int (*)(ct_session, ct_span, const ct_op *);
 using record_memory_fn = int (*)(ct_session, ct_span, int, const ct_memory *);
 using record_data_edge_fn = int (*)(ct_session, const char *, const char *);
@@ -124,6 +125,7 @@ using last_error_fn = const char *(*)();
 
 now_fn p_now = nullptr;
 tracer_at_fn p_tracer_begin_at = nullptr;
+tracer_exclude_fn p_tracer_exclude_earlier = nullptr;
 tracer_fn p_tracer_end = nullptr;
 // What recording an op costs that no tracer interval of ours covers (torch setting up
 // the RecordFunction, boxing inputs and outputs, calling in; the calls into the library
@@ -499,11 +501,18 @@ void learn_quiet(Thread &t) {
     g_quiet[t.name] = q == 1;
 }
 
+// A callback with nothing to do but leave torch's work for it out of the clock (as
+// calibrated): one call, where an interval would be two.
+inline void exclude_torch_work() {
+    if (g_counting) ++g_counted;
+    p_tracer_exclude_earlier(g_session, g_earlier_ns);
+}
+
 // A record function begun inside a recorded op left on: not recorded, its cost
 // (torch's, for our callbacks) is tracer work, and its op's kind calls other ops.
 std::unique_ptr<at::ObserverContext> nested_start(Thread &t) {
     ++t.nested;
-    TracerWork work;
+    exclude_torch_work();
     return nullptr;
 }
 
@@ -610,7 +619,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     int d = --t.depth;
     if (d != t.rec_depth) {
         // A looked-through or nested op ends: torch boxed its outputs for us too.
-        if (g_active.load(std::memory_order_relaxed)) TracerWork work;
+        if (g_active.load(std::memory_order_relaxed)) exclude_torch_work();
         return;
     }
     t.rec_depth = -1;
@@ -1053,11 +1062,13 @@ CT_OBS_EXPORT int ct_obs_protocol() { return kProtocol; }
 
 CT_OBS_EXPORT const char *ct_obs_error() { return g_error.c_str(); }
 
-CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin_at, void *tracer_end,
+CT_OBS_EXPORT void ct_obs_set_abi(void *now, void *tracer_begin_at, void *tracer_exclude_earlier,
+                                  void *tracer_end,
                                   void *record_op, void *record_memory,
                                   void *record_data_edge, void *last_error) {
     p_now = reinterpret_cast<now_fn>(now);
     p_tracer_begin_at = reinterpret_cast<tracer_at_fn>(tracer_begin_at);
+    p_tracer_exclude_earlier = reinterpret_cast<tracer_exclude_fn>(tracer_exclude_earlier);
     p_tracer_end = reinterpret_cast<tracer_fn>(tracer_end);
     p_record_op = reinterpret_cast<record_op_fn>(record_op);
     p_record_memory = reinterpret_cast<record_memory_fn>(record_memory);
@@ -1087,7 +1098,7 @@ CT_OBS_EXPORT int ct_obs_begin(uint64_t session, uint64_t measured, int memory,
             g_error = "candle_trace observer: a capture is already running";
             return 1;
         }
-        if (!p_now || !p_tracer_begin_at || !p_tracer_end || !p_record_op) {
+        if (!p_now || !p_tracer_begin_at || !p_tracer_exclude_earlier || !p_tracer_end || !p_record_op) {
             g_error = "candle_trace observer: ct_obs_set_abi was not called";
             return 1;
         }

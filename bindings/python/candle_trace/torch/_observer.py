@@ -38,7 +38,7 @@ SOURCES = (SOURCE,) + tuple(SOURCE.parent / f for f in (
     "_native.cpp", "_span_stack.cpp", "_module_spans.cpp", "_stats_buffer.cpp"))
 #: what the build folder's name digests: the sources and the header they share
 DIGESTED = SOURCES + (SOURCE.parent / "_native.h",)
-PROTOCOL = 4  # kProtocol of _observer.cpp
+PROTOCOL = 5  # kProtocol of _observer.cpp
 MODES = ("auto", "observer", "dispatch")
 
 _lock = threading.Lock()
@@ -124,7 +124,7 @@ class Observer:
         if proto != PROTOCOL:
             raise ObserverUnavailable(f"{path} speaks protocol {proto}, expected {PROTOCOL}")
         dll.ct_obs_error.restype = ctypes.c_char_p
-        dll.ct_obs_set_abi.argtypes = [ctypes.c_void_p] * 7
+        dll.ct_obs_set_abi.argtypes = [ctypes.c_void_p] * 8
         dll.ct_obs_set_abi.restype = None
         dll.ct_obs_begin.argtypes = [
             ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
@@ -145,7 +145,8 @@ class Observer:
         lib = _lib.load()
         addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         c = lib.c
-        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin_at), addr(c.ct_tracer_end),
+        dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(c.ct_tracer_begin_at),
+                           addr(c.ct_tracer_exclude_earlier), addr(c.ct_tracer_end),
                            addr(c.ct_record_op), addr(c.ct_record_memory),
                            addr(c.ct_record_data_edge), addr(c.ct_last_error))
         self.set_span = dll.ct_obs_set_span
