@@ -252,6 +252,7 @@ bench-core: $(LIB) $(BUILD)/bench_spans
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 	./$(BUILD)/bench_spans /tmp 100000
 	./$(BUILD)/bench_spans /tmp 100000 trace
+	./$(BUILD)/bench_spans /tmp 100000 tracer
 	CANDLE_TRACE_AGG_CLOCK=monotonic ./$(BUILD)/bench_spans /tmp 100000 aggregate
 	./$(BUILD)/bench_spans /tmp 0 50000000
 	./$(BUILD)/bench_spans /tmp 0 50000000 aggregate

@@ -6,7 +6,9 @@
  *                                         CANDLE_TRACE_AGG_CLOCK=monotonic)
  *   bench_spans DIR PAIRS trace           the trace fast path only (nothing else in the
  *                                         process: its CPU per pair is its own)
- *   bench_spans DIR 0 EVENTS [aggregate]  sustained: EVENTS events through one session */
+ *   bench_spans DIR 0 EVENTS [aggregate]  sustained: EVENTS events through one session
+ *   bench_spans DIR CALLS tracer          the tracer's own intervals (ct_tracer_*), as the
+ *                                         PyTorch op observer makes them per record function */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +145,86 @@ static void run(const char *label, const char *path, const char *run_json, begin
     free(per);
 }
 
+/* The tracer's intervals, per call pattern of the op observer (one thread, a
+ * trace session that has had an interval, so every read is the session
+ * clock's): ns per pattern, chunk median and mean. */
+enum { T_BEGIN_END, T_BEGIN_READ_END, T_BEGIN_AT_END, T_EXCLUDE, T_READ_INSIDE, T_READ };
+
+static ct_status tracer_pattern(ct_session s, int which, volatile uint64_t *sink) {
+    ct_status st = CT_OK;
+    uint64_t at = 0;
+    switch (which) {
+    case T_BEGIN_END: /* an interval that reads nothing */
+        if (!(st = ct_tracer_begin(s))) st = ct_tracer_end(s);
+        break;
+    case T_BEGIN_READ_END: /* the observer until protocol 4: an op's start or end */
+        if (!(st = ct_tracer_begin_earlier(s, 300))) {
+            *sink += ct_now_ns(s);
+            st = ct_tracer_end(s);
+        }
+        break;
+    case T_BEGIN_AT_END: /* the same, the value from the call that opens it */
+        if (!(st = ct_tracer_begin_at(s, 300, &at))) {
+            *sink += at;
+            st = ct_tracer_end(s);
+        }
+        break;
+    case T_EXCLUDE: /* a record function the observer does not record */
+        st = ct_tracer_exclude_earlier(s, 300);
+        break;
+    case T_READ_INSIDE:
+        *sink += ct_now_ns(s);
+        break;
+    case T_READ:
+        *sink += ct_now_ns(s);
+        break;
+    }
+    return st;
+}
+
+static void tracer_run(const char *dir, long calls) {
+    static const char *const labels[] = {
+        "tracer: begin + end", "tracer: begin_earlier + now + end", "tracer: begin_at + end",
+        "tracer: exclude_earlier", "tracer: now inside an interval", "tracer: now (intervals had)",
+    };
+    char path[4096];
+    snprintf(path, sizeof path, "%s/bench-tracer.jsonl", dir);
+    ct_session s;
+    if (ct_open(path, TRACE_RUN, &s)) {
+        fprintf(stderr, "open: %s\n", ct_last_error());
+        exit(1);
+    }
+    long chunks = calls / CHUNK;
+    double *per = malloc(sizeof(double) * chunks);
+    volatile uint64_t sink = 0;
+    for (int which = T_BEGIN_END; which <= T_READ; which++) {
+        if (which == T_READ_INSIDE && ct_tracer_begin(s)) break;
+        uint64_t total0 = now();
+        for (long c = 0; c < chunks; c++) {
+            uint64_t t0 = now();
+            for (int i = 0; i < CHUNK; i++) {
+                if (tracer_pattern(s, which, &sink)) {
+                    fprintf(stderr, "%s: %s\n", labels[which], ct_last_error());
+                    exit(1);
+                }
+            }
+            per[c] = (double)(now() - t0) / CHUNK;
+        }
+        uint64_t total = now() - total0;
+        if (which == T_READ_INSIDE && ct_tracer_end(s)) break;
+        qsort(per, chunks, sizeof *per, cmp);
+        printf("%-34s calls=%ld median=%.1f ns p99=%.1f ns mean=%.1f ns vs-2x-clock_gettime=%.2f\n", labels[which],
+               calls, per[chunks / 2], per[chunks * 99 / 100], (double)total / calls,
+               baseline_median > 0 ? per[chunks / 2] / baseline_median : 0);
+    }
+    free(per);
+    if (ct_finish(s)) {
+        fprintf(stderr, "finish: %s\n", ct_last_error());
+        exit(1);
+    }
+    unlink(path);
+}
+
 /* 50 M events through one session: throughput and peak resident memory. */
 static void sustained(const char *path, long events, int aggregate) {
     ct_session s;
@@ -183,6 +265,13 @@ int main(int argc, char **argv) {
     long pairs = argc > 2 ? atol(argv[2]) : 100000;
     int agg_only = argc > 3 && strcmp(argv[3], "aggregate") == 0;
     int trace_only = argc > 3 && strcmp(argv[3], "trace") == 0;
+    if (argc > 3 && strcmp(argv[3], "tracer") == 0) {
+        for (int round = 0; round < 3; round++) {
+            baseline(pairs);
+            tracer_run(dir, pairs);
+        }
+        return 0;
+    }
     if (argc > 3 && !agg_only && !trace_only) {
         char p[4096];
         int agg = argc > 4 && strcmp(argv[4], "aggregate") == 0;
