@@ -86,6 +86,44 @@ class Odd(nn.Module):
         return self.head(y)
 
 
+class Block(nn.Module):
+    """A residual block: the block's input feeds its norm and the residual sum, the norm's
+    output feeds two modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.a(h) * torch.sigmoid(self.b(h))
+
+
+class Residual(nn.Module):
+    """Tensors shared between modules; ``kept`` holds the module outputs of the last
+    forward (each, a non-leaf tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.blocks = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(8, 2)
+        self.kept = []
+
+    def forward(self, x):
+        h = self.inp(x)
+        y = self.blocks(h)
+        out = self.head(y)
+        self.kept = [h, y, out]
+        return out
+
+
+RESIDUAL_MODULES = ("m", "inp", "blocks", "head") + tuple(
+    f"blocks.{i}{s}" for i in (0, 1) for s in ("", ".norm", ".a", ".b"))
+
+
 VOLATILE = {"timestamp", "timestamp_ns", "start_ns", "duration_ns", "tid", "run_id",
             "storage_id", "tracer_ns", "tracer_estimated_ns"}
 
@@ -120,6 +158,10 @@ def profiled(path, workload):
         import workloads
         w = workloads.gpt(2, 8)
         model, opt, update = w.model, w.optimizer, lambda: gpt_update(w)
+    elif workload == "residual":
+        model = Residual()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        update = lambda: odd_update(model, opt)  # noqa: E731
     else:
         model = Odd()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -132,7 +174,7 @@ def profiled(path, workload):
     return prof
 
 
-@pytest.mark.parametrize("workload", ["gpt", "odd"])
+@pytest.mark.parametrize("workload", ["gpt", "odd", "residual"])
 def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, monkeypatch, workload):
     a = profiled(tmp_path / "native.jsonl", workload)
     assert isinstance(a.capture.spans, NativeSpans)  # the default where the observer is built
@@ -148,10 +190,53 @@ def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, mon
     if workload == "odd":
         assert spans == {(n, st) for n in ("m", "pair", "pair.a", "pair.b", "mix", "shared", "head")
                          for st in ("forward", "backward")} | {("probe [no_grad]", None)}
+    elif workload == "residual":
+        assert spans == {(n, st) for n in RESIDUAL_MODULES for st in ("forward", "backward")}
+        got = backward_spans(native_lines)
+        names = [n for n, _ in got]
+        # outermost first, and each inside the module that holds it
+        assert names.index("blocks") < names.index("blocks.1") < names.index("blocks.1.a")
+        parents = dict(got)
+        assert parents["blocks.0.a"] == "blocks.0" and parents["blocks.0.norm"] == "blocks.0"
+        assert parents["blocks.1"] == "blocks"
     else:
         assert ("blocks.1.attn.qkv", "backward") in spans and ("head", "forward") in spans
-    assert any(s["kind"] == "tensor_stats" and s["label"] == "pair/output" for s in native_lines) \
-        or workload == "gpt"
+    label = {"odd": "pair/output", "residual": "blocks.0.norm/output"}.get(workload)
+    assert label is None or any(s["kind"] == "tensor_stats" and s["label"] == label
+                                for s in native_lines)
+
+
+def backward_spans(lines):
+    """Each backward module span as (name, its parent's name), in trace order."""
+    starts = {s["id"]: s for s in lines if s["kind"] == "span_start"}
+    return [(s["name"], starts[s["parent_id"]]["name"] if s.get("parent_id") in starts else None)
+            for s in starts.values() if s["span_kind"] == "module" and s.get("step") == "backward"]
+
+
+def test_a_capture_gone_before_its_backward_runs_leaves_the_hooks_harmless(tmp_path):
+    """The capture ends between the forward and the backward: the tensors' hooks write
+    nothing and do not fail the backward; the next capture is whole."""
+    torch.manual_seed(0)
+    model = Residual()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctt.profile(model, opt, tmp_path / "t.jsonl", capture_step=1, name="m") as prof:
+        out = model(torch.randn(4, 8))
+        prof.step()  # the captured update ends with the forward
+    del prof
+    gc.collect()
+    before = (tmp_path / "t.jsonl").read_text()
+    out.sum().backward()
+    assert model.inp.weight.grad is not None
+    assert (tmp_path / "t.jsonl").read_text() == before
+    lines = read_trace(tmp_path / "t.jsonl")
+    assert lines[-1]["kind"] == "terminal" and lines[-1]["outcome"] == "complete", lines[-1]
+    assert backward_spans(lines) == []
+    # the next capture, over tensors of the last one's graph, is whole
+    with ctt.profile(model, opt, tmp_path / "u.jsonl", capture_step=1, name="m") as prof:
+        odd_update(model, opt)
+        prof.step()
+    lines = judged(tmp_path / "u.jsonl", tmp_path)
+    assert sorted(n for n, _ in backward_spans(lines)) == sorted(RESIDUAL_MODULES)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
