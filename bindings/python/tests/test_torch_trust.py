@@ -411,6 +411,54 @@ def test_start_and_stop_without_a_with_block(tmp_path):
         again.stop()
 
 
+def hooked(w) -> dict:
+    """Which of the capture's hooks are on the workload: module forward wrappers (instance
+    attributes), torch.autograd.backward's wrapper, the optimizer's step wrapper."""
+    return {"forward": "forward" in w.model.conv1.__dict__,
+            "backward": hasattr(torch.autograd.backward, "__wrapped__"),
+            "step": "step" in w.optimizer.__dict__}
+
+
+@pytest.mark.parametrize("capture_step", [2, 4])
+def test_the_hooks_go_in_an_update_ahead_and_pass_it_through(tmp_path, capture_step):
+    """The hooks are installed after update capture_step - 2 (at start() for step 2), so
+    that the work of installing them -- which leaves the caches cold for the update after
+    it -- is not in the captured update; the update between records nothing."""
+    w = workloads.cnn(4)
+    path = tmp_path / "ahead.jsonl"
+    prof = ctt.profile(w.model, w.optimizer, path, capture_step=capture_step)
+    none = {"forward": False, "backward": False, "step": False}
+    assert hooked(w) == none
+    seen = {}
+    prof.start()
+    loop(w, prof, capture_step + 1, before_update=lambda i: seen.setdefault(i, hooked(w)))
+    prof.stop()
+    for i in range(1, capture_step + 2):
+        on = capture_step - 1 <= i <= capture_step
+        assert seen[i] == {k: on for k in none}, (i, seen[i])
+    assert hooked(w) == none
+    lines = judged(path, tmp_path)
+    forwards = [s for s in spans_of(lines).values() if s["name"] == "conv1" and s.get("step") == "forward"]
+    assert len(forwards) == 1  # the captured update's alone
+    assert lines[-1]["outcome"] == "complete"
+
+
+def test_a_loop_that_ends_between_the_hooks_and_the_capture_takes_them_away(tmp_path):
+    w = workloads.cnn(4)
+    path = tmp_path / "early.jsonl"
+    prof = ctt.profile(w.model, w.optimizer, path, capture_step=4)
+    prof.start()
+    loop(w, prof, 2)
+    assert hooked(w) == {"forward": True, "backward": True, "step": True}
+    with pytest.warns(RuntimeWarning, match="before capture step 4"):
+        prof.stop()
+    assert hooked(w) == {"forward": False, "backward": False, "step": False}
+    lines = read_trace(path)
+    assert lines[-1]["kind"] == "terminal" and lines[-1]["outcome"] == "failed"
+    assert not by_kind(lines, "op")
+    loop(w, prof, 1)  # the loop goes on untouched
+
+
 def test_gradient_accumulation_records_the_accumulated_gradients(tmp_path):
     w = workloads.mlp(batch=8)
     path = tmp_path / "accum.jsonl"

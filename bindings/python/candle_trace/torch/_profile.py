@@ -214,6 +214,8 @@ class profile:
         if self.capture_step == 1:
             self.capture.arm()
             self.agreement.line_up()
+        elif self.capture_step == 2:
+            self.capture.prepare()
         return self
 
     def step(self) -> None:
@@ -229,6 +231,8 @@ class profile:
         if self.capture.state == "open" and self.steps == self.capture_step - 1:
             self.capture.arm()
             self.agreement.line_up()  # every rank begins the captured update together
+        elif self.capture.state == "open" and self.steps == self.capture_step - 2:
+            self.capture.prepare()  # an update ahead: the captured one runs warm
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
         """Ends profiling (what leaving ``with`` does). ``exc_type``/``exc``: the exception
