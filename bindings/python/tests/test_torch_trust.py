@@ -578,6 +578,45 @@ def test_calibration_measures_what_torch_spends_for_the_observer(tmp_path):
     assert 10 < per_op < 20_000
 
 
+class CountingDll:
+    """The observer's library, with ct_obs_count_intervals' answers divided by `by` in
+    the first calibration round (its first `calls` calls): that round measures `by`
+    times the others."""
+
+    def __init__(self, dll, by: int, calls: int) -> None:
+        self._dll, self.by, self.left = dll, by, calls
+
+    def __getattr__(self, name):
+        return getattr(self._dll, name)
+
+    def ct_obs_count_intervals(self, on):
+        n = self._dll.ct_obs_count_intervals(on)
+        if self.left > 0:
+            self.left -= 1
+            return n // self.by
+        return n
+
+
+@pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
+def test_one_calibration_round_out_of_line_does_not_set_the_figure(monkeypatch):
+    """One round measuring ten times the others (as one in a few does, a process's
+    moment) must not backdate every callback by it: the median of three rounds."""
+    from candle_trace.torch import _observer
+
+    obs = _observer.get()
+    saved, obs.per_op_ns = obs.per_op_ns, None
+    try:
+        usual = obs.calibrate(batches=3)
+        obs.per_op_ns = None
+        # each batch counts twice (on, off): the first round's 4 batches
+        monkeypatch.setattr(obs, "_dll", CountingDll(obs._dll, 10, 8))
+        odd = obs.calibrate(batches=3)
+    finally:
+        obs.per_op_ns = saved
+    assert 10 < usual < 20_000
+    assert odd < 3 * usual, (odd, usual)
+
+
 @pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
 def test_calibration_inside_a_tracer_interval_still_measures(tmp_path):
     # A capture arms -- and calibrates -- inside a tracer interval of its session, where
