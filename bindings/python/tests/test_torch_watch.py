@@ -319,6 +319,78 @@ def test_a_run_without_anomaly_writes_nothing(tmp_path):
     assert torch.autograd.backward.__module__ == "torch.autograd"
 
 
+@pytest.fixture
+def gc_thresholds():
+    """Sets Python's GC thresholds for the test (and turns GC on), restoring both."""
+    was, on = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    yield gc.set_threshold
+    gc.set_threshold(*was)
+    if not on:
+        gc.disable()
+
+
+@pytest.mark.parametrize("young, middle, want", [
+    (5, 0, -1),    # next to nothing allocated since the last collection
+    (29, 0, -1),   # under half the threshold: the update will not reach it
+    (30, 0, 0),    # half: the youngest generation now
+    (30, 4, 1),    # the next young collection makes the middle one due: both now
+])
+def test_collect_ahead_runs_the_collection_the_next_update_would(gc_thresholds, young, middle, want):
+    from candle_trace.torch._common import collect_ahead
+
+    gc_thresholds(60, 5, 1000)
+    gc.collect()
+    for _ in range(middle):  # young collections, each counted in the middle generation
+        gc.collect(0)
+    assert gc.get_count()[1] == middle
+    keep = []
+    while gc.get_count()[0] < young:
+        keep.append([])  # GC-tracked, alive
+    assert gc.get_count()[0] == young
+    assert collect_ahead() == want
+    if want >= 0:
+        assert gc.get_count()[0] == 0
+    gc.disable()
+    assert collect_ahead() == -1  # the program's choice stands
+    del keep
+
+
+def test_the_watch_collects_between_updates_not_inside_them(tmp_path, gc_thresholds):
+    """Objects left between two updates (here 190, against a young-generation threshold
+    of 200: the next update's first allocations would collect) are collected inside
+    step(), in its time, not the update's; an update's own allocations (tens of objects
+    here, on either torch) stay under the threshold from there."""
+    gc_thresholds(200, 10, 10)
+    model = Slow()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    where, inside = [], [False]
+
+    def note(phase, info):
+        if phase == "start":
+            where.append("update" if inside[0] else "step")
+
+    gc.callbacks.append(note)
+    try:
+        with ctt.watch(model, opt, tmp_path / "traces") as w:
+            left = []
+            for _ in range(20):
+                inside[0] = True
+                x, y = torch.randn(8, 16), torch.randn(8, 4)
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+                inside[0] = False
+                left = []
+                while gc.get_count()[0] < 190:
+                    left.append([])
+                w.step()
+    finally:
+        gc.callbacks.remove(note)
+    assert where.count("step") >= 19, where
+    assert "update" not in where, (where.index("update"), len(where))
+
+
 def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_path, monkeypatch):
     import candle_trace.torch._watch as _watch
     from candle_trace.torch import _capture

@@ -17,7 +17,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
-from ._common import compiled_inner, exception_reason
+from ._common import collect_ahead, compiled_inner, exception_reason
 from ._distributed import StepAgreement, rank_path, rank_tags, rank_world
 
 __all__ = ["profile"]
@@ -213,6 +213,7 @@ class profile:
         self._started = True
         if self.capture_step == 1:
             self.capture.arm()
+            collect_ahead()
             self.agreement.line_up()
         elif self.capture_step == 2:
             self.capture.prepare()
@@ -230,6 +231,7 @@ class profile:
         self.steps += 1
         if self.capture.state == "open" and self.steps == self.capture_step - 1:
             self.capture.arm()
+            collect_ahead()  # not inside the captured update
             self.agreement.line_up()  # every rank begins the captured update together
         elif self.capture.state == "open" and self.steps == self.capture_step - 2:
             self.capture.prepare()  # an update ahead: the captured one runs warm

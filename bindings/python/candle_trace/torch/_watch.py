@@ -34,7 +34,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
-from ._common import exception_reason, warn_once
+from ._common import collect_ahead, exception_reason, warn_once
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._profile import _first_module, _identity, _tops
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
@@ -171,6 +171,7 @@ class watch:
             self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
         self._tap.install()
         self._arm_next()
+        collect_ahead()  # what setting up allocated: not in the first update
         self._mark()
         return self
 
@@ -220,6 +221,7 @@ class watch:
                 self.whole_run.session.record_scalar(1, "loss", loss)
             self.whole_run.step()
         self._arm_next()
+        collect_ahead()  # in step()'s time, not the next update's
         self._mark()
 
     def _fired(self, fired: Fired, recorded: bool) -> None:
