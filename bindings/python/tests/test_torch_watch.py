@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 from conftest import REPO, candle_graph, judged, read_trace
@@ -389,6 +390,71 @@ def test_the_watch_collects_between_updates_not_inside_them(tmp_path, gc_thresho
         gc.callbacks.remove(note)
     assert where.count("step") >= 19, where
     assert "update" not in where, (where.index("update"), len(where))
+
+
+@pytest.mark.parametrize("shares, warned, share", [
+    ([0.5] * 3 + [0.01] * 20, False, 0.01),  # the first three are warm-up: left out
+    ([0.0] * 3 + [0.04] * 10 + [0.08] * 10, True, 0.06),  # the median, over the bar
+    ([0.0] * 3 + [0.2] * 19, False, None),  # not measured yet: 20 updates
+])
+def test_the_recorders_cost_is_measured_once_and_told(monkeypatch, shares, warned, share):
+    from candle_trace.torch import _common
+    from candle_trace.torch._watch import RecorderCost
+
+    monkeypatch.setattr(_common, "_warned", set())
+    cost = RecorderCost()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for x in shares:
+            cost.add(x * 0.01, 0.01)
+        if share is not None:  # measured once: what comes after does not change it
+            for _ in range(30):
+                cost.add(0.009, 0.01)
+    told = [w for w in got if "flight recorder's own work" in str(w.message)]
+    assert bool(told) == warned, [str(w.message) for w in got]
+    if warned:
+        assert "flight_recorder=False" in str(told[0].message)
+    if share is None:
+        assert cost.share is None
+    else:
+        assert cost.share == pytest.approx(share)
+
+
+class Tiny(nn.Module):
+    """An op-bound update: 24 small layers at batch 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(12)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_the_watch_tells_an_op_bound_loop_what_its_recorder_costs(tmp_path, monkeypatch):
+    from candle_trace.torch import _common
+
+    monkeypatch.setattr(_common, "_warned", set())
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with ctt.watch(model, opt, tmp_path / "tiny") as w:
+            for _ in range(25):
+                opt.zero_grad()
+                model(torch.randn(2, 8)).sum().backward()
+                opt.step()
+                w.step()
+    told = [x for x in got if "flight recorder's own work" in str(x.message)]
+    assert w.recorder_cost.share is not None and w.recorder_cost.share >= 0.05, w.recorder_cost.share
+    assert len(told) == 1 and told[0].filename == __file__, [str(x.message) for x in got]
+    # a compute-bound update (20 ms of work in forward): measured, and not told
+    monkeypatch.setattr(_common, "_warned", set())
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        w2, _ = watched(tmp_path, 25)
+    assert w2.recorder_cost.share is not None and w2.recorder_cost.share < 0.05, w2.recorder_cost.share
+    assert not [x for x in got if "flight recorder's own work" in str(x.message)]
 
 
 def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_path, monkeypatch):

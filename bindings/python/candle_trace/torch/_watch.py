@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import time
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
@@ -48,6 +49,39 @@ INTERNAL = "candle_trace internal error"
 def _line(text: str, limit: int = 1024) -> Optional[str]:
     """``text`` cut to ``limit`` bytes of UTF-8 (a summary's bound), None when empty."""
     return text.encode("utf-8")[:limit].decode("utf-8", "ignore") or None
+
+
+class RecorderCost:
+    """The flight recorder's own work as a share of the updates it records, measured once
+    over ``updates`` of them (after ``skip``, which pay for warming up): the tracer time
+    of each (what its hooks bracketed) over its wall time. A lower bound of what the
+    recorder costs -- torch's own work for the op observer adds to it, as much again on
+    an op-bound update of torch 2.x -- so at ``warn_at`` or more the program is told once,
+    with the way to keep the triggers without it."""
+
+    def __init__(self, skip: int = 3, updates: int = 20, warn_at: float = 0.05) -> None:
+        self.skip, self.updates, self.warn_at = skip, updates, warn_at
+        self._shares: List[float] = []
+        #: the median share once measured, else None
+        self.share: Optional[float] = None
+
+    def add(self, tracer_s: float, wall_s: float) -> None:
+        if self.share is not None or wall_s <= 0:
+            return
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        self._shares.append(min(max(tracer_s / wall_s, 0.0), 1.0))
+        if len(self._shares) < self.updates:
+            return
+        self.share = statistics.median(self._shares)
+        self._shares = []
+        if self.share >= self.warn_at:
+            warn_once("flight-recorder-cost",
+                      f"the flight recorder's own work is {self.share:.0%} of this loop's "
+                      f"updates (at least: torch's per-op work for it comes on top); "
+                      f"watch(..., flight_recorder=False) keeps every trigger and captures "
+                      f"the update after one fires in full", stacklevel=4)
 
 
 class _LossTap:
@@ -144,6 +178,9 @@ class watch:
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
         self._cpu_wait = CpuWait()  # the machine's stalls are not the update's
+        #: the flight recorder's own share of the updates it records (``.share``, once
+        #: measured over its first 20 updates; warned about from 5%)
+        self.recorder_cost = RecorderCost()
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
         #: the whole-run statistics (aggregate_path given), else None
         self.whole_run: Optional[WholeRun] = None
@@ -190,10 +227,13 @@ class watch:
         # the trigger again for its own cost) and less the time the thread waited for a
         # CPU (the machine's stall, not the update's).
         wall = time.perf_counter() - self._last
-        seconds = wall - max(self._tracer_s() - self._tracer_base, 0.0)
+        tracer = max(self._tracer_s() - self._tracer_base, 0.0)
+        seconds = wall - tracer
         waited = self._cpu_wait.take(wall)
         loss = self._tap.take()
         cap, kind = self._cap, self._cap_kind
+        if cap is not None and kind == "flight":
+            self.recorder_cost.add(tracer, wall)
         self._cap = None
         fired: Optional[Fired] = None
         if cap is not None and cap.state == "failed" and cap.reason:
