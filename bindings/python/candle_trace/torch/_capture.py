@@ -177,7 +177,7 @@ class Capture:
     def prepare(self) -> None:
         """Installs the update's hooks ahead of :meth:`arm`; they pass through until then.
         Done an update early (``profile``), so that the update that follows this work --
-        which leaves the caches cold, the update after it running up to 1.5x its time
+        which leaves the caches cold, the update after it running up to twice its time
         (a 64-64-10 MLP, torch 1.13) -- is not the captured one."""
         assert self.state == "open", self.state
         if self._module_spans is not None:
