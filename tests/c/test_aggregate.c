@@ -413,6 +413,15 @@ static void test_inputs(void) {
     OK(ct_measurement_begin(s, "measured", &m));
     OK(ct_span_end(s, m));
     REFUSED(ct_measurement_begin(s, "again", &m), CT_ERR_STATE, "already has its measured region");
+    /* Tracer intervals: an aggregate session's spans are timed by the cycle
+     * counter, which they do not correct; each call names itself. */
+    uint64_t at = 7;
+    REFUSED(ct_tracer_begin(s), CT_ERR_STATE, "ct_tracer_begin: session");
+    REFUSED(ct_tracer_begin_earlier(s, 100), CT_ERR_STATE, "ct_tracer_begin_earlier: session");
+    REFUSED(ct_tracer_begin_at(s, 100, &at), CT_ERR_STATE, "ct_tracer_begin_at: session");
+    CHECK(at == 7, "a refused ct_tracer_begin_at wrote *now_ns (%llu)", (unsigned long long)at);
+    REFUSED(ct_tracer_exclude_earlier(s, 100), CT_ERR_STATE, "ct_tracer_exclude_earlier: session");
+    REFUSED(ct_tracer_exclude_earlier(s, 100), CT_ERR_STATE, "is an aggregate session");
     OK(ct_finish(s));
     REFUSED(ct_span_begin(s, "x", CT_SPAN_FUNCTION, CT_STEP_NONE, &sp), CT_ERR_INVALID_HANDLE, "already finished");
     span_stats x = span_in("inputs.json", "x", NULL);
