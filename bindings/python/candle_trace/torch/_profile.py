@@ -211,12 +211,7 @@ class profile:
                 self.capture.fail(f"the aggregate session could not open: {e}")
                 raise
         self._started = True
-        if self.capture_step == 1:
-            self.capture.arm()
-            collect_ahead()
-            self.agreement.line_up()
-        elif self.capture_step == 2:
-            self.capture.prepare()
+        self._get_ready()
         return self
 
     def step(self) -> None:
@@ -229,12 +224,22 @@ class profile:
         if self.whole_run is not None:
             self.whole_run.step()
         self.steps += 1
-        if self.capture.state == "open" and self.steps == self.capture_step - 1:
+        self._get_ready()
+
+    def _get_ready(self) -> None:
+        """Before the next update (at start() and after each step()): the capture arms
+        when that update is the captured one, and installs its hooks an update before
+        that, so that the captured update does not run in the caches their installation
+        leaves cold."""
+        if self.capture.state != "open":
+            return
+        ahead = self.capture_step - 1 - self.steps  # updates to run before the captured one
+        if ahead == 0:
             self.capture.arm()
             collect_ahead()  # not inside the captured update
             self.agreement.line_up()  # every rank begins the captured update together
-        elif self.capture.state == "open" and self.steps == self.capture_step - 2:
-            self.capture.prepare()  # an update ahead: the captured one runs warm
+        elif ahead == 1:
+            self.capture.prepare()
 
     def stop(self, exc_type: Any = None, exc: Any = None) -> None:
         """Ends profiling (what leaving ``with`` does). ``exc_type``/``exc``: the exception

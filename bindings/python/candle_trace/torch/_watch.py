@@ -208,7 +208,6 @@ class watch:
             self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
         self._tap.install()
         self._arm_next()
-        collect_ahead()  # what setting up allocated: not in the first update
         self._mark()
         return self
 
@@ -261,7 +260,6 @@ class watch:
                 self.whole_run.session.record_scalar(1, "loss", loss)
             self.whole_run.step()
         self._arm_next()
-        collect_ahead()  # in step()'s time, not the next update's
         self._mark()
 
     def _fired(self, fired: Fired, recorded: bool) -> None:
@@ -289,7 +287,9 @@ class watch:
 
     def _mark(self) -> None:
         """Where the next update's time starts: after step()'s own work (closing one
-        capture, arming the next), so none of it is the update's."""
+        capture, arming the next, and the GC collection the next update would run), so
+        none of it is the update's."""
+        collect_ahead()
         self._cpu_wait.take()
         self._tracer_base = self._tracer_s()
         self._last = time.perf_counter()
