@@ -197,6 +197,62 @@ def test_observer_released_after_a_failed_capture(tmp_path, monkeypatch):
     candle_graph(tmp_path / "again.jsonl", tmp_path)
 
 
+def _updates(model, opt, prof, batches, obs, running, fail_at=None):
+    for i, b in enumerate(batches):
+        running.append(obs.running)  # as the update begins
+        x, y = torch.randn(b, 16), torch.randn(b, 4)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        if i == fail_at:
+            raise RuntimeError("boom in the rehearsed update")
+        opt.step()
+        prof.step()
+
+
+@needs_observer
+def test_the_update_before_the_captured_one_rehearses_the_observer(tmp_path, monkeypatch):
+    """The update before the captured one runs with the observer on, so that torch's path
+    to it is warm in the captured update; nothing it recorded reaches the trace."""
+    monkeypatch.setenv("CANDLE_TRACE_TORCH_OPS", "observer")
+    obs = _observer.get()
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    running: list = []
+    path = tmp_path / "rehearsed.jsonl"
+    # a batch size per update: an op's shape says which update it ran in
+    with ctt.profile(model, opt, path, capture_step=3, name="mlp") as prof:
+        _updates(model, opt, prof, [5, 6, 7, 9], obs, running)
+    assert running == [False, True, False, False]
+    assert obs.running is False
+    lines = read_trace(path)
+    assert lines[-1]["outcome"] == "complete"
+    ops = [o for o in lines if o["kind"] == "op"]
+    assert len(ops) == prof.op_count > 0
+    addmm = sorted(tuple(o["shape"]) for o in ops if o["op_name"] == "aten::addmm")
+    assert addmm == [(7, 4), (7, 32)]  # the captured update's alone, not the rehearsal's
+    candle_graph(path, tmp_path)
+
+
+@needs_observer
+def test_a_rehearsed_update_that_raises_releases_the_observer(tmp_path, monkeypatch):
+    monkeypatch.setenv("CANDLE_TRACE_TORCH_OPS", "observer")
+    obs = _observer.get()
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    running: list = []
+    with pytest.raises(RuntimeError, match="boom in the rehearsed update"):
+        with ctt.profile(model, opt, tmp_path / "f.jsonl", capture_step=3) as prof:
+            _updates(model, opt, prof, [5, 6, 7], obs, running, fail_at=1)
+    assert running == [False, True]
+    assert obs.running is False
+    lines = read_trace(tmp_path / "f.jsonl")
+    assert lines[-1]["outcome"] == "failed" and not [o for o in lines if o["kind"] == "op"]
+    assert "boom in the rehearsed update" in lines[-1]["reason"]
+    prof, lines = capture(tmp_path / "again.jsonl", "observer", monkeypatch)
+    assert prof.op_count > 0 and lines[-1]["outcome"] == "complete"
+
+
 @needs_observer
 def test_an_op_is_recorded_alone_whether_its_kind_calls_other_ops_or_not(tmp_path, monkeypatch):
     """The observer leaves record functions on for an op whose kind has called no other op

@@ -178,14 +178,32 @@ class Capture:
         """Installs the update's hooks ahead of :meth:`arm`; they pass through until then.
         Done an update early (``profile``), so that the update that follows this work --
         which leaves the caches cold, the update after it running up to twice its time
-        (a 64-64-10 MLP, torch 1.13) -- is not the captured one."""
+        (a 64-64-10 MLP, torch 1.13) -- is not the captured one. That update is also the
+        op mechanism's rehearsal (:meth:`OpSource.rehearse`): recorded, then dropped at
+        :meth:`arm`, so that torch's path to the observer is warm in the captured update."""
         assert self.state == "open", self.state
+        if self._module_spans is not None:
+            return
+        self._install()
+        if self.ops is None:
+            return
+        self.spans.pause()
+        try:
+            self.ops.rehearse(self.session)  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001 - a cold captured update, not a lost one
+            warn_once(f"rehearse-{type(e).__name__}",
+                      f"candle_trace: the update before the captured one could not warm the "
+                      f"op observer up ({e}); the captured update runs it cold")
+        finally:
+            self.spans.resume()
+
+    def _install(self) -> None:
         if self._module_spans is not None:
             return
         self.spans.pause()
         try:
             if self.ops is not None:
-                self.ops.prepare(self.session)
+                self.ops.prepare(self.session)  # type: ignore[arg-type]
             self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
             if self.cfg.phase == "train":
@@ -199,8 +217,14 @@ class Capture:
         """The next update is the captured one (the update before has just ended): the
         hooks (:meth:`prepare`, unless done already) start recording."""
         assert self.state == "open", self.state
-        self.prepare()
+        self._install()
         self.state = "armed"
+        if self.ops is not None:
+            try:
+                self.ops.end_rehearsal()
+            except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+                self.abort(e)
+                return
         self.spans.pause()
         try:
             self.device.start(self.session)  # type: ignore[arg-type]
@@ -388,6 +412,8 @@ class Capture:
             self.ops.emit()
 
     def _disarm(self) -> None:
+        if self.ops is not None:
+            self.ops.end_rehearsal()
         if self._module_spans is not None:
             self._module_spans.remove()
             self._module_spans = None

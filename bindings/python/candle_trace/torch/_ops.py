@@ -41,6 +41,14 @@ class OpSource:
     def prepare(self, session: Session) -> None:
         """Before the update (when the capture arms): whatever is measured ahead."""
 
+    def rehearse(self, session: Session) -> None:
+        """Records the update before the captured one into ``session``, to be dropped
+        (:meth:`end_rehearsal`): the mechanism's path through torch runs warm in the
+        captured update instead of cold after updates that ran without it."""
+
+    def end_rehearsal(self) -> None:
+        """Drops what :meth:`rehearse` recorded (idempotent)."""
+
     def begin(self, session: Session, spans: Spans, measured: int,
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
         """Starts recording into ``session`` (the measured region is open)."""
@@ -67,11 +75,28 @@ class ObserverOps(OpSource):
         self._want_memory = want_memory
         self._named = named
         self._on = False
+        self._rehearsing = False
         #: the module spans in C++ of the same library (_spans.NativeSpans)
         self.native = obs.native
 
     def prepare(self, session: Session) -> None:
         self._obs.calibrate(session)
+
+    def rehearse(self, session: Session) -> None:
+        # Measured: an isolated observed update of the 64-64-10 MLP after five without the
+        # observer costs ~2.2 us more per record function than one right after another
+        # observed update (~0.9 us); the calibration is of the warm path.
+        if not self._on and not self._rehearsing:
+            self._obs.begin(session.handle, 1, self._want_memory, self._named)
+            self._rehearsing = True
+
+    def end_rehearsal(self) -> None:
+        if self._rehearsing:
+            self._rehearsing = False
+            try:
+                self._obs.stop()
+            finally:
+                self._obs.discard()
 
     def begin(self, session: Session, spans: Spans, measured: int,
               params: Sequence[Tuple[str, torch.Tensor]]) -> None:
