@@ -108,10 +108,12 @@ fn main() {
         }
     }
     let mut written = 0;
+    let mut recorder_cost = None;
     for (_, _, schedule) in kinds.iter_mut() {
         if let Some(sc) = schedule.take() {
             let done = sc.finish().unwrap();
             written += done.traces.len();
+            recorder_cost = recorder_cost.or(done.recorder_cost);
             assert!(done.fired.is_empty() || done.traces.is_empty(), "{:?}", done.fired);
         }
     }
@@ -125,6 +127,10 @@ fn main() {
     println!("aggregated / untraced: {:.3}x", a / u);
     println!("triggers   / aggregated: {:.3}x (+{:.2} us)", t / a, (t - a) / 1e3);
     println!("flight     / aggregated: {:.3}x (+{:.2} us)", f / a, (f - a) / 1e3);
+    match recorder_cost {
+        Some(c) => println!("flight recorder's own work (Schedule::recorder_cost): {:.1}% of its updates", c * 100.0),
+        None => println!("flight recorder's own work: not measured"),
+    }
     let mib: Vec<String> = rss.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();
     println!("flight recorder, {LONG_RUN} more updates: RSS MiB every 1,000: {}", mib.join(" "));
 }

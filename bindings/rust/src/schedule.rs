@@ -105,6 +105,9 @@ use crate::triggers::{Clock, CpuWait, Evaluator, Fired, SystemClock, Trigger, Tr
 
 #[cfg(feature = "candle")]
 mod candle;
+mod recorder_cost;
+
+use recorder_cost::RecorderCost;
 
 /// The aggregate span around each update, and the measured region of the
 /// update's trace, unless [`Schedule::with_update_span`] names another.
@@ -162,6 +165,7 @@ struct WatchState {
     /// The trigger the next full capture follows.
     after: Option<Trigger>,
     cpu_wait: CpuWait,
+    recorder_cost: RecorderCost,
 }
 
 /// What records an update.
@@ -213,6 +217,9 @@ pub struct Finished {
     /// that has any, in the order written: a schedule hands them over here
     /// instead of printing them as each trace is written.
     pub findings: Vec<(PathBuf, Vec<Finding>)>,
+    /// The flight recorder's own work as a share of the updates it recorded
+    /// ([`Schedule::recorder_cost`]).
+    pub recorder_cost: Option<f64>,
 }
 
 impl Schedule {
@@ -276,7 +283,7 @@ impl Schedule {
             full,
             flight,
             contract,
-            state: RefCell::new(WatchState { eval, fired: Vec::new(), traces: Vec::new(), spare: None, after: None, cpu_wait: CpuWait::default() }),
+            state: RefCell::new(WatchState { eval, fired: Vec::new(), traces: Vec::new(), spare: None, after: None, cpu_wait: CpuWait::default(), recorder_cost: RecorderCost::default() }),
         });
         Ok(s)
     }
@@ -333,6 +340,20 @@ impl Schedule {
     /// The triggers that fired so far.
     pub fn fired(&self) -> Vec<Fired> {
         self.watch.as_ref().map(|w| w.state.borrow().fired.clone()).unwrap_or_default()
+    }
+
+    /// The flight recorder's own work as a share of the updates it records
+    /// -- the tracer time of each (what the recording bracketed as the
+    /// tracer's own work, [`SessionRef::tracer_work`]) over its wall time --
+    /// the median over 20 completed updates after the first 3; `None` until
+    /// measured (and without a flight recorder, or on a clock of
+    /// [`Schedule::with_clock`]). A lower bound of what recording costs the
+    /// loop: at 0.05 or more, [`WatchOptions::flight_recorder`] `None` keeps
+    /// every trigger and captures the update after one fires in full,
+    /// without recording every update. Printed nowhere: the program's to
+    /// read, as the findings are.
+    pub fn recorder_cost(&self) -> Option<f64> {
+        self.watch.as_ref().and_then(|w| w.state.borrow().recorder_cost.share())
     }
 
     /// The traces written so far by a watching schedule.
@@ -473,7 +494,8 @@ impl Schedule {
         };
         let trace = self.trace.borrow_mut().take().transpose()?;
         let findings = self.findings.take();
-        Ok(Finished { trace, summary, updates, fired, traces, findings })
+        let recorder_cost = self.recorder_cost();
+        Ok(Finished { trace, summary, updates, fired, traces, findings, recorder_cost })
     }
 
     /// Ends the aggregate session with a `failed` summary carrying `reason`
@@ -614,6 +636,19 @@ pub struct Update<'a> {
     ended: bool,
 }
 
+/// An update's times, as it ends.
+struct Elapsed {
+    /// Seconds of the update for the slow trigger, the tracer's time left
+    /// out (`None`: not timed, a full capture's time is the capture's).
+    seconds: Option<f64>,
+    /// The time the machine held the update up (the slow trigger's).
+    waited: f64,
+    /// The update's wall time, and the tracer time of the session recording
+    /// it (0 on a clock of [`Schedule::with_clock`]).
+    wall: f64,
+    tracer: f64,
+}
+
 /// A span of an update (from [`Update::span`]): in the session recording the
 /// update, if any, and in the aggregate session, if any. Ends when dropped.
 #[must_use = "the span ends when the guard is dropped: bind it with `let _s = ...`"]
@@ -726,24 +761,20 @@ impl<'a> Update<'a> {
         self.close(Some(reason.to_string()))
     }
 
-    /// Seconds of the update for the slow trigger (`None`: not timed, a
-    /// full capture's time is the capture's), and the time the machine held
-    /// it up in them. The flight recorder's tracer time is left out.
-    fn elapsed(&self) -> (Option<f64>, f64) {
+    /// The update's times (see [`Elapsed`]).
+    fn elapsed(&self) -> Elapsed {
         let s = self.schedule;
         let wall = s.clock.now().saturating_sub(self.start).as_secs_f64();
         let waited = match (&s.watch, s.system_clock) {
             (Some(w), true) => w.state.borrow_mut().cpu_wait.take(Some(wall)),
             _ => 0.0,
         };
-        if matches!(self.kind, Kind::After(_)) {
-            return (None, waited);
-        }
         let tracer = match (&self.capture, s.system_clock) {
-            (Some(c), true) => c.tracer_ns().saturating_sub(self.tracer0),
-            _ => 0,
+            (Some(c), true) => c.tracer_ns().saturating_sub(self.tracer0) as f64 / 1e9,
+            _ => 0.0,
         };
-        ((wall - tracer as f64 / 1e9).max(0.0).into(), waited)
+        let seconds = (!matches!(self.kind, Kind::After(_))).then(|| (wall - tracer).max(0.0));
+        Elapsed { seconds, waited, wall, tracer }
     }
 
     fn end_measured(&mut self) -> Result<()> {
@@ -760,10 +791,10 @@ impl<'a> Update<'a> {
     fn close(&mut self, failure: Option<String>) -> Result<()> {
         self.ended = true;
         self.schedule.in_update.set(false);
-        let (seconds, waited) = self.elapsed();
+        let elapsed = self.elapsed();
         let result = match &self.schedule.watch {
             None => self.close_step(failure),
-            Some(w) => self.close_watched(w, failure, seconds, waited),
+            Some(w) => self.close_watched(w, failure, elapsed),
         };
         let span = self.span.take().map_or(Ok(()), |s| s.end());
         result.and(span)
@@ -828,7 +859,7 @@ impl<'a> Update<'a> {
         }
     }
 
-    fn close_watched(&mut self, w: &Watch, failure: Option<String>, seconds: Option<f64>, waited: f64) -> Result<()> {
+    fn close_watched(&mut self, w: &Watch, failure: Option<String>, elapsed: Elapsed) -> Result<()> {
         let n = self.number;
         let loss = self.loss.get();
         let capture = self.capture.take();
@@ -859,7 +890,10 @@ impl<'a> Update<'a> {
                 w.opts.triggers.exception.then_some(Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
             }
             None => {
-                let mut fired = st.eval.end_of_update(n, seconds, loss, waited);
+                if self.kind == Kind::Flight && self.schedule.system_clock {
+                    st.recorder_cost.add(elapsed.tracer, elapsed.wall);
+                }
+                let mut fired = st.eval.end_of_update(n, elapsed.seconds, loss, elapsed.waited);
                 if let Some(c) = capture {
                     self.capture = Some(c);
                     result = self.close_capture(w, &mut st, fired.as_mut(), loss);

@@ -156,7 +156,7 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
         update.end().unwrap();
     }
     let done = schedule.finish().unwrap();
-    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![], findings: vec![] });
+    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![], findings: vec![], recorder_cost: None });
     assert!(!trace.exists(), "no capture was opened before update 3");
 }
 
@@ -303,4 +303,38 @@ fn a_watchs_findings_are_keyed_by_each_traces_final_name() {
         assert_eq!(findings.len(), 2, "{path:?}: {findings:?}");
         assert!(findings.iter().all(|f| f.severity == Severity::Note), "{findings:?}");
     }
+}
+
+/// The flight recorder's cost on the system clock: each update 2 ms of the
+/// program's work and, in the first loop, 1 ms of the recorder's (bracketed
+/// as tracer work); measured once, over the 20 updates after the first 3.
+#[test]
+fn the_recorder_cost_is_the_tracer_share_of_the_recorded_updates() {
+    let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, ..WatchOptions::default() };
+    for (tracer_ms, low, high) in [(1u64, 0.1, 0.7), (0, 0.0, 0.05)] {
+        let dir = fresh_dir("schedule-recorder-cost");
+        let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), quiet.clone()).unwrap();
+        for n in 1..=24u64 {
+            let u = schedule.begin_update().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            if tracer_ms > 0 {
+                let _t = u.recorder().expect("flight-recorded").tracer_work().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(tracer_ms));
+            }
+            u.end().unwrap();
+            assert_eq!(schedule.recorder_cost().is_some(), n >= 23, "update {n}");
+        }
+        let share = schedule.recorder_cost().unwrap();
+        assert!((low..=high).contains(&share), "{tracer_ms} ms of tracer work in 2: share {share}");
+        let done = schedule.finish().unwrap();
+        assert_eq!((done.recorder_cost, done.traces.len()), (Some(share), 0));
+    }
+    // Without a flight recorder there is nothing to measure.
+    let dir = fresh_dir("schedule-recorder-cost-off");
+    let off = WatchOptions { flight_recorder: None, ..quiet };
+    let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), off).unwrap();
+    for _ in 0..30 {
+        schedule.begin_update().unwrap().end().unwrap();
+    }
+    assert_eq!(schedule.finish().unwrap().recorder_cost, None);
 }
