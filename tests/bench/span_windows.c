@@ -1,10 +1,12 @@
 /* Whether a span pair's cost is a property of the process or of the moment
  * (issue 14's "bimodality"): one thread, windows of ~60 ms 30 ms apart; in
  * each window, chunk by chunk interleaved, the span pair, two rdtsc alone,
- * two rdtsc around a handful of plain stores and adds (no library), and a
- * chain of 24 dependent multiplies (72 cycles of the core's clock). A line
- * per window: the four chunk medians, ns per iteration, and the CPU the
- * process's other threads (the drainer) spent in the window.
+ * two rdtsc around a handful of plain stores and adds (no library), a
+ * chain of 24 dependent multiplies (72 cycles of the core's clock), and 32
+ * independent loads and adds in four chains (throughput-bound: what a core
+ * shared with another hardware thread runs slower, where the chain does
+ * not). A line per window: the five chunk medians, ns per iteration, and
+ * the CPU the process's other threads (the drainer) spent in the window.
  *
  *     make bench-span-windows      # or: build/span_windows [WINDOWS] [trace]
  *
@@ -78,9 +80,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "span_windows: %s\n", ct_last_error());
         return 1;
     }
-    double pair[CHUNKS], bare[CHUNKS], work[CHUNKS], alu[CHUNKS];
+    double pair[CHUNKS], bare[CHUNKS], work[CHUNKS], alu[CHUNKS], wide[CHUNKS];
     uint64_t acc = 0, pos = 0;
-    printf("%s, ns per iteration, chunk medians per window: span pair / 2x rdtsc / 2x rdtsc + stores / 24 dependent multiplies; then the other threads' CPU in the window (us)\n",
+    printf("%s, ns per iteration, chunk medians per window: span pair / 2x rdtsc / 2x rdtsc + stores / 24 dependent multiplies / 32 independent loads+adds; then the other threads' CPU in the window (us)\n",
            trace ? "trace mode" : "aggregate mode");
     for (int w = 0; w < windows; w++) {
         uint64_t others0 = others_cpu_ns();
@@ -110,13 +112,27 @@ int main(int argc, char **argv) {
             for (int i = 0; i < PAIRS; i++) /* a chain of 24 dependent multiplies: the core's clock */
                 for (int k = 0; k < 24; k++) __asm__ volatile("imul $3, %0, %0" : "+r"(acc));
             uint64_t t4 = now_ns();
+            uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            for (int i = 0; i < PAIRS; i++) {
+                const volatile uint64_t *q = &scratch[(pos + (uint64_t)i * 8) & 8160];
+                for (int k = 0; k < 8; k++) {
+                    a0 += q[k];
+                    a1 ^= q[k] + 1;
+                    a2 += q[k] >> 1;
+                    a3 -= q[k];
+                }
+            }
+            acc += a0 + a1 + a2 + a3;
+            uint64_t t5 = now_ns();
+            wide[c] = (double)(t5 - t4) / PAIRS;
             pair[c] = (double)(t1 - t0) / PAIRS;
             alu[c] = (double)(t4 - t3) / PAIRS;
             bare[c] = (double)(t2 - t1) / PAIRS;
             work[c] = (double)(t3 - t2) / PAIRS;
         }
         uint64_t others = others_cpu_ns() - others0;
-        printf("%5.1f %5.1f %5.1f %5.1f %6.0f\n", median(pair), median(bare), median(work), median(alu), others / 1e3);
+        printf("%5.1f %5.1f %5.1f %5.1f %5.1f %6.0f\n", median(pair), median(bare), median(work), median(alu), median(wide),
+               others / 1e3);
         fflush(stdout);
         struct timespec gap = {0, 30000000};
         nanosleep(&gap, NULL);
