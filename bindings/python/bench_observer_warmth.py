@@ -4,6 +4,9 @@ the captured one runs with the observer on, its records dropped) gives back.
 
     PYTHONPATH=bindings/python /usr/bin/python3 bindings/python/bench_observer_warmth.py [ROUNDS] [WORKLOAD...]
 
+WORKLOAD: one of examples/python/workloads.py's (default mlp and gpt-b1), or
+``calibration``, the miniature step the calibration times twenty in a row.
+
 One thread. Per round, for each K in 0, 1, 5 (unobserved updates before the observed one,
 run untimed), in a rotating order: K updates without the observer, then
 
@@ -42,6 +45,28 @@ import workloads  # noqa: E402
 KS = (0, 1, 5)
 
 
+def _workload(name: str):
+    w = workloads.WORKLOADS[name]()
+    x, y = w.batch()
+    return lambda: w.update(x, y)
+
+
+def _calibration_step():
+    """The miniature step Observer.calibrate times (a linear layer's forward, backward
+    and in-place update), as one update."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(8, 8, generator=gen).requires_grad_()
+    x = torch.randn(4, 8, generator=gen)
+
+    @torch.enable_grad()
+    def step() -> None:
+        (grad,) = torch.autograd.grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
+        with torch.no_grad():
+            weight.add_(grad, alpha=-1e-3)
+
+    return step
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     names = sys.argv[2:] or ["mlp", "gpt-b1"]
@@ -60,11 +85,7 @@ def main() -> None:
         now, hc = s._lib.raw.ct_now_ns, s._hc
         try:
             for name in names:
-                w = workloads.WORKLOADS[name]()
-                x, y = w.batch()
-
-                def update() -> None:
-                    w.update(x, y)
+                update = _calibration_step() if name == "calibration" else _workload(name)
 
                 def observed(clock, *arg) -> tuple:
                     obs.begin(s.handle, 1, True, nobody, earlier_ns=0)
