@@ -439,7 +439,7 @@ def test_the_watch_tells_an_op_bound_loop_what_its_recorder_costs(tmp_path, monk
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        with ctt.watch(model, opt, tmp_path / "tiny") as w:
+        with ctt.watch(model, opt, tmp_path / "tiny", aggregate_path=tmp_path / "tiny.json") as w:
             for _ in range(25):
                 opt.zero_grad()
                 model(torch.randn(2, 8)).sum().backward()
@@ -448,6 +448,11 @@ def test_the_watch_tells_an_op_bound_loop_what_its_recorder_costs(tmp_path, monk
     told = [x for x in got if "flight recorder's own work" in str(x.message)]
     assert w.recorder_cost.share is not None and w.recorder_cost.share >= 0.05, w.recorder_cost.share
     assert len(told) == 1 and told[0].filename == __file__, [str(x.message) for x in got]
+    # stated once in the whole-run summary too
+    summary = json.loads((tmp_path / "tiny.json").read_text())
+    scalars = {s["label"]: s for s in summary["scalars"]}
+    share = scalars["flight_recorder/share"]
+    assert share["count"] == 1 and share["last"] == pytest.approx(w.recorder_cost.share, rel=1e-12)
     # a compute-bound update (20 ms of work in forward): measured, and not told
     monkeypatch.setattr(_common, "_warned", set())
     with warnings.catch_warnings(record=True) as got:

@@ -53,7 +53,7 @@ pub use device::{Collector, DeviceOptions, UnspannedLaunches};
 pub use error::{Error, Result, Status};
 pub use finding::{Completed, Finding, ParameterState, Severity};
 pub use run::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Phase, Run, TimingMode};
-pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES, DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN};
+pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES, DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN, RECORDER_SHARE};
 pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};
 pub use session::{
     check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,

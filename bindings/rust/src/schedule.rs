@@ -114,6 +114,9 @@ use recorder_cost::RecorderCost;
 pub const DEFAULT_UPDATE_SPAN: &str = "train/step";
 /// At most this many traces in a watched run unless [`WatchOptions::max_traces`] says.
 pub const DEFAULT_MAX_TRACES: usize = 3;
+/// The aggregate summary's scalar of the flight recorder's measured share
+/// ([`Schedule::recorder_cost`]), folded once, when measured.
+pub const RECORDER_SHARE: &str = "flight_recorder/share";
 /// The flight recorder's bound unless [`WatchOptions::flight_recorder`] says (64 MiB).
 pub const DEFAULT_RECORDER_BYTES: u64 = 64 << 20;
 
@@ -351,7 +354,8 @@ impl Schedule {
     /// loop: at 0.05 or more, [`WatchOptions::flight_recorder`] `None` keeps
     /// every trigger and captures the update after one fires in full,
     /// without recording every update. Printed nowhere: the program's to
-    /// read, as the findings are.
+    /// read, as the findings are; with aggregate statistics also the
+    /// summary's scalar [`RECORDER_SHARE`].
     pub fn recorder_cost(&self) -> Option<f64> {
         self.watch.as_ref().and_then(|w| w.state.borrow().recorder_cost.share())
     }
@@ -890,13 +894,17 @@ impl<'a> Update<'a> {
                 w.opts.triggers.exception.then_some(Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
             }
             None => {
-                if self.kind == Kind::Flight && self.schedule.system_clock {
-                    st.recorder_cost.add(elapsed.tracer, elapsed.wall);
+                let measured = (self.kind == Kind::Flight && self.schedule.system_clock)
+                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall))
+                    .flatten();
+                if let (Some(share), Some(a)) = (measured, self.aggregate()) {
+                    // Stated once, where the run's statistics are.
+                    result = a.scalar(SpanId::ROOT, RECORDER_SHARE, share);
                 }
                 let mut fired = st.eval.end_of_update(n, elapsed.seconds, loss, elapsed.waited);
                 if let Some(c) = capture {
                     self.capture = Some(c);
-                    result = self.close_capture(w, &mut st, fired.as_mut(), loss);
+                    result = result.and(self.close_capture(w, &mut st, fired.as_mut(), loss));
                 }
                 fired
             }

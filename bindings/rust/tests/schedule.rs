@@ -313,7 +313,11 @@ fn the_recorder_cost_is_the_tracer_share_of_the_recorded_updates() {
     let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, ..WatchOptions::default() };
     for (tracer_ms, low, high) in [(1u64, 0.1, 0.7), (0, 0.0, 0.05)] {
         let dir = fresh_dir("schedule-recorder-cost");
-        let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), quiet.clone()).unwrap();
+        let summary = dir.path().join("summary.json");
+        let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), quiet.clone())
+            .unwrap()
+            .with_aggregate(&summary, None)
+            .unwrap();
         for n in 1..=24u64 {
             let u = schedule.begin_update().unwrap();
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -328,6 +332,16 @@ fn the_recorder_cost_is_the_tracer_share_of_the_recorded_updates() {
         assert!((low..=high).contains(&share), "{tracer_ms} ms of tracer work in 2: share {share}");
         let done = schedule.finish().unwrap();
         assert_eq!((done.recorder_cost, done.traces.len()), (Some(share), 0));
+        // stated once in the summary too
+        let doc = read_summary(&summary);
+        let stated: Vec<(u64, f64)> = doc["scalars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["label"] == RECORDER_SHARE)
+            .map(|s| (s["count"].as_u64().unwrap(), s["last"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(stated, [(1, share)], "{doc}");
     }
     // Without a flight recorder there is nothing to measure.
     let dir = fresh_dir("schedule-recorder-cost-off");

@@ -51,6 +51,10 @@ def _line(text: str, limit: int = 1024) -> Optional[str]:
     return text.encode("utf-8")[:limit].decode("utf-8", "ignore") or None
 
 
+#: the aggregate summary's scalar of the flight recorder's measured share
+RECORDER_SHARE = "flight_recorder/share"
+
+
 class RecorderCost:
     """The flight recorder's own work as a share of the updates it records, measured once
     over ``updates`` of them (after ``skip``, which pay for warming up): the tracer time
@@ -65,15 +69,16 @@ class RecorderCost:
         #: the median share once measured, else None
         self.share: Optional[float] = None
 
-    def add(self, tracer_s: float, wall_s: float) -> None:
+    def add(self, tracer_s: float, wall_s: float) -> bool:
+        """Folds one recorded update; True when that measured the share."""
         if self.share is not None or wall_s <= 0:
-            return
+            return False
         if self.skip > 0:
             self.skip -= 1
-            return
+            return False
         self._shares.append(min(max(tracer_s / wall_s, 0.0), 1.0))
         if len(self._shares) < self.updates:
-            return
+            return False
         self.share = statistics.median(self._shares)
         self._shares = []
         if self.share >= self.warn_at:
@@ -82,6 +87,7 @@ class RecorderCost:
                       f"updates (at least: torch's per-op work for it comes on top); "
                       f"watch(..., flight_recorder=False) keeps every trigger and captures "
                       f"the update after one fires in full", stacklevel=4)
+        return True
 
 
 class _LossTap:
@@ -231,8 +237,8 @@ class watch:
         waited = self._cpu_wait.take(wall)
         loss = self._tap.take()
         cap, kind = self._cap, self._cap_kind
-        if cap is not None and kind == "flight":
-            self.recorder_cost.add(tracer, wall)
+        if cap is not None and kind == "flight" and self.recorder_cost.add(tracer, wall):
+            self._summarize_recorder_cost()
         self._cap = None
         fired: Optional[Fired] = None
         if cap is not None and cap.state == "failed" and cap.reason:
@@ -284,6 +290,17 @@ class watch:
                                 no_trace=None if fired.trace else fired.no_trace)
         except CandleTraceError as e:  # the summary's loss, not the program's
             warn_once(f"watch-summary-{e.status}", f"watch: the summary misses a trigger: {e}")
+
+    def _summarize_recorder_cost(self) -> None:
+        """The recorder's measured share, once, into the whole-run summary (the scalar
+        ``flight_recorder/share``): what the watch spent is stated where the run's
+        statistics are."""
+        if self.whole_run is None or self.recorder_cost.share is None:
+            return
+        try:
+            self.whole_run.session.record_scalar(1, RECORDER_SHARE, self.recorder_cost.share)
+        except CandleTraceError as e:  # the summary's loss, not the program's
+            warn_once(f"watch-summary-{e.status}", f"watch: the summary misses the recorder's cost: {e}")
 
     def _mark(self) -> None:
         """Where the next update's time starts: after step()'s own work (closing one

@@ -19,21 +19,24 @@ pub(super) struct RecorderCost {
 }
 
 impl RecorderCost {
-    /// Folds one flight-recorded update that completed.
-    pub(super) fn add(&mut self, tracer_s: f64, wall_s: f64) {
+    /// Folds one flight-recorded update that completed; the share when this
+    /// update measured it (once a run).
+    pub(super) fn add(&mut self, tracer_s: f64, wall_s: f64) -> Option<f64> {
         if self.share.is_some() || wall_s <= 0.0 {
-            return;
+            return None;
         }
         if self.skipped < SKIP {
             self.skipped += 1;
-            return;
+            return None;
         }
         self.shares.push((tracer_s / wall_s).clamp(0.0, 1.0));
-        if self.shares.len() == UPDATES {
-            let mut s = std::mem::take(&mut self.shares);
-            s.sort_by(f64::total_cmp);
-            self.share = Some((s[UPDATES / 2 - 1] + s[UPDATES / 2]) / 2.0);
+        if self.shares.len() < UPDATES {
+            return None;
         }
+        let mut s = std::mem::take(&mut self.shares);
+        s.sort_by(f64::total_cmp);
+        self.share = Some((s[UPDATES / 2 - 1] + s[UPDATES / 2]) / 2.0);
+        self.share
     }
 
     /// The median share once measured.
@@ -53,13 +56,14 @@ mod tests {
             c.add(0.9, 1.0); // warming up: not counted
         }
         for i in 0..UPDATES - 1 {
-            c.add(i as f64 / 100.0, 1.0);
+            assert_eq!(c.add(i as f64 / 100.0, 1.0), None);
             assert_eq!(c.share(), None);
         }
-        c.add(0.5, 1.0);
+        let measured = c.add(0.5, 1.0);
         // 0.00 ..= 0.18 and 0.50: the two middle values are 0.09 and 0.10
         assert!((c.share().unwrap() - 0.095).abs() < 1e-12, "{:?}", c.share());
-        c.add(1.0, 1.0); // measured once: later updates change nothing
+        assert_eq!(measured, c.share());
+        assert_eq!(c.add(1.0, 1.0), None); // measured once: later updates change nothing
         assert!((c.share().unwrap() - 0.095).abs() < 1e-12);
     }
 
