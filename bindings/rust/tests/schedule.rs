@@ -311,7 +311,9 @@ fn a_watchs_findings_are_keyed_by_each_traces_final_name() {
 #[test]
 fn the_recorder_cost_is_the_tracer_share_of_the_recorded_updates() {
     let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, ..WatchOptions::default() };
-    for (tracer_ms, low, high) in [(1u64, 0.1, 0.7), (0, 0.0, 0.05)] {
+    // Sleeps overshoot on a loaded machine, each on its own: 1 ms in 3 is a third
+    // on an idle one; the bounds ask only that it is clearly there, or not.
+    for (tracer_ms, low, high) in [(1u64, 0.05, 0.9), (0, 0.0, 0.05)] {
         let dir = fresh_dir("schedule-recorder-cost");
         let summary = dir.path().join("summary.json");
         let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), quiet.clone())
