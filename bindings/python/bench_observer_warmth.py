@@ -51,22 +51,6 @@ def _workload(name: str):
     return lambda: w.update(x, y)
 
 
-def _calibration_step():
-    """The miniature step Observer.calibrate times (a linear layer's forward, backward
-    and in-place update), as one update."""
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(8, 8, generator=gen).requires_grad_()
-    x = torch.randn(4, 8, generator=gen)
-
-    @torch.enable_grad()
-    def step() -> None:
-        (grad,) = torch.autograd.grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
-        with torch.no_grad():
-            weight.add_(grad, alpha=-1e-3)
-
-    return step
-
-
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     names = sys.argv[2:] or ["mlp", "gpt-b1"]
@@ -85,7 +69,7 @@ def main() -> None:
         now, hc = s._lib.raw.ct_now_ns, s._hc
         try:
             for name in names:
-                update = _calibration_step() if name == "calibration" else _workload(name)
+                update = _observer.miniature_step() if name == "calibration" else _workload(name)
 
                 def observed(clock, *arg) -> tuple:
                     obs.begin(s.handle, 1, True, nobody, earlier_ns=0)

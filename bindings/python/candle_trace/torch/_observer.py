@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -111,6 +111,24 @@ def build(verbose: bool = False) -> Path:
     sys.stderr.write(f"candle_trace: op observer compiled in {time.monotonic() - started:.1f}s "
                      f"into {folder}\n")
     return so
+
+
+def miniature_step() -> Callable[[], None]:
+    """The miniature training step :meth:`Observer.calibrate` times: a linear layer's
+    forward, backward and in-place update, with its own weight."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(8, 8, generator=gen).requires_grad_()
+    x = torch.randn(4, 8, generator=gen)
+
+    # torch.autograd.grad, not backward(): what wraps the program's backward (a
+    # whole-run session, a watch reading the loss, the user's own) must not see it
+    @torch.enable_grad()
+    def step() -> None:
+        (grad,) = torch.autograd.grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
+        with torch.no_grad():
+            weight.add_(grad, alpha=-1e-3)
+
+    return step
 
 
 class Observer:
@@ -222,20 +240,12 @@ class Observer:
             return 0
         from ..session import CandleTraceError, Session
 
-        gen = torch.Generator().manual_seed(0)
-        weight = torch.randn(8, 8, generator=gen).requires_grad_()
-        x = torch.randn(4, 8, generator=gen)
+        step = miniature_step()
 
-        # torch.autograd.grad, not backward(): what wraps the program's backward (a
-        # whole-run session, a watch reading the loss, the user's own) must not see it
-        @torch.enable_grad()
         def steps(clock: Any, *arg: Any) -> int:
             t = clock(*arg)
             for _ in range(batch):
-                (grad,) = torch.autograd.grad(
-                    torch.nn.functional.linear(x, weight).relu().sum(), [weight])
-                with torch.no_grad():
-                    weight.add_(grad, alpha=-1e-3)
+                step()
             return clock(*arg) - t
 
         nobody = self.named([])
