@@ -3,6 +3,7 @@ the Python dispatch mode."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -323,6 +324,36 @@ def test_observer_builds_into_the_cache_folder(tmp_path, monkeypatch):
     assert torch.__version__.replace("+", "_") in str(folder)
     so = _observer.build()
     assert so.exists() and so.parent == folder
+
+
+
+@needs_observer
+def test_a_built_observer_loads_without_building_again(tmp_path):
+    # torch 2.x's build lock is a file that stays (an advisory lock on it): taken for a
+    # build under way, it sent every process through cpp_extension.load, which said
+    # "compiling the PyTorch op observer" each time
+    _observer.build()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "bindings" / "python"))
+    r = subprocess.run([sys.executable, "-c", "from candle_trace.torch import _observer; "
+                        "print(_observer.build())"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert Path(r.stdout.strip()) == _observer.build()
+    assert "compiling" not in r.stderr, r.stderr
+
+
+def test_a_build_is_under_way_while_torch_holds_its_lock(tmp_path):
+    from torch.utils import cpp_extension
+    assert not _observer.build_under_way(tmp_path)
+    lock = tmp_path / "lock"
+    lock.touch()
+    advisory = hasattr(cpp_extension, "FileLock")  # else a FileBaton: the file is the lock
+    assert _observer.build_under_way(tmp_path) is not advisory
+    if advisory:
+        with open(lock) as held:  # as a building process holds it
+            fcntl.flock(held, fcntl.LOCK_EX)
+            assert _observer.build_under_way(tmp_path)
+        assert not _observer.build_under_way(tmp_path)
 
 
 ASAN_SCRIPT = r"""

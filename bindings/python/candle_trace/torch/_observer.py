@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import ctypes
+import fcntl
 import hashlib
 import os
 import statistics
@@ -87,9 +88,9 @@ def build(verbose: bool = False) -> Path:
     name, folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
     so = folder / f"{name}.so"
-    if so.exists() and not (folder / "lock").exists():
+    if so.exists() and not build_under_way(folder):
         # Built by an earlier process (the folder name carries the source digest): no
-        # ninja or compiler needed. "lock" is cpp_extension's baton of a build under way.
+        # ninja or compiler needed.
         return so
     from torch.utils import cpp_extension
 
@@ -111,6 +112,30 @@ def build(verbose: bool = False) -> Path:
     sys.stderr.write(f"candle_trace: op observer compiled in {time.monotonic() - started:.1f}s "
                      f"into {folder}\n")
     return so
+
+
+def build_under_way(folder: Path) -> bool:
+    """Whether torch's cpp_extension is building in ``folder`` now. Its ``lock`` there is
+    the lock either way, but of two kinds: torch 1.x's FileBaton is the file itself
+    (created for the build, removed after it), later torches' FileLock an advisory lock
+    held on a file that stays -- there the file alone said "under way" for ever, and
+    every process went through cpp_extension.load again, saying it compiled."""
+    try:
+        fd = os.open(folder / "lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        from torch.utils import cpp_extension
+        if not hasattr(cpp_extension, "FileLock"):
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def miniature_step() -> Callable[[], None]:
