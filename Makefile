@@ -44,7 +44,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-span-windows bench-view bench-python bench-watch bench-observer-warmth bench-watch-perf bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-span-windows bench-view bench-python bench-watch bench-observer-warmth bench-backward-hooks bench-watch-perf bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -213,6 +213,11 @@ bench-watch: $(LIB)
 # observer, and after a rehearsal (issue 12): bench_observer_warmth.py [ROUNDS] [WORKLOAD...].
 bench-observer-warmth: $(LIB)
 	for py in $(TORCH_PYTHONS); do PYTHONPATH=bindings/python $$py bindings/python/bench_observer_warmth.py $(WARMTH_ARGS) || exit 1; done
+
+# A backward module span's gradient hook on autograd's node vs in the tensor's Python
+# hooks (bench_backward_hooks.py [ROUNDS] [DEPTH]).
+bench-backward-hooks: $(LIB)
+	for py in $(TORCH_PYTHONS); do PYTHONPATH=bindings/python $$py bindings/python/bench_backward_hooks.py $(HOOKS_ARGS) || exit 1; done
 
 bench-watch-perf: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch_perf.py $(WATCH_ARGS)

@@ -22,6 +22,7 @@ from torch import nn  # noqa: E402
 import candle_trace.torch as ctt  # noqa: E402
 from candle_trace import CandleTraceError, CandleTraceValueError, Session, Status  # noqa: E402
 from candle_trace.torch import Triggers, _capture, _observer  # noqa: E402
+from candle_trace.torch import _modules  # noqa: E402
 from candle_trace.torch._modules import NativeModuleSpans, PyModuleSpans  # noqa: E402
 from candle_trace.torch._spans import NativeSpans, Spans  # noqa: E402
 
@@ -204,6 +205,80 @@ def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, mon
     label = {"odd": "pair/output", "residual": "blocks.0.norm/output"}.get(workload)
     assert label is None or any(s["kind"] == "tensor_stats" and s["label"] == label
                                 for s in native_lines)
+
+
+@pytest.mark.parametrize("workload", ["gpt", "odd", "residual"])
+def test_hooks_on_autograd_nodes_write_the_trace_tensor_hooks_write(tmp_path, monkeypatch, workload):
+    monkeypatch.setenv("CANDLE_TRACE_BACKWARD_HOOKS", "tensor")
+    profiled(tmp_path / "tensor.jsonl", workload)
+    monkeypatch.setenv("CANDLE_TRACE_BACKWARD_HOOKS", "node")
+    profiled(tmp_path / "node.jsonl", workload)
+    node_lines = judged(tmp_path / "node.jsonl", tmp_path)
+    assert normalized(node_lines) == normalized(read_trace(tmp_path / "tensor.jsonl"))
+    assert any(s["kind"] == "span_start" and s.get("step") == "backward" and
+               s["span_kind"] == "module" for s in node_lines)
+
+
+@pytest.mark.parametrize("hooks", ["node", "tensor"])
+def test_the_gradient_hooks_are_on_autograd_nodes_unless_told(tmp_path, monkeypatch, hooks):
+    if hooks == "tensor":
+        monkeypatch.setenv("CANDLE_TRACE_BACKWARD_HOOKS", hooks)
+    torch.manual_seed(0)
+    model = Residual()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctt.profile(model, opt, tmp_path / "t.jsonl", capture_step=1, name="m") as prof:
+        odd_update(model, opt)
+        kept = model.kept
+        prof.step()
+    # the module outputs: no Python hook dict of ours where the node carries the hook
+    assert [t._backward_hooks is None for t in kept] == [hooks == "node"] * len(kept)
+    lines = judged(tmp_path / "t.jsonl", tmp_path)
+    assert sorted(n for n, _ in backward_spans(lines)) == sorted(RESIDUAL_MODULES)
+
+
+def test_a_backward_hooks_setting_of_neither_kind_is_refused(monkeypatch):
+    monkeypatch.setenv("CANDLE_TRACE_BACKWARD_HOOKS", "python")
+    with pytest.raises(ValueError, match="CANDLE_TRACE_BACKWARD_HOOKS='python': node or tensor"):
+        _modules.backward_hooks()
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="compiled autograd is torch 2.x's")
+def test_compiled_autograd_keeps_the_backward_spans_and_the_gradients(tmp_path):
+    """Compiled autograd's graph runs in place of the nodes and calls only Python hooks:
+    seen in the update before the captured one, the capture hooks the tensors."""
+    from torch._dynamo import compiled_autograd
+
+    def run(path):
+        torch.manual_seed(0)
+        model = Residual()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(1)
+
+        def update():
+            opt.zero_grad()
+            loss = ((model(torch.randn(4, 8)) - torch.randn(4, 2)) ** 2).mean()
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                loss.backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            opt.step()
+            return grads
+
+        if path is None:
+            return [update() for _ in range(3)]
+        with ctt.profile(model, opt, path, capture_step=2, name="m") as prof:
+            got = []
+            for _ in range(3):
+                got.append(update())
+                prof.step()
+        return got
+
+    reference = run(None)
+    traced = run(tmp_path / "t.jsonl")
+    for want, got in zip(reference, traced):
+        for a, b in zip(want, got):
+            torch.testing.assert_close(b, a)
+    lines = judged(tmp_path / "t.jsonl", tmp_path)
+    assert sorted(n for n, _ in backward_spans(lines)) == sorted(RESIDUAL_MODULES)
 
 
 def backward_spans(lines):

@@ -27,8 +27,8 @@ import torch
 
 from ..session import CandleTraceError, Session
 from . import _gradients, _observer, _ops
-from ._common import (compiled_inner, dtype_name, exception_reason, outside_dynamo, patch,
-                      restore, warn_once)
+from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
+                      outside_dynamo, patch, restore, warn_once)
 from ._device import Device
 from ._modules import ModuleSpans, module_spans
 from ._spans import Spans, spans_for
@@ -437,6 +437,8 @@ class Capture:
 
         @functools.wraps(orig)
         def backward(tensors: Any, *a: Any, **k: Any) -> Any:
+            if self._module_spans is not None and compiled_autograd_on():
+                self._module_spans.autograd_compiled()
             if self.state != "capturing":
                 return orig(tensors, *a, **k)
             sid = self.guard_call(self._backward_begin, tensors)

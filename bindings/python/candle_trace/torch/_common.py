@@ -4,6 +4,7 @@ attribute patches and one-time warnings."""
 from __future__ import annotations
 
 import gc
+import sys
 import warnings
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -111,6 +112,17 @@ def outside_dynamo(fn: Any) -> Any:
     split no graph and its state is never a graph's. Identity on a torch without
     dynamo."""
     return _disable(fn) if _disable is not None else fn
+
+
+def compiled_autograd_on() -> bool:
+    """Whether autograd runs compiled now (torch._dynamo's compiled autograd, entered around
+    a backward or turned on in dynamo's config): its graph runs in place of autograd's
+    nodes, and calls the tensors' Python hooks but not the nodes' C++ ones."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    if ca is not None and getattr(ca, "compiled_autograd_enabled", False):
+        return True
+    cfg = sys.modules.get("torch._dynamo.config")
+    return bool(cfg is not None and getattr(cfg, "compiled_autograd", False))
 
 
 def compiled_inner(m: Any) -> Any:

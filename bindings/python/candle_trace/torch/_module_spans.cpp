@@ -4,8 +4,17 @@
 #include "_native.h"
 
 #include <c10/core/GradMode.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/function.h>
 
+#include <memory>
 #include <new>
+
+// Compiled autograd's argument collector (torch >= 2.2 declares it; older torches never
+// call what takes it).
+namespace torch::dynamo::autograd {
+class CompiledNodeArgs;
+}  // namespace torch::dynamo::autograd
 
 namespace ct_native {
 namespace {
@@ -24,7 +33,7 @@ PyObject *g_mapping = nullptr;             // collections.abc.Mapping
 
 PyObject *s_state, *s_capturing, *s_armed, *s_stats, *s_on_top_forward, *s_failing,
     *s_abort, *s_requires_grad, *s_backward_hooks, *s_grad_fn, *s_register_hook_dict,
-    *s_register_hook, *s_own_hooks;
+    *s_register_hook, *s_own_hooks, *s_cdata;
 
 PyTypeObject *g_table_type, *g_forward_type, *g_hooks_type;
 
@@ -46,6 +55,7 @@ bool intern_all() {
         {&s_register_hook_dict, "_register_hook_dict"},
         {&s_register_hook, "register_hook"},
         {&s_own_hooks, "_candle_trace_hooks"},
+        {&s_cdata, "_cdata"},
     };
     for (auto &n : names) {
         if (*n.slot) continue;
@@ -70,6 +80,15 @@ struct ModInfo {
     bool top;
 };
 
+struct ModuleTable;
+
+// What an autograd node's hook (NodeHook) holds of its capture's table: the node may
+// outlive the table, and is freed wherever autograd frees it, without the GIL.
+// Cleared (under the GIL) when the table goes.
+struct TableRef {
+    ModuleTable *table;
+};
+
 struct ModuleTable {
     PyObject_HEAD
     PyObject *cap;            // the Capture: state, stats, on_top_forward, failing, abort
@@ -80,6 +99,8 @@ struct ModuleTable {
     PyObject *stats;          // the capture's StatsBuffer (_stats_buffer.cpp), or null
     std::string *root;        // the model's span name
     std::vector<ModInfo> *mods;
+    std::shared_ptr<TableRef> *ref;  // what this table's node hooks hold
+    bool node_hooks;          // backward spans by hooks on autograd's nodes (NodeHook)
 };
 
 struct ModuleForward {
@@ -238,6 +259,9 @@ int requires_grad(PyObject *t) {
 }
 
 TensorHooks *hooks_of(ModuleTable *t, PyObject *bound);
+int node_hook(ModuleTable *t, PyObject *tensor, int index, bool begin);
+int gradient_arrived(ModuleTable *t, const std::vector<int> &ends, const std::vector<int> &begins);
+bool table_alive(const ModuleTable *t);
 
 TensorHooks *new_hooks(ModuleTable *t) {
     TensorHooks *h = PyObject_GC_New(TensorHooks, g_hooks_type);  // holds a reference to its type
@@ -288,6 +312,7 @@ void add_hook(TensorHooks *h, int index, bool begin) {
 // next module to see the tensor finds it. A tensor subclass (or a torch function mode)
 // gets its own register_hook.
 int tensor_hook(ModuleTable *t, PyObject *tensor, int index, bool begin) {
+    if (int on_node = node_hook(t, tensor, index, begin)) return on_node < 0 ? -1 : 0;
     PyObject *hooks = PyObject_GetAttr(tensor, s_backward_hooks);
     if (!hooks) return -1;
     if (hooks != Py_None) {
@@ -380,6 +405,87 @@ int tensor_hook(ModuleTable *t, PyObject *tensor, int index, bool begin) {
     Py_XDECREF(hooks);
     Py_DECREF(bound);
     return rc;
+}
+
+// ---- hooks on autograd's nodes ---------------------------------------------------------
+// What TensorHooks does, as a pre-hook of the node that consumes the tensor's gradient
+// (its grad_fn, at its output_nr) -- the moment autograd would run the tensor's own
+// hooks. Autograd calls it in C++: no Python tensor made of the gradient, no hooks dict,
+// and on torch 2.x no torch.compiler.disable wrapper around the call (which the Python
+// path needs so that dynamo sees the hook as opaque); that path cost 0.9 us a gradient,
+// 1.9 us with the wrapper, on torch 2.15 (BENCHMARKS.md). A leaf (no grad_fn), a tensor
+// subclass or a torch without the node API takes the Python path.
+
+struct NodeHook final : torch::autograd::FunctionPreHook {
+    NodeHook(std::shared_ptr<TableRef> r, uint32_t nr) : ref(std::move(r)), output_nr(nr) {}
+
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list &grads) override {
+        if (!Py_IsInitialized()) return grads;
+        PyGILState_STATE gil = PyGILState_Ensure();
+        ModuleTable *t = ref->table;
+        if (table_alive(t) && gradient_arrived(t, ends, begins) < 0) {
+            // Not the tracer's failure (that ended the capture), the program's own -- a
+            // KeyboardInterrupt while the tracer ran Python: no Python error crosses
+            // autograd's C++, so the interrupt is raised again at the program's next
+            // bytecode, as the signal would have been.
+            if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+                PyErr_Clear();
+                PyErr_SetInterrupt();
+            } else {
+                PyErr_WriteUnraisable(nullptr);
+            }
+        }
+        PyGILState_Release(gil);
+        return grads;
+    }
+
+    // Under compiled autograd the compiled graph runs instead of the nodes, without the
+    // backward spans; what it collects of a hook is for Python hooks only, and it refuses
+    // C++ hooks that do not say what they need -- this one needs nothing.
+    void compiled_args(torch::dynamo::autograd::CompiledNodeArgs &) const {}
+
+    std::shared_ptr<TableRef> ref;
+    uint32_t output_nr;
+    std::vector<int> ends, begins;
+};
+
+// 1: the node hook has `index` (see NodeHook); 0: the tensor takes the Python path; -1 on
+// error.
+int node_hook(ModuleTable *t, PyObject *tensor, int index, bool begin) {
+    if (!t->node_hooks || Py_TYPE(tensor) != g_tensor_type) return 0;
+    PyObject *address = PyObject_GetAttr(tensor, s_cdata);
+    void *impl_p = address ? PyLong_AsVoidPtr(address) : nullptr;
+    Py_XDECREF(address);
+    if (!impl_p) {  // not a TensorImpl of this torch after all
+        PyErr_Clear();
+        return 0;
+    }
+    try {
+        // The caller's reference keeps the TensorImpl alive; this one is for the call.
+        at::Tensor v(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+            static_cast<c10::TensorImpl *>(impl_p)));
+        const auto &fn = v.grad_fn();  // as register_hook: refreshes a stale view
+        if (!fn) return 0;
+        const auto nr = static_cast<uint32_t>(v.output_nr());
+        NodeHook *h = nullptr;
+        for (const auto &p : fn->pre_hooks()) {
+            auto *mine = dynamic_cast<NodeHook *>(p.get());
+            if (mine && mine->ref == *t->ref && mine->output_nr == nr) {
+                h = mine;
+                break;
+            }
+        }
+        if (!h) {
+            auto made = std::make_unique<NodeHook>(*t->ref, nr);
+            h = made.get();
+            fn->add_pre_hook(std::move(made));
+        }
+        (begin ? h->begins : h->ends).push_back(index);
+        return 1;
+    } catch (const std::exception &e) {
+        PyErr_Format(PyExc_RuntimeError, "candle_trace: a backward hook on autograd's node: %s", e.what());
+        return -1;
+    }
 }
 
 // ---- forward spans ------------------------------------------------------------------
@@ -548,15 +654,21 @@ int backward_end(ModuleTable *t, const ModInfo &m) {
     return sid ? close_until(s, sid) : 0;
 }
 
-PyObject *hooks_call(TensorHooks *self, PyObject *, PyObject *) {
-    ModuleTable *t = self->table;
-    if (state_of(t->cap) != kCapturing) Py_RETURN_NONE;
+// A tensor's gradient arrived (TensorHooks, NodeHook): the backward span ends of the
+// modules that consumed it, then the begins of those that produced it. -1 with a Python
+// error that goes to the program.
+int gradient_arrived(ModuleTable *t, const std::vector<int> &ends, const std::vector<int> &begins) {
+    if (state_of(t->cap) != kCapturing) return 0;
     TracerWork work(t->stack);
     const std::vector<ModInfo> &mods = *t->mods;
     int rc = 0;
-    for (size_t i = 0; i < self->ends.size() && rc == 0; ++i) rc = backward_end(t, mods[self->ends[i]]);
-    for (size_t i = self->begins.size(); i-- > 0 && rc == 0;) rc = backward_begin(t, mods[self->begins[i]]);
-    if (rc < 0 && tracer_failed(t) < 0) return nullptr;
+    for (size_t i = 0; i < ends.size() && rc == 0; ++i) rc = backward_end(t, mods[ends[i]]);
+    for (size_t i = begins.size(); i-- > 0 && rc == 0;) rc = backward_begin(t, mods[begins[i]]);
+    return rc < 0 && tracer_failed(t) < 0 ? -1 : 0;
+}
+
+PyObject *hooks_call(TensorHooks *self, PyObject *, PyObject *) {
+    if (gradient_arrived(self->table, self->ends, self->begins) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 
@@ -647,6 +759,7 @@ int table_clear(ModuleTable *t) {
     Py_CLEAR(t->hook_wrap);
     Py_CLEAR(t->stats);
     if (t->mods) release_mods(*t->mods);
+    if (t->ref && *t->ref) (*t->ref)->table = nullptr;  // the node hooks still alive see it gone
     // The stack goes last: the wrappers and hooks still alive check `cap` first.
     PyObject *s = reinterpret_cast<PyObject *>(t->stack);
     t->stack = nullptr;
@@ -660,8 +773,16 @@ void table_dealloc(ModuleTable *t) {
     table_clear(t);
     delete t->mods;
     delete t->root;
+    delete t->ref;
     PyObject_GC_Del(t);
     Py_DECREF(tp);
+}
+
+// use_tensor_hooks(): backward spans by the tensors' Python hooks from now on (autograd
+// runs compiled: NodeHook)
+PyObject *table_use_tensor_hooks(ModuleTable *t, PyObject *) {
+    t->node_hooks = false;
+    Py_RETURN_NONE;
 }
 
 PyMethodDef table_methods[] = {
@@ -671,6 +792,8 @@ PyMethodDef table_methods[] = {
      "would open, or by Python's statistics for the output's label)"},
     {"wrapper", (PyCFunction)table_wrapper, METH_VARARGS,
      "wrapper(index, orig_forward) -> the module's forward wrapper"},
+    {"use_tensor_hooks", (PyCFunction)table_use_tensor_hooks, METH_NOARGS,
+     "use_tensor_hooks(): backward spans by the tensors' Python hooks from now on"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -796,12 +919,13 @@ bool make_types() {
 
 }  // namespace
 
-// module_table(cap, stack, key, record_output, hook_wrap_or_None, root, stats_or_None)
-//   -> ModuleTable
+// module_table(cap, stack, key, record_output, hook_wrap_or_None, root, stats_or_None,
+//              node_hooks=True) -> ModuleTable
 PyObject *new_table(PyObject *, PyObject *args) {
     PyObject *cap, *stack, *key, *record_output, *hook_wrap, *root, *stats;
-    if (!PyArg_ParseTuple(args, "OO!UOOUO", &cap, g_stack_type, &stack, &key, &record_output,
-                          &hook_wrap, &root, &stats))
+    int node_hooks = 1;
+    if (!PyArg_ParseTuple(args, "OO!UOOUO|p", &cap, g_stack_type, &stack, &key, &record_output,
+                          &hook_wrap, &root, &stats, &node_hooks))
         return nullptr;
     if (stats != Py_None && Py_TYPE(stats) != g_stats_type) {
         PyErr_SetString(PyExc_TypeError, "module_table: stats is a StatsBuffer or None");
@@ -813,6 +937,14 @@ PyObject *new_table(PyObject *, PyObject *args) {
     if (!t) return nullptr;
     t->mods = new (std::nothrow) std::vector<ModInfo>();
     t->root = new (std::nothrow) std::string(r);
+    t->ref = new (std::nothrow) std::shared_ptr<TableRef>();
+    if (t->ref) {
+        try {
+            *t->ref = std::make_shared<TableRef>(TableRef{t});
+        } catch (const std::bad_alloc &) {
+        }
+    }
+    t->node_hooks = node_hooks != 0;
     Py_INCREF(cap);
     Py_INCREF(stack);
     Py_INCREF(key);
@@ -824,7 +956,7 @@ PyObject *new_table(PyObject *, PyObject *args) {
     t->hook_wrap = hook_wrap == Py_None ? nullptr : (Py_INCREF(hook_wrap), hook_wrap);
     t->stats = stats == Py_None ? nullptr : (Py_INCREF(stats), stats);
     PyObject_GC_Track(t);
-    if (!t->mods || !t->root) {
+    if (!t->mods || !t->root || !t->ref || !*t->ref) {
         Py_DECREF(t);
         return PyErr_NoMemory();
     }

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -75,6 +76,11 @@ class ModuleSpans:
         for u in reversed(self._undo):
             u()
         self._undo.clear()
+
+    def autograd_compiled(self) -> None:
+        """Autograd runs compiled (see :func:`_common.compiled_autograd_on`): from the next
+        forward on, gradients are hooked where its graph calls them, the tensors' Python
+        hooks (what these are everywhere but in :class:`NativeModuleSpans`)."""
 
     def _wrapper(self, module: torch.nn.Module) -> Callable:
         raise NotImplementedError
@@ -283,7 +289,8 @@ class NativeModuleSpans(ModuleSpans):
         # C++; anything else comes back to _record_output_at.
         stats = capture.stats.buffer if capture.stats is not None else None
         self._table = spans.native.module_table(capture, spans.frames, self._key,
-                                                self._record_output_at, wrap, root, stats)
+                                                self._record_output_at, wrap, root, stats,
+                                                backward_hooks() == "node")
         self._index: Dict[torch.nn.Module, int] = {}
         self._span_names: List[str] = []  # by index
         for m, (name, qual) in self._names.items():
@@ -296,8 +303,23 @@ class NativeModuleSpans(ModuleSpans):
     def _wrapper(self, module: torch.nn.Module) -> Callable:
         return outside_dynamo(self._table.wrapper(self._index[module], module.forward))
 
+    def autograd_compiled(self) -> None:
+        self._table.use_tensor_hooks()
+
     def _record_output_at(self, index: int, sid: int, t: torch.Tensor) -> None:
         self._record_output(self._span_names[index], sid, t)
+
+
+def backward_hooks() -> str:
+    """Where the C++ module spans hook a tensor's gradient (``CANDLE_TRACE_BACKWARD_HOOKS``):
+    ``node`` (default), a pre-hook on the autograd node that receives it, called by autograd
+    in C++; ``tensor``, the tensor's ``_backward_hooks`` as ``Tensor.register_hook`` does,
+    called through torch's Python hook path (what a leaf or a tensor subclass always
+    takes)."""
+    v = os.environ.get("CANDLE_TRACE_BACKWARD_HOOKS", "node").strip().lower() or "node"
+    if v not in ("node", "tensor"):
+        raise ValueError(f"CANDLE_TRACE_BACKWARD_HOOKS={v!r}: node or tensor")
+    return v
 
 
 def _encoded(name: str, fn: str = "Spans.push", arg: str = "name") -> Any:

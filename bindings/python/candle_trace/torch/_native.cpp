@@ -57,8 +57,9 @@ PyMethodDef module_functions[] = {
      "span_stack(hc, address, raise_status): the span stacks of a session (hc: its "
      "ctypes.c_uint64 handle, address: ctypes.addressof(hc))"},
     {"module_table", new_table, METH_VARARGS,
-     "module_table(cap, stack, key, record_output, hook_wrap, root, stats): one capture's "
-     "modules (stats: its StatsBuffer, or None)"},
+     "module_table(cap, stack, key, record_output, hook_wrap, root, stats, node_hooks=True): "
+     "one capture's modules (stats: its StatsBuffer, or None; node_hooks: backward spans by "
+     "hooks on autograd's nodes, else by the tensors' Python hooks)"},
     {"observer_begin", (PyCFunction)(void (*)(void))observer_begin, METH_FASTCALL,
      "observer_begin(session, measured, memory, impls, numels, names, n, earlier_ns) -> "
      "memory recorded (1/0), or -1: ct_obs_begin without ctypes"},

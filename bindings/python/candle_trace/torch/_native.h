@@ -14,8 +14,9 @@
 // wrapper, one into each tensor hook, and the library's span calls.
 //
 // Every entry point runs with the GIL held -- the wrapper is called by Module.__call__,
-// the hooks by autograd's PyFunctionTensorPreHook, the stack's methods by Python -- so
-// the GIL is the lock of all the state here.
+// the tensor hooks by autograd's PyFunctionTensorPreHook, the node hooks take it first
+// thing, the stack's methods are called by Python -- so the GIL is the lock of all the
+// state here.
 //
 // Python's C API only (no pybind11): the library is loaded with ctypes, and
 // ct_obs_native() hands Python a module object with these types.
