@@ -121,6 +121,25 @@ class Residual(nn.Module):
         return out
 
 
+class Checkpointed(nn.Module):
+    """Residual's blocks under activation checkpointing: their forwards run again inside
+    the backward (reentrant: in a backward of their own)."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = self.inp(x)
+        for b in self.blocks:
+            h = checkpoint(b, h, use_reentrant=self.reentrant)
+        return self.head(h)
+
+
 RESIDUAL_MODULES = ("m", "inp", "blocks", "head") + tuple(
     f"blocks.{i}{s}" for i in (0, 1) for s in ("", ".norm", ".a", ".b"))
 
@@ -159,6 +178,10 @@ def profiled(path, workload):
         import workloads
         w = workloads.gpt(2, 8)
         model, opt, update = w.model, w.optimizer, lambda: gpt_update(w)
+    elif workload.startswith("checkpointed"):
+        model = Checkpointed(reentrant=workload.endswith("reentrant"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        update = lambda: odd_update(model, opt)  # noqa: E731
     elif workload == "residual":
         model = Residual()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -207,7 +230,8 @@ def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, mon
                                 for s in native_lines)
 
 
-@pytest.mark.parametrize("workload", ["gpt", "odd", "residual"])
+@pytest.mark.parametrize("workload", ["gpt", "odd", "residual", "checkpointed",
+                                      "checkpointed-reentrant"])
 def test_hooks_on_autograd_nodes_write_the_trace_tensor_hooks_write(tmp_path, monkeypatch, workload):
     monkeypatch.setenv("CANDLE_TRACE_BACKWARD_HOOKS", "tensor")
     profiled(tmp_path / "tensor.jsonl", workload)
