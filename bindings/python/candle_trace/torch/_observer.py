@@ -20,7 +20,6 @@ import ctypes
 import fcntl
 import hashlib
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -246,12 +245,16 @@ class Observer:
         layer's forward, backward and in-place update: the record functions of an
         update) timed untraced, and on the clock of a private session of the library
         while the observer records them into it (then discarded); the fastest of
-        ``batches`` batches each (interference only adds time); the median of ``rounds``
+        ``batches`` batches each (interference only adds time); the lowest of ``rounds``
         such measurements, since one in a few comes out two to three times the others
         (torch 2.15 here: 1.2-2.0 us against 0.55-0.8; the same process measures as
         usual a moment later), and backdating by it would leave the model's own time out
         of the trace (a GPT-style update at batch 1 x 8 measured 0.88x its untraced
-        time). Each callback's interval then begins half of it early (:meth:`begin`).
+        time). Not their median: a slow moment of the machine lasts longer than a round,
+        and took two rounds of three in one process of eight (2235, 2250 and 1207 ns,
+        where the others measured 1.2-1.3 us); the lowest is at most a few percent
+        below the median where the rounds agree. Each callback's interval then begins
+        half of it early (:meth:`begin`).
 
         A private session, not the capture's: the capture arms (and calibrates) inside
         a tracer interval of its session, whose clock stands still there, and no trace
@@ -308,7 +311,7 @@ class Observer:
                           RuntimeWarning, stacklevel=4)
             self.per_op_ns = 0
             return 0
-        self.per_op_ns = int(statistics.median(measured))
+        self.per_op_ns = min(measured)
         return self.per_op_ns
 
     def begin(self, session: int, measured: int, memory: bool, named: tuple,
