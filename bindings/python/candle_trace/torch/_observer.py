@@ -252,7 +252,7 @@ class Observer:
         of the trace (a GPT-style update at batch 1 x 8 measured 0.88x its untraced
         time). Not their median: a slow moment of the machine lasts longer than a round,
         and took two rounds of three in one process of eight (2235, 2250 and 1207 ns,
-        where the others measured 1.2-1.3 us); the lowest is at most a few percent
+        where five of the others measured 1.20-1.28 us); the lowest is at most a few percent
         below the median where the rounds agree. Each callback's interval then begins
         half of it early (:meth:`begin`).
 
