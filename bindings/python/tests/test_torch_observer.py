@@ -334,12 +334,17 @@ def test_a_built_observer_loads_without_building_again(tmp_path):
     # "compiling the PyTorch op observer" each time
     _observer.build()
     env = dict(os.environ, PYTHONPATH=str(REPO / "bindings" / "python"))
-    r = subprocess.run([sys.executable, "-c", "from candle_trace.torch import _observer; "
-                        "print(_observer.build())"], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", "import sys; from candle_trace.torch import "
+                        "_observer; print(_observer.build()); "
+                        "print('torch.utils.cpp_extension' in sys.modules)"],
+                       env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert Path(r.stdout.strip()) == _observer.build()
+    path, imported = r.stdout.split()
+    assert Path(path) == _observer.build()
     assert "compiling" not in r.stderr, r.stderr
+    # nor the build tools' import (setuptools with it): the folder says it is built
+    assert imported == "False"
+    assert (Path(path).parent / "built").exists()
 
 
 def test_a_build_is_under_way_while_torch_holds_its_lock(tmp_path):

@@ -33,7 +33,7 @@ PyObject *g_mapping = nullptr;             // collections.abc.Mapping
 
 PyObject *s_state, *s_capturing, *s_armed, *s_stats, *s_on_top_forward, *s_failing,
     *s_abort, *s_requires_grad, *s_backward_hooks, *s_grad_fn, *s_register_hook_dict,
-    *s_register_hook, *s_own_hooks, *s_cdata;
+    *s_register_hook, *s_own_hooks;
 
 PyTypeObject *g_table_type, *g_forward_type, *g_hooks_type;
 
@@ -55,7 +55,6 @@ bool intern_all() {
         {&s_register_hook_dict, "_register_hook_dict"},
         {&s_register_hook, "register_hook"},
         {&s_own_hooks, "_candle_trace_hooks"},
-        {&s_cdata, "_cdata"},
     };
     for (auto &n : names) {
         if (*n.slot) continue;
@@ -453,13 +452,8 @@ struct NodeHook final : torch::autograd::FunctionPreHook {
 // error.
 int node_hook(ModuleTable *t, PyObject *tensor, int index, bool begin) {
     if (!t->node_hooks || Py_TYPE(tensor) != g_tensor_type) return 0;
-    PyObject *address = PyObject_GetAttr(tensor, s_cdata);
-    void *impl_p = address ? PyLong_AsVoidPtr(address) : nullptr;
-    Py_XDECREF(address);
-    if (!impl_p) {  // not a TensorImpl of this torch after all
-        PyErr_Clear();
-        return 0;
-    }
+    void *impl_p = tensor_impl(tensor);
+    if (!impl_p) return 0;  // not a TensorImpl of this torch after all
     try {
         // The caller's reference keeps the TensorImpl alive; this one is for the call.
         at::Tensor v(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(

@@ -147,6 +147,10 @@ PyObject *new_stats_buffer(PyObject *, PyObject *);
 // with a Python error set.
 int stats_reduce(PyObject *buffer, uint64_t span, PyObject *label, PyObject *tensor);
 
+// The c10::TensorImpl behind a tensor (its Tensor._cdata), or null with no error set:
+// how the statistics and the backward spans' node hooks reach a tensor in C++.
+void *tensor_impl(PyObject *tensor);
+
 // ---- module spans (_module_spans.cpp) ---------------------------------------------------
 
 // The types, and the Python objects the hooks need (torch.Tensor,

@@ -86,10 +86,12 @@ def build(verbose: bool = False) -> Path:
     """
     name, folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    so = folder / f"{name}.so"
-    if so.exists() and not build_under_way(folder):
+    so, built = folder / f"{name}.so", folder / "built"
+    if so.exists() and (built.exists() or not build_under_way(folder)):
         # Built by an earlier process (the folder name carries the source digest): no
-        # ninja or compiler needed.
+        # ninja or compiler needed. "built" says so at once, where asking torch's lock
+        # imports cpp_extension (~80 ms, setuptools with it, on torch 2.15).
+        _mark_built(built)
         return so
     from torch.utils import cpp_extension
 
@@ -110,7 +112,18 @@ def build(verbose: bool = False) -> Path:
         raise ObserverUnavailable(f"the build left no {so}")
     sys.stderr.write(f"candle_trace: op observer compiled in {time.monotonic() - started:.1f}s "
                      f"into {folder}\n")
+    _mark_built(built)
     return so
+
+
+def _mark_built(built: Path) -> None:
+    """Leaves ``built`` beside a finished build (a read-only shared cache keeps asking the
+    lock instead)."""
+    if not built.exists():
+        try:
+            built.touch()
+        except OSError:
+            pass
 
 
 def build_under_way(folder: Path) -> bool:

@@ -181,18 +181,21 @@ PyMethodDef buffer_methods[] = {
 
 }  // namespace
 
+void *tensor_impl(PyObject *tensor) {
+    PyObject *address = s_cdata ? PyObject_GetAttr(tensor, s_cdata) : nullptr;
+    void *impl = address ? PyLong_AsVoidPtr(address) : nullptr;
+    Py_XDECREF(address);
+    if (!impl) PyErr_Clear();
+    return impl;
+}
+
 int stats_reduce(PyObject *buffer, uint64_t span, PyObject *label, PyObject *tensor) {
     if (Py_TYPE(buffer) != g_stats_type || Py_TYPE(tensor) != g_exact_tensor ||
         !PyBytes_Check(label))
         return 0;
     Pending &p = *reinterpret_cast<StatsBuffer *>(buffer)->p;
-    PyObject *address = PyObject_GetAttr(tensor, s_cdata);
-    void *impl_p = address ? PyLong_AsVoidPtr(address) : nullptr;
-    Py_XDECREF(address);
-    if (!impl_p) {  // not a TensorImpl of this torch after all: Python's path
-        PyErr_Clear();
-        return 0;
-    }
+    void *impl_p = tensor_impl(tensor);
+    if (!impl_p) return 0;  // not a TensorImpl of this torch after all: Python's path
     // The tensor (referenced by the caller for the call) keeps its TensorImpl alive.
     const auto *t = static_cast<const c10::TensorImpl *>(impl_p);
     try {
