@@ -602,7 +602,7 @@ class CountingDll:
 def test_calibration_rounds_out_of_line_do_not_set_the_figure(monkeypatch, rounds_out_of_line):
     """Rounds measuring ten times the others (as one in a few does, a process's moment,
     which can last two rounds of three) must not backdate every callback by it: the
-    lowest of three rounds."""
+    fastest observed round less the fastest unobserved one."""
     from candle_trace.torch import _observer
 
     obs = _observer.get()

@@ -258,16 +258,17 @@ class Observer:
         layer's forward, backward and in-place update: the record functions of an
         update) timed untraced, and on the clock of a private session of the library
         while the observer records them into it (then discarded); the fastest of
-        ``batches`` batches each (interference only adds time); the lowest of ``rounds``
-        such measurements, since one in a few comes out two to three times the others
-        (torch 2.15 here: 1.2-2.0 us against 0.55-0.8; the same process measures as
-        usual a moment later), and backdating by it would leave the model's own time out
-        of the trace (a GPT-style update at batch 1 x 8 measured 0.88x its untraced
-        time). Not their median: a slow moment of the machine lasts longer than a round,
-        and took two rounds of three in one process of eight (2235, 2250 and 1207 ns,
-        where five of the others measured 1.20-1.28 us); the lowest is at most a few percent
-        below the median where the rounds agree. Each callback's interval then begins
-        half of it early (:meth:`begin`).
+        ``batches`` batches each (interference only adds time), over ``rounds`` rounds:
+        the fastest observed round less the fastest unobserved one, each per record
+        function. A slow moment of the machine lasts a round or more and slows one kind
+        more than the other: an observed round that comes out two to three times the
+        others (torch 2.15 here: 1.2-2.0 us against 0.55-0.8), once two rounds of three
+        in one process of eight (2235, 2250 and 1207 ns, where five of the others
+        measured 1.20-1.28 us), would backdate every callback by it and leave the
+        model's own time out of the trace (a GPT-style update at batch 1 x 8 measured
+        0.88x its untraced time); an unobserved round slowed under load made a round's
+        difference 0. The fastest of each kind is what neither did to it. Each callback's
+        interval then begins half of it early (:meth:`begin`).
 
         A private session, not the capture's: the capture arms (and calibrates) inside
         a tracer interval of its session, whose clock stands still there, and no trace
@@ -291,7 +292,8 @@ class Observer:
 
         nobody = self.named([])
         count = self._dll.ct_obs_count_intervals
-        measured: List[int] = []
+        on_rf: List[float] = []  # each round's fastest observed batch, per record function
+        off_rf: List[float] = []  # ... and unobserved batch
         try:
             with tempfile.TemporaryDirectory(prefix="candle_trace-calibration-") as tmp:
                 s = Session(os.path.join(tmp, "calibration.jsonl"), "candle_trace::calibrate",
@@ -314,8 +316,11 @@ class Observer:
                             if i:  # the first: the observer learns which ops call others
                                 ons.append(on)
                                 seen = n
-                        # two intervals per record function seen (its start and end callbacks)
-                        measured.append(max(0, int((min(ons) - min(offs)) * 2 / max(seen, 1))))
+                        # per record function seen, two intervals each (its start and
+                        # end callbacks): the round's fastest batch of each kind
+                        per_rf = 2 / max(seen, 1)
+                        on_rf.append(min(ons) * per_rf)
+                        off_rf.append(min(offs) * per_rf)
                 finally:
                     s.discard()
         except (OSError, CandleTraceError) as e:  # no temporary folder, no session left
@@ -324,7 +329,7 @@ class Observer:
                           RuntimeWarning, stacklevel=4)
             self.per_op_ns = 0
             return 0
-        self.per_op_ns = min(measured)
+        self.per_op_ns = max(0, int(min(on_rf) - min(off_rf)))
         return self.per_op_ns
 
     def begin(self, session: int, measured: int, memory: bool, named: tuple,
