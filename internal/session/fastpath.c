@@ -716,6 +716,11 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
                 pad->size = (uint32_t)to_end;
                 pad->type = CT_REC_PAD;
                 STORE(&r->head, head + to_end);
+                /* The padding is not written records: the next wake
+                 * comes half an everyday size of records on, as after
+                 * any other (ring_commit's mark would otherwise lie a
+                 * whole address space behind, and never be crossed). */
+                r->wake_mark += to_end;
                 off = 0;
                 r->limit = r->soft;
             }

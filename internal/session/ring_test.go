@@ -305,3 +305,46 @@ func TestDrainerFaultsInAheadOnlyOfAStretchedRing(t *testing.T) {
 	prefaultOwnRing(lap + r.soft + 4096)
 	assert.Greater(t, ahead(), r.soft, "pages faulted in ahead of a stretched ring")
 }
+
+// A producer that wrapped back early (its drainer caught up at the everyday
+// size) goes on waking the drainer every half everyday size it writes. It
+// did not: the padding record of an early wrap runs to the end of the
+// address space (8 MiB), and the wake mark, set before it, was then that
+// far behind head, so no record crossed a half-size mark again until the
+// ring had stretched to its end and filled. A flight recorder's slow steady
+// producer so stretched its ring to 8 MiB every ~2,000 updates and faulted
+// in huge pages at ~4.6 ms apiece inside an update (a false "slow" trigger).
+func TestAnEarlyWrapBackKeepsWakingTheDrainer(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s, _ := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	defer func() { assert.NoError(t, s.Finish()) }()
+	// Drained, within an eighth of the everyday size before its end, with
+	// the address space beyond it back at its bound.
+	for p := ownRingProbe(); p.cap == 0 || p.offset < p.soft*7/8 || p.offset >= p.soft || p.resident > wrapBackBound(p); p = ownRingProbe() {
+		require.NoError(t, spanPairsC(s.Handle(), 200))
+		require.NoError(t, s.Flush())
+	}
+	before := ownRingProbe()
+	// Past the everyday size with the drainer an eighth of it behind at
+	// most: the producer wraps back early.
+	require.NoError(t, spanPairsC(s.Handle(), int(before.soft/8/compactPairBytes)+100))
+	wrapped := ownRingProbe()
+	require.Less(t, wrapped.offset, before.offset, "wrapped back early: %+v", wrapped)
+	assert.Less(t, wrapped.sinceWake, wrapped.soft/2, "the wake mark follows the wrap's padding (%+v)", wrapped)
+
+	// An everyday size more, in small pieces with time between them: the
+	// drainer, woken by the producer alone, reads at least half of it.
+	for written := uint64(0); written < wrapped.soft; written += 100 * compactPairBytes {
+		require.NoError(t, spanPairsC(s.Handle(), 100))
+		time.Sleep(100 * time.Microsecond)
+	}
+	want := wrapped.head + wrapped.soft/2
+	deadline := time.Now().Add(5 * time.Second)
+	for ownRingTail() < want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	assert.GreaterOrEqual(t, ownRingTail(), want, "the drainer was woken: %+v", ownRingProbe())
+	after := ownRingProbe()
+	assert.LessOrEqual(t, after.offset, after.soft+2*(after.soft/16), "the ring did not stretch past a step or two: %+v", after)
+}

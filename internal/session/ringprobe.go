@@ -39,6 +39,8 @@ import (
 type ringProbe struct {
 	soft, cap uint64 // everyday size, address space
 	offset    uint64 // where the next record goes
+	head      uint64 // bytes written, padding included, since the ring began
+	sinceWake uint64 // bytes written since the producer last woke the drainer
 	waits     uint64 // times the producer waited for room
 	resident  uint64 // bytes of the address space in memory
 }
@@ -52,9 +54,12 @@ func ownRingProbe() ringProbe {
 	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
 	return ringProbe{
 		soft: uint64(r.soft), cap: uint64(r.cap),
-		offset:   head & (uint64(r.cap) - 1),
-		waits:    atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.waits))),
-		resident: uint64(C.ct__ring_resident(r)),
+		offset: head & (uint64(r.cap) - 1),
+		head:   head,
+		// wake_mark is the producer's own: read on its thread, it is exact.
+		sinceWake: head - uint64(r.wake_mark),
+		waits:     atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.waits))),
+		resident:  uint64(C.ct__ring_resident(r)),
 	}
 }
 
