@@ -32,6 +32,30 @@ type closedSpan struct {
 	dropped                bool // left out of a buffered session's trace
 }
 
+// closedSlot is a closedSpan as the table keeps it: 32 bytes, not 40, its
+// dropped flag in the parent's top bit (span ids count up from 1, so a
+// parent never reaches it). The table is written once per span ended and
+// read by the rare record on a closed span: at full size it is 8 MiB a
+// session, not 10.
+type closedSlot struct {
+	id, parentDropped, start, dur uint64
+}
+
+const slotDropped = uint64(1) << 63
+
+func packClosed(s closedSpan) closedSlot {
+	c := closedSlot{id: s.id, parentDropped: s.parent, start: s.start, dur: s.dur}
+	if s.dropped {
+		c.parentDropped |= slotDropped
+	}
+	return c
+}
+
+func (c closedSlot) span() closedSpan {
+	return closedSpan{id: c.id, parent: c.parentDropped &^ slotDropped, start: c.start, dur: c.dur,
+		dropped: c.parentDropped&slotDropped != 0}
+}
+
 // MaxClosedSpans bounds the closed-span table: records may be attached to any
 // of the most recent MaxClosedSpans closed spans. Span ids are sequential, so a
 // direct-mapped table keyed by id keeps exactly the newest ones without any
@@ -39,20 +63,20 @@ type closedSpan struct {
 const MaxClosedSpans = 1 << 18
 
 type closedTable struct {
-	slots []closedSpan
+	slots []closedSlot
 }
 
 // spareClosed is the slots of a finished session's table, kept (with its
 // pages) for the next session: a session opened and finished again and
 // again (a flight recorder's) grows its table into memory already mapped
-// instead of faulting in up to 10 MiB each time. Guarded by mu.
-var spareClosed []closedSpan
+// instead of faulting in up to 8 MiB each time. Guarded by mu.
+var spareClosed []closedSlot
 
 func (t *closedTable) put(s closedSpan) {
 	if s.id >= uint64(len(t.slots)) && len(t.slots) < MaxClosedSpans {
 		t.grow(s.id)
 	}
-	t.slots[s.id&uint64(len(t.slots)-1)] = s
+	t.slots[s.id&uint64(len(t.slots)-1)] = packClosed(s)
 }
 
 // grow doubles the table until id has a slot of its own or the table is
@@ -80,7 +104,7 @@ func (t *closedTable) grow(id uint64) {
 		for i := 0; i < n; i++ {
 			if e := t.slots[i]; e.id != 0 && e.id&mask != uint64(i) {
 				t.slots[i+n] = e
-				t.slots[i] = closedSpan{}
+				t.slots[i] = closedSlot{}
 			}
 		}
 	}
@@ -100,28 +124,28 @@ func (t *closedTable) release() {
 }
 
 // closedMaps are the mappings mapClosed made, by their first slot.
-var closedMaps = map[*closedSpan][]byte{}
+var closedMaps = map[*closedSlot][]byte{}
 
 // mapClosed is the memory of a full-size table: a mapping of its own in
 // transparent huge pages where the kernel gives them (a table touches up to
-// 10 MiB as a session's span ids grow, and a 4 KiB page fault costs ~2 us
+// 8 MiB as a session's span ids grow, and a 4 KiB page fault costs ~2 us
 // on the VMs we measured, a huge page ~0.2 us per 4 KiB of it); Go memory
 // where it cannot. mu is held.
-func mapClosed() []closedSpan {
-	n := MaxClosedSpans * int(unsafe.Sizeof(closedSpan{}))
+func mapClosed() []closedSlot {
+	n := MaxClosedSpans * int(unsafe.Sizeof(closedSlot{}))
 	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
-		return make([]closedSpan, 0, MaxClosedSpans)
+		return make([]closedSlot, 0, MaxClosedSpans)
 	}
 	_ = syscall.Madvise(b, 14 /* MADV_HUGEPAGE */)
-	s := unsafe.Slice((*closedSpan)(unsafe.Pointer(&b[0])), MaxClosedSpans)
+	s := unsafe.Slice((*closedSlot)(unsafe.Pointer(&b[0])), MaxClosedSpans)
 	closedMaps[&s[0]] = b
 	return s[:0]
 }
 
 // unmapClosed gives a table mapClosed made back to the kernel (one in Go
 // memory goes with the garbage). mu is held.
-func unmapClosed(s []closedSpan) {
+func unmapClosed(s []closedSlot) {
 	first := &s[:1][0]
 	if b, ok := closedMaps[first]; ok {
 		delete(closedMaps, first)
@@ -134,7 +158,10 @@ func (t *closedTable) get(id uint64) (closedSpan, bool) {
 		return closedSpan{}, false
 	}
 	s := t.slots[id&uint64(len(t.slots)-1)]
-	return s, s.id == id && id != 0
+	if s.id != id || id == 0 {
+		return closedSpan{}, false
+	}
+	return s.span(), true
 }
 
 // openSpans are a session's open spans. Spans nest per thread and a thread's

@@ -2,6 +2,7 @@ package session
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,4 +35,30 @@ func TestClosedTableGrowsInPlaceAndForgetsTheLastSession(t *testing.T) {
 		assert.Equal(t, id == 2, ok, "s%d of the earlier session must be gone", id)
 	}
 	b.release()
+}
+
+// The table keeps a span in 32 bytes, the dropped flag in its parent's top
+// bit: every field comes back as it went in, dropped or not.
+func TestClosedTableKeepsEveryFieldIn32Bytes(t *testing.T) {
+	mu.Lock()
+	defer mu.Unlock()
+	assert.EqualValues(t, 32, unsafe.Sizeof(closedSlot{}))
+	var tab closedTable
+	defer tab.release()
+	want := []closedSpan{
+		{id: 1, parent: 0, start: 0, dur: 0},
+		{id: 2, parent: 1, start: 5, dur: 9, dropped: true},
+		{id: 3, parent: 1<<63 - 1, start: 1<<64 - 1, dur: 1<<64 - 1, dropped: true},
+		{id: 4, parent: 1<<63 - 1, start: 7, dur: 3},
+	}
+	for _, c := range want {
+		tab.put(c)
+	}
+	for _, c := range want {
+		got, ok := tab.get(c.id)
+		require.True(t, ok, "s%d", c.id)
+		assert.Equal(t, c, got)
+	}
+	_, ok := tab.get(5)
+	assert.False(t, ok)
 }
