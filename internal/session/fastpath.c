@@ -789,7 +789,10 @@ static inline void ring_commit(ct_ring *r, uint32_t size) {
     uint64_t head = r->head;
     uint64_t half = r->soft >> 1;
     STORE(&r->head, head + size);
-    if (((head - r->wake_mark) < half) && ((head + size - r->wake_mark) >= half)) {
+    /* Half an everyday size past the mark, however far: a mark left behind
+     * (as the wraps once left it, 7.5 MiB back) heals at the next record
+     * instead of silencing the drainer for good. */
+    if (head + size - r->wake_mark >= half) {
         r->wake_mark = head + size;
         wake_drainer();
     }
