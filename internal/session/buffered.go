@@ -243,15 +243,29 @@ func (s *Session) discard() error {
 }
 
 // discardLocked is Discard once the session is known live and buffered; it
-// returns the memory the trace was kept in (its contents are dropped).
-func (t *traceSession) discardLocked() []byte {
+// returns the memory the session kept its trace, its encoding and its
+// gradient contract's keys in (their contents are dropped).
+func (t *traceSession) discardLocked() kept {
 	s := t.sess
 	s.endingLocked()
-	data := t.bound.data
+	k := kept{data: t.bound.data, enc: s.buf[:0], expected: s.expected}
 	t.bound.Discard()
-	s.buf = nil
+	s.buf, s.expected = nil, nil
 	s.releaseLocked()
-	return data
+	return k
+}
+
+// kept is the memory a flight recorder's next session takes over from the
+// one before (reopen): the buffer its trace was kept in, the buffer its
+// lines were encoded in and its gradient contract's keys, so that an update's
+// reopen allocates next to nothing (a 64-parameter contract's keys and meta
+// line were 45 KB an update, and the collections they brought on ran beside
+// the training). The zero value: a first open, which allocates its own.
+type kept struct {
+	data, enc []byte
+	// expected: the same run's keys (a reopened run differs in its capture
+	// step only); their values are reset.
+	expected map[gradKey]bool
 }
 
 // reopen discards the buffered session s (as Discard does) and opens the
@@ -286,9 +300,9 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 	}
 	// The update before's memory holds the next: no new chunk to clear, and
 	// none of the growth the update before already went through.
-	data, same, o := t.discardLocked(), t.sameRun, s.opts
+	k, same, o := t.discardLocked(), t.sameRun, s.opts
 	mu.Unlock()
-	n, err := openRun(path, next, o, &same, data)
+	n, err := openRun(path, next, o, &same, k)
 	if err != nil {
 		if e, ok := err.(*Error); ok && strings.HasPrefix(e.Msg, "ct_open:") {
 			return nil, &Error{Code: e.Code, Msg: "ct_reopen" + e.Msg[len("ct_open"):]}

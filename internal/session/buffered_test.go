@@ -498,6 +498,36 @@ func TestBufferedReopenIsTheNextUpdatesSession(t *testing.T) {
 	assert.Equal(t, map[string]any{"k": "v"}, meta["tags"])
 }
 
+// A reopened session takes the memory of the one before (its encode buffer,
+// its contract's keys) but none of what it recorded: a gradient recorded in
+// the update before is expected again, and the trace starts at its meta line.
+func TestBufferedReopenStartsTheContractAfresh(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, `,"capture_contract":{"measurement_scope":"profiled_work","gradients":"complete",`+
+		`"gradient_contract":{"expected":[{"root":"mlp","key":"fc1.weight","family":"fc1"},{"root":"mlp","key":"fc2.weight","family":"fc2"}],`+
+		`"families":[{"family":"fc1","expectation":"active","min_present":1},{"family":"fc2","expectation":"active","min_present":1}]}}`))
+	one := 1.0
+	step(t, s) // fc1.weight present
+	require.NoError(t, s.RecordGradient("mlp", "fc2.weight", events.GradientPresent, &one))
+	n, err := s.Reopen(path, 3)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Discard() })
+	step(t, n)
+	requireCode(t, n.Finish(), State, "expects gradients not recorded: mlp/fc2.weight;")
+	require.NoError(t, n.RecordGradient("mlp", "fc2.weight", events.GradientPresent, &one))
+	require.NoError(t, n.Finish())
+	testutil.RequireValid(t, path)
+	lines := testutil.Lines(t, path)
+	assert.Equal(t, "meta", lines[0]["kind"])
+	assert.EqualValues(t, 3, lines[0]["capture_step"])
+	var grads []string
+	for _, l := range lines {
+		if l["kind"] == "gradient" {
+			grads = append(grads, fmt.Sprint(l["key"], " ", l["state"]))
+		}
+	}
+	assert.Equal(t, []string{"fc1.weight present", "fc2.weight present"}, grads, "only this update's")
+}
+
 func TestBufferedReopenKeepsWhatTheRunJSONGave(t *testing.T) {
 	s, path := openBuffered(t, bufRun(1<<20, `,"warmup_steps":1,"correlation_id":"mine"`))
 	n, err := s.Reopen(path, 9)

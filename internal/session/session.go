@@ -85,14 +85,35 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if err != nil {
 		return nil, errorf(InvalidArgument, "ct_open: %v", err)
 	}
-	return openRun(path, run, newOptions(opts), nil, nil)
+	return openRun(path, run, newOptions(opts), nil, kept{})
+}
+
+// expectedKeys is the gradient contract's keys of run, none recorded yet
+// (nil: no contract): reuse's, reset, where the session before in a flight
+// recorder's run had them.
+func expectedKeys(run *events.Run, reuse map[gradKey]bool) map[gradKey]bool {
+	if reuse != nil {
+		for k := range reuse {
+			reuse[k] = false
+		}
+		return reuse
+	}
+	exp := run.ExpectedGradients()
+	if len(exp) == 0 {
+		return nil
+	}
+	keys := make(map[gradKey]bool, len(exp))
+	for _, e := range exp {
+		keys[gradKey{e.Root, e.Key}] = false
+	}
+	return keys
 }
 
 // openRun is Open once the run JSON is parsed (Reopen skips the parse, most
 // of what opening a flight recorder's session costs); a reopened trace
 // takes prev, what the run's session before found out, and keeps its trace
 // in reuse's memory.
-func openRun(path string, run *events.Run, o options, prev *sameRun, reuse []byte) (*Session, error) {
+func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept) (*Session, error) {
 	if dir := filepath.Dir(path); run.Buffer == nil && dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
@@ -107,13 +128,9 @@ func openRun(path string, run *events.Run, o options, prev *sameRun, reuse []byt
 		memory:  newLifetimes(),
 		tensors: map[string]struct{}{},
 		done:    make(chan struct{}),
+		buf:     reuse.enc,
 	}
-	if exp := run.ExpectedGradients(); len(exp) > 0 {
-		s.expected = make(map[gradKey]bool, len(exp))
-		for _, e := range exp {
-			s.expected[gradKey{e.Root, e.Key}] = false
-		}
-	}
+	s.expected = expectedKeys(run, reuse.expected)
 	if run.MeasuredRoot {
 		setSlotMeasured(s.slot)
 	}
@@ -121,7 +138,7 @@ func openRun(path string, run *events.Run, o options, prev *sameRun, reuse []byt
 	if run.Mode == "aggregate" {
 		err = openAggregate(s)
 	} else {
-		err = openTrace(s, prev, reuse)
+		err = openTrace(s, prev, reuse.data)
 	}
 	if err != nil {
 		slotRelease(h)
