@@ -111,8 +111,8 @@ func expectedKeys(run *events.Run, reuse map[gradKey]bool) map[gradKey]bool {
 
 // openRun is Open once the run JSON is parsed (Reopen skips the parse, most
 // of what opening a flight recorder's session costs); a reopened trace
-// takes prev, what the run's session before found out, and keeps its trace
-// in reuse's memory.
+// takes prev, what the run's session before found out, and reuse, the
+// memory that session kept its trace, encoding and contract keys in.
 func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept) (*Session, error) {
 	if dir := filepath.Dir(path); run.Buffer == nil && dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
