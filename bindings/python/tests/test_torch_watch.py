@@ -34,13 +34,14 @@ class Slow(nn.Module):
     1.9 ms of run-queue wait), while the same stall in work on the CPU is the machine's
     and left out (``CpuWait``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, work_s: float = 0.02) -> None:
         super().__init__()
         self.fc1 = nn.Linear(16, 32)
         self.fc2 = nn.Linear(32, 4)
+        self.work_s = work_s
 
     def forward(self, x):
-        until = time.perf_counter() + 0.02
+        until = time.perf_counter() + self.work_s
         while time.perf_counter() < until:
             pass
         return self.fc2(torch.relu(self.fc1(x)))
@@ -54,8 +55,8 @@ def kinds(lines, kind):
     return [e for e in lines if e["kind"] == kind]
 
 
-def watched(tmp_path, steps, before=None, **kw):
-    model = Slow()
+def watched(tmp_path, steps, before=None, work_s=0.02, **kw):
+    model = Slow(work_s)
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     folder = tmp_path / "traces"
@@ -392,12 +393,16 @@ def test_the_watch_collects_between_updates_not_inside_them(tmp_path, gc_thresho
     assert "update" not in where, (where.index("update"), len(where))
 
 
-@pytest.mark.parametrize("shares, warned, share", [
-    ([0.5] * 3 + [0.01] * 20, False, 0.01),  # the first three are warm-up: left out
-    ([0.0] * 3 + [0.04] * 10 + [0.08] * 10, True, 0.06),  # the median, over the bar
-    ([0.0] * 3 + [0.2] * 19, False, None),  # not measured yet: 20 updates
+@pytest.mark.parametrize("updates, warned, share", [
+    # (tracer s, wall s, step() s) per update; the first three are warm-up: left out
+    ([(0.5, 1.0, 0.5)] * 3 + [(0.0, 0.01, 0.0001)] * 20, False, 0.01),
+    # the median of 0.04 and 0.08 (tracer time over the update's own, step() on top)
+    ([(0.0, 1.0, 0.0)] * 3 + [(0.02, 0.52, 0.0)] * 10 + [(0.04, 0.54, 0.0)] * 10, True, 0.06),
+    ([(0.0, 1.0, 0.0)] * 3 + [(0.0, 0.01, 0.002)] * 20, True, 0.2),  # step()'s work alone
+    ([(0.0, 1.0, 0.0)] * 3 + [(0.2, 0.1, 0.0)] * 20, True, 1e3),  # a skewed clock: bounded
+    ([(0.0, 1.0, 0.0)] * 3 + [(0.2, 1.0, 0.0)] * 19, False, None),  # not measured yet: 20 updates
 ])
-def test_the_recorders_cost_is_measured_once_and_told(monkeypatch, shares, warned, share):
+def test_the_recorders_cost_is_measured_once_and_told(monkeypatch, updates, warned, share):
     from candle_trace.torch import _common
     from candle_trace.torch._watch import RecorderCost
 
@@ -405,15 +410,16 @@ def test_the_recorders_cost_is_measured_once_and_told(monkeypatch, shares, warne
     cost = RecorderCost()
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        for x in shares:
-            cost.add(x * 0.01, 0.01)
+        for tracer, wall, step in updates:
+            cost.add(tracer, wall, step)
         if share is not None:  # measured once: what comes after does not change it
             for _ in range(30):
-                cost.add(0.009, 0.01)
-    told = [w for w in got if "flight recorder's own work" in str(w.message)]
+                cost.add(0.009, 0.01, 0.001)
+    told = [w for w in got if "flight recorder adds at least" in str(w.message)]
     assert bool(told) == warned, [str(w.message) for w in got]
     if warned:
         assert "flight_recorder=False" in str(told[0].message)
+        assert f"{share:.0%}" in str(told[0].message)
     if share is None:
         assert cost.share is None
     else:
@@ -445,7 +451,7 @@ def test_the_watch_tells_an_op_bound_loop_what_its_recorder_costs(tmp_path, monk
                 model(torch.randn(2, 8)).sum().backward()
                 opt.step()
                 w.step()
-    told = [x for x in got if "flight recorder's own work" in str(x.message)]
+    told = [x for x in got if "flight recorder adds at least" in str(x.message)]
     assert w.recorder_cost.share is not None and w.recorder_cost.share >= 0.05, w.recorder_cost.share
     assert len(told) == 1 and told[0].filename == __file__, [str(x.message) for x in got]
     # stated once in the whole-run summary too
@@ -453,13 +459,16 @@ def test_the_watch_tells_an_op_bound_loop_what_its_recorder_costs(tmp_path, monk
     scalars = {s["label"]: s for s in summary["scalars"]}
     share = scalars["flight_recorder/share"]
     assert share["count"] == 1 and share["last"] == pytest.approx(w.recorder_cost.share, rel=1e-12)
-    # a compute-bound update (20 ms of work in forward): measured, and not told
+    # A compute-bound update (100 ms of work in forward): measured, and not told.
+    # What step() spends arming the next update's recording counts (ct_reopen, with
+    # the library's Go runtime and the kernel's paths cold after the update: 0.3-2 ms
+    # on a 2-vCPU VM), which is 2-9% of a 20 ms update there.
     monkeypatch.setattr(_common, "_warned", set())
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        w2, _ = watched(tmp_path, 25)
+        w2, _ = watched(tmp_path, 25, work_s=0.1)
     assert w2.recorder_cost.share is not None and w2.recorder_cost.share < 0.05, w2.recorder_cost.share
-    assert not [x for x in got if "flight recorder's own work" in str(x.message)]
+    assert not [x for x in got if "flight recorder adds at least" in str(x.message)]
 
 
 def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_path, monkeypatch):

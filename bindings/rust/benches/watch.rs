@@ -128,7 +128,7 @@ fn main() {
     println!("triggers   / aggregated: {:.3}x (+{:.2} us)", t / a, (t - a) / 1e3);
     println!("flight     / aggregated: {:.3}x (+{:.2} us)", f / a, (f - a) / 1e3);
     match recorder_cost {
-        Some(c) => println!("flight recorder's own work (Schedule::recorder_cost): {:.1}% of its updates", c * 100.0),
+        Some(c) => println!("flight recorder (Schedule::recorder_cost): adds {:.1}% to its updates, at least", c * 100.0),
         None => println!("flight recorder's own work: not measured"),
     }
     let mib: Vec<String> = rss.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();

@@ -220,8 +220,8 @@ pub struct Finished {
     /// that has any, in the order written: a schedule hands them over here
     /// instead of printing them as each trace is written.
     pub findings: Vec<(PathBuf, Vec<Finding>)>,
-    /// The flight recorder's own work as a share of the updates it recorded
-    /// ([`Schedule::recorder_cost`]).
+    /// What the flight recorder added to the updates it recorded, as a
+    /// share of their own time ([`Schedule::recorder_cost`]).
     pub recorder_cost: Option<f64>,
 }
 
@@ -345,9 +345,11 @@ impl Schedule {
         self.watch.as_ref().map(|w| w.state.borrow().fired.clone()).unwrap_or_default()
     }
 
-    /// The flight recorder's own work as a share of the updates it records
-    /// -- the tracer time of each (what the recording bracketed as the
-    /// tracer's own work, [`SessionRef::tracer_work`]) over its wall time --
+    /// What the flight recorder adds to the updates it records, as a share
+    /// of the update's own time -- the tracer time of each (what the
+    /// recording bracketed as the tracer's own work,
+    /// [`SessionRef::tracer_work`]) plus the arming of its recording before
+    /// it began (`ct_reopen`), over its wall time less that tracer time --
     /// the median over 20 completed updates after the first 3; `None` until
     /// measured (and without a flight recorder, or on a clock of
     /// [`Schedule::with_clock`]). A lower bound of what recording costs the
@@ -424,6 +426,7 @@ impl Schedule {
             });
         }
         let number = self.next.get();
+        let arming = std::time::Instant::now();
         let (capture, kind) = match &self.watch {
             Some(w) => w.arm(number)?,
             None if number == self.run.capture_step() => (Some(Session::open(&self.trace_path, self.run.clone())?), Kind::Step),
@@ -440,6 +443,7 @@ impl Schedule {
             loss: Cell::new(None),
             start: Default::default(),
             tracer0: 0,
+            arming: arming.elapsed().as_secs_f64(),
             ended: false,
         };
         let opened = (|| -> Result<()> {
@@ -637,6 +641,9 @@ pub struct Update<'a> {
     loss: Cell<Option<f64>>,
     start: std::time::Duration,
     tracer0: u64,
+    /// Seconds the watch took to arm this update's recording (a flight
+    /// recorder's `ct_reopen`), before it began.
+    arming: f64,
     ended: bool,
 }
 
@@ -651,6 +658,8 @@ struct Elapsed {
     /// it (0 on a clock of [`Schedule::with_clock`]).
     wall: f64,
     tracer: f64,
+    /// Seconds spent arming the update's recording before it began.
+    arming: f64,
 }
 
 /// A span of an update (from [`Update::span`]): in the session recording the
@@ -778,7 +787,7 @@ impl<'a> Update<'a> {
             _ => 0.0,
         };
         let seconds = (!matches!(self.kind, Kind::After(_))).then(|| (wall - tracer).max(0.0));
-        Elapsed { seconds, waited, wall, tracer }
+        Elapsed { seconds, waited, wall, tracer, arming: self.arming }
     }
 
     fn end_measured(&mut self) -> Result<()> {
@@ -895,7 +904,7 @@ impl<'a> Update<'a> {
             }
             None => {
                 let measured = (self.kind == Kind::Flight && self.schedule.system_clock)
-                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall))
+                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall, elapsed.arming))
                     .flatten();
                 if let (Some(share), Some(a)) = (measured, self.aggregate()) {
                     // Stated once, where the run's statistics are.

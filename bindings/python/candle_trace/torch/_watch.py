@@ -56,12 +56,18 @@ RECORDER_SHARE = "flight_recorder/share"
 
 
 class RecorderCost:
-    """The flight recorder's own work as a share of the updates it records, measured once
-    over ``updates`` of them (after ``skip``, which pay for warming up): the tracer time
-    of each (what its hooks bracketed) over its wall time. A lower bound of what the
-    recorder costs -- torch's own work for the op observer adds to it, as much again on
-    an op-bound update of torch 2.x -- so at ``warn_at`` or more the program is told once,
-    with the way to keep the triggers without it."""
+    """What the flight recorder adds to the updates it records, measured once over
+    ``updates`` of them (after ``skip``, which pay for warming up), as a share of the
+    update's own time: per update, its tracer time (what its hooks bracketed, torch's
+    calibrated price per record function included) plus ``step()``'s work for it
+    (dropping the update, reopening the session: the library's Go runtime woken for
+    each), over the update's wall time less that tracer time; the median. A lower
+    bound: torch's work for the op callbacks beyond the calibrated share (the record
+    functions' own cost, slower in a real update's cold caches than in the calibration's
+    warm ones) and the library's background threads are not counted -- interleaved
+    with untraced updates (``bench_watch.py``) the recorder measured 1.5-3 times this
+    figure on torch 2.15's op-bound updates. At ``warn_at`` or more the program is told
+    once, with the way to keep the triggers without it."""
 
     def __init__(self, skip: int = 3, updates: int = 20, warn_at: float = 0.05) -> None:
         self.skip, self.updates, self.warn_at = skip, updates, warn_at
@@ -69,22 +75,27 @@ class RecorderCost:
         #: the median share once measured, else None
         self.share: Optional[float] = None
 
-    def add(self, tracer_s: float, wall_s: float) -> bool:
-        """Folds one recorded update; True when that measured the share."""
+    def add(self, tracer_s: float, wall_s: float, step_s: float = 0.0) -> bool:
+        """Folds one recorded update: ``tracer_s`` of its ``wall_s``, and ``step_s`` of
+        ``step()``'s time spent on it; True when that measured the share."""
         if self.share is not None or wall_s <= 0:
             return False
         if self.skip > 0:
             self.skip -= 1
             return False
-        self._shares.append(min(max(tracer_s / wall_s, 0.0), 1.0))
+        tracer_s, step_s = max(tracer_s, 0.0), max(step_s, 0.0)
+        own = max(wall_s - tracer_s, wall_s * 1e-3)  # a tracer time above the wall: clock skew
+        self._shares.append(min((tracer_s + step_s) / own, 1e3))
         if len(self._shares) < self.updates:
             return False
         self.share = statistics.median(self._shares)
         self._shares = []
         if self.share >= self.warn_at:
             warn_once("flight-recorder-cost",
-                      f"the flight recorder's own work is {self.share:.0%} of this loop's "
-                      f"updates (at least: torch's per-op work for it comes on top); "
+                      f"the flight recorder adds at least {self.share:.0%} to this loop's "
+                      f"updates (what its hooks and step() measurably spend; torch's own "
+                      f"work for its op callbacks, beyond a calibrated share, and the "
+                      f"library's background threads come on top); "
                       f"watch(..., flight_recorder=False) keeps every trigger and captures "
                       f"the update after one fires in full", stacklevel=4)
         return True
@@ -184,7 +195,7 @@ class watch:
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
         self._cpu_wait = CpuWait()  # the machine's stalls are not the update's
-        #: the flight recorder's own share of the updates it records (``.share``, once
+        #: what the flight recorder adds to the updates it records (``.share``, once
         #: measured over its first 20 updates; warned about from 5%)
         self.recorder_cost = RecorderCost()
         self._aggregate_args = (aggregate_path, aggregate_interval_ms, aggregate_prefix)
@@ -237,10 +248,9 @@ class watch:
         waited = self._cpu_wait.take(wall)
         loss = self._tap.take()
         cap, kind = self._cap, self._cap_kind
-        if cap is not None and kind == "flight" and self.recorder_cost.add(tracer, wall):
-            self._summarize_recorder_cost()
         self._cap = None
         fired: Optional[Fired] = None
+        closing: Optional[float] = None
         if cap is not None and cap.state == "failed" and cap.reason:
             if cap.reason.startswith(INTERNAL):  # the tracer's failure, not the update's
                 self._keep(cap, self.updates, "tracer-error")
@@ -252,7 +262,9 @@ class watch:
             timed = None if cap is not None and kind == "after" else seconds
             fired = self._eval.end_of_update(self.updates, timed, loss, waited)
             if cap is not None:
+                closing = time.perf_counter()
                 self._close(cap, kind, fired)
+                closing = time.perf_counter() - closing
                 if kind == "after":  # read in full: its gradients tell too
                     fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
                     if fired is not None:  # its full capture is its trace
@@ -265,7 +277,13 @@ class watch:
             if loss is not None:
                 self.whole_run.session.record_scalar(1, "loss", loss)
             self.whole_run.step()
+        arming = time.perf_counter()
         self._arm_next()
+        if cap is not None and kind == "flight" and fired is None and closing is not None:
+            # A dropped update: its recorder's work, and the next one's arming, in step()
+            step_s = closing + time.perf_counter() - arming
+            if self.recorder_cost.add(tracer, wall, step_s):
+                self._summarize_recorder_cost()
         self._mark()
 
     def _fired(self, fired: Fired, recorded: bool) -> None:
