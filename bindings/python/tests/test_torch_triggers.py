@@ -162,6 +162,48 @@ def test_cpu_wait_reads_the_threads_runqueue_time():
     w.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
+def test_a_slow_cpu_clock_read_makes_the_next_calls_go_without_it(monkeypatch):
+    # CLOCK_THREAD_CPUTIME_ID takes the scheduler's lock: ~5 ms in 1-3% of the reads on
+    # a 2-vCPU VM for stretches of an hour. One such read, and the calls after it take
+    # schedstat's CPU time, read with the wait anyway.
+    reads = []
+    real = time.thread_time_ns
+
+    def stalling_clock():
+        reads.append(1)
+        if len(reads) == 2:
+            t = time.perf_counter()
+            while time.perf_counter() - t < 2 * CpuWait.SLOW_READ_S:
+                pass
+        return real()
+
+    monkeypatch.setattr(time, "thread_time_ns", stalling_clock)
+    w = CpuWait()
+    w.take()
+    assert len(reads) == 1
+    w.fallback = 0  # however long the real first read took
+    w.take(0.0)  # the slow read
+    assert w.fallback == CpuWait.FALLBACK_TAKES
+    # no clock read while falling back; the off-CPU time still counts, less a tick
+    for _ in range(3):
+        w.take()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.01:
+            pass
+        ran = time.perf_counter() - t0
+        held = w.take(ran + 0.030)
+        assert 0.029 - 2 * CpuWait.TICK_S < held < 0.031 + ran, held
+    assert len(reads) == 2
+    assert w.fallback == CpuWait.FALLBACK_TAKES - 6
+    # once the calls are used up, the clock is read again
+    w.fallback = 1
+    w.take()
+    w.take()
+    assert len(reads) == 3
+    w.close()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUSAGE_THREAD is Linux's")
 def test_off_cpu_time_is_the_machines_only_when_the_thread_never_blocked():
     w = CpuWait()

@@ -240,6 +240,17 @@ impl Clock for SystemClock {
 /// since the call before, on the thread of the call before (a new thread
 /// starts from 0). 0 where not measured (not Linux; the off-CPU part needs
 /// 64-bit Linux).
+///
+/// To read the CPU clock of the running thread the kernel takes its
+/// scheduler's lock, and on a VM whose other vCPU holds that lock when the
+/// host preempts it the read waits for the host (the likely cause of what
+/// was seen): on the 2-vCPU VM of
+/// BENCHMARKS.md, for stretches of an hour, ~5 ms in 1–3% of the reads made
+/// after a millisecond of work (130–640 µs on average). A read slower than
+/// [`CpuWait::SLOW_READ`] makes the next [`CpuWait::FALLBACK_TAKES`] calls use
+/// schedstat's own CPU time (its first field, read with the wait anyway),
+/// which is up to a tick behind at each end, so off-CPU time then counts
+/// only beyond [`CpuWait::TICK_S`].
 #[derive(Debug, Default)]
 pub(crate) struct CpuWait {
     #[cfg(target_os = "linux")]
@@ -248,19 +259,57 @@ pub(crate) struct CpuWait {
     file: Option<std::fs::File>,
     /// The runqueue ns at the call before.
     last: u64,
-    /// The thread's CPU ns at the call before.
+    /// The thread's CPU ns at the call before, from its clock (`None`: not
+    /// read).
     cpu: Option<u64>,
+    /// The thread's CPU ns at the call before, from schedstat.
+    sched: Option<u64>,
     /// Its voluntary context switches at the call before.
     blocks: Option<i64>,
+    /// Calls left that do not read the clock (after a slow read).
+    fallback: u32,
 }
 
 impl CpuWait {
+    /// A read of the CPU clock slower than this is the host's lock-holder
+    /// preemption.
+    pub(crate) const SLOW_READ: Duration = Duration::from_millis(1);
+    /// Calls that use schedstat's CPU time after a slow read.
+    pub(crate) const FALLBACK_TAKES: u32 = 1000;
+    /// Seconds: the most schedstat's CPU time can be off at both ends of an
+    /// interval together (a tick at CONFIG_HZ=250), taken off the off-CPU
+    /// time when it is used.
+    pub(crate) const TICK_S: f64 = 0.004;
+
+    /// The thread's (CPU ns, runqueue ns) from schedstat.
     #[cfg(target_os = "linux")]
-    fn read(file: &std::fs::File) -> Option<u64> {
+    fn read(file: &std::fs::File) -> Option<(u64, u64)> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 128];
         let n = file.read_at(&mut buf, 0).ok()?;
-        std::str::from_utf8(&buf[..n]).ok()?.split_whitespace().nth(1)?.parse().ok()
+        Self::parse(std::str::from_utf8(&buf[..n]).ok()?)
+    }
+
+    /// A schedstat line's (CPU ns, runqueue ns).
+    #[cfg(target_os = "linux")]
+    fn parse(line: &str) -> Option<(u64, u64)> {
+        let mut f = line.split_whitespace();
+        Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+    }
+
+    /// The thread's CPU clock, unless a slow read made the calls go without.
+    #[cfg(target_os = "linux")]
+    fn read_clock(&mut self) -> Option<u64> {
+        if self.fallback > 0 {
+            self.fallback -= 1;
+            return None;
+        }
+        let t = Instant::now();
+        let ns = sys::thread_cpu_ns();
+        if t.elapsed() > Self::SLOW_READ {
+            self.fallback = Self::FALLBACK_TAKES;
+        }
+        ns
     }
 
     /// Seconds the machine held the thread up since the call before on this
@@ -268,20 +317,29 @@ impl CpuWait {
     /// time of a thread that never blocked in it.
     #[cfg(target_os = "linux")]
     pub(crate) fn take(&mut self, wall: Option<f64>) -> f64 {
-        let cpu = sys::thread_cpu_ns();
+        let cpu = self.read_clock();
         let me = std::thread::current().id();
         if self.thread != Some(me) {
             self.thread = Some(me);
             self.file = std::fs::File::open("/proc/thread-self/schedstat").ok();
-            self.last = self.file.as_ref().and_then(Self::read).unwrap_or(0);
-            (self.cpu, self.blocks) = (cpu, sys::voluntary_switches());
+            let stat = self.file.as_ref().and_then(Self::read);
+            self.last = stat.map_or(0, |s| s.1);
+            (self.cpu, self.sched, self.blocks) = (cpu, stat.map(|s| s.0), sys::voluntary_switches());
             return 0.0;
         }
-        let now = self.file.as_ref().and_then(Self::read).unwrap_or(self.last);
+        let stat = self.file.as_ref().and_then(Self::read);
+        let now = stat.map_or(self.last, |s| s.1);
         let waited = now.saturating_sub(self.last) as f64 / 1e9;
         self.last = now;
-        let ran = cpu.zip(self.cpu).map(|(c, c0)| c.saturating_sub(c0) as f64 / 1e9);
-        self.cpu = cpu;
+        let sched = stat.map(|s| s.0);
+        let elapsed = |now: Option<u64>, then: Option<u64>| now.zip(then).map(|(c, c0)| c.saturating_sub(c0) as f64 / 1e9);
+        // The clock at both ends, else schedstat's (less what its error could
+        // make of nothing).
+        let ran = match elapsed(cpu, self.cpu) {
+            Some(ran) => Some(ran),
+            None => elapsed(sched, self.sched).map(|ran| ran + Self::TICK_S),
+        };
+        (self.cpu, self.sched) = (cpu, sched);
         let off = wall.zip(ran).map(|(wall, ran)| wall - ran);
         if matches!(off, Some(off) if off <= waited) {
             // Nothing to add (the usual update: on its CPU all along), so no
@@ -303,7 +361,7 @@ impl CpuWait {
     /// Seconds the machine held the thread up (0: not measured here).
     #[cfg(not(target_os = "linux"))]
     pub(crate) fn take(&mut self, _wall: Option<f64>) -> f64 {
-        let _ = (self.last, self.cpu, self.blocks);
+        let _ = (self.last, self.cpu, self.sched, self.blocks, self.fallback);
         0.0
     }
 }
@@ -524,5 +582,32 @@ mod tests {
         let ran = t.elapsed().as_secs_f64();
         let held = w.take(Some(ran + 0.030));
         assert!(0.029 < held && held < 0.031 + ran, "{held}");
+    }
+
+    #[test]
+    fn after_a_slow_clock_read_the_calls_take_schedstats_cpu_time() {
+        assert_eq!(CpuWait::parse("123456789 2000 31\n"), Some((123_456_789, 2000)));
+        assert_eq!(CpuWait::parse("123456789\n"), None);
+        let mut w = CpuWait::default();
+        w.take(None);
+        w.fallback = CpuWait::FALLBACK_TAKES; // as a read over SLOW_READ leaves it
+        for _ in 0..3 {
+            w.take(None);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(10) {}
+            let ran = t.elapsed().as_secs_f64();
+            let held = w.take(Some(ran + 0.030));
+            // schedstat's CPU time is up to a tick off, either way, and a tick
+            // is taken off what is counted
+            let tick = CpuWait::TICK_S;
+            assert!(0.029 - 2.0 * tick < held && held < 0.031 + ran, "{held}");
+        }
+        assert_eq!(w.fallback, CpuWait::FALLBACK_TAKES - 6, "no clock read meanwhile");
+        // used up: the clock is read again
+        w.fallback = 1;
+        w.take(None);
+        assert_eq!(w.cpu, None);
+        w.take(None);
+        assert!(w.cpu.is_some());
     }
 }

@@ -62,7 +62,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Mapping, Optional
+from typing import Deque, List, Mapping, Optional, Tuple
 
 try:
     import resource
@@ -129,7 +129,28 @@ class CpuWait:
     interrupt's, the machine's in any case; its CPU time is ``CLOCK_THREAD_CPUTIME``).
     A thread that blocked in the interval keeps its off-CPU time: a data loader's wait
     is the program's. :meth:`take` covers the time since the call before, on the thread
-    of the call before (a new thread starts from 0)."""
+    of the call before (a new thread starts from 0).
+
+    To read the CPU clock of the running thread the kernel takes its scheduler's lock,
+    and on a VM whose other vCPU holds that lock when the host preempts it the read
+    waits for the host (the likely cause of what was seen): on the 2-vCPU VM of
+    BENCHMARKS.md, for stretches of an hour,
+    ~5 ms in 1-3% of the reads made after a millisecond of work (130-640 µs on
+    average, more than all the rest the triggers do per update), while schedstat's
+    read stayed at a few µs. A read that takes over ``SLOW_READ_S`` makes the next
+    ``FALLBACK_TAKES`` calls use schedstat's own CPU time (its first field, read with
+    the wait anyway) instead: the figure the scheduler last wrote, up to a tick behind
+    at each end, so off-CPU time then counts only beyond ``TICK_S``, a bound of that
+    error (CONFIG_HZ=250's tick)."""
+
+    #: a read of the CPU clock slower than this is the host's lock-holder preemption
+    SLOW_READ_S = 0.001
+    #: calls that use schedstat's CPU time after a slow read, before the clock is tried
+    #: again
+    FALLBACK_TAKES = 1000
+    #: seconds: the most schedstat's CPU time can be off at both ends of an interval
+    #: together, taken off the off-CPU time when it is used
+    TICK_S = 0.004
 
     _usage = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
 
@@ -137,14 +158,32 @@ class CpuWait:
         self._fd = -1
         self._tid = -1
         self._last = 0
-        self._cpu = 0
+        # the thread's CPU ns at the call before: from its clock (None: not read) and
+        # from schedstat
+        self._clock: Optional[int] = None
+        self._sched = 0
         self._blocks = 0
+        #: calls left that do not read the clock (after a slow read)
+        self.fallback = 0
 
-    def _read(self) -> int:
+    def _read(self) -> Tuple[int, int]:
+        """The thread's (CPU ns, runqueue ns) from schedstat; (0, 0) where not known."""
         try:
-            return int(os.pread(self._fd, 128, 0).split()[1])
+            f = os.pread(self._fd, 128, 0).split()
+            return int(f[0]), int(f[1])
         except (OSError, ValueError, IndexError):
-            return 0
+            return 0, 0
+
+    def _read_clock(self) -> Optional[int]:
+        """The thread's CPU clock, unless a slow read made the calls go without it."""
+        if self.fallback > 0:
+            self.fallback -= 1
+            return None
+        t = time.perf_counter()
+        ns = time.thread_time_ns()
+        if time.perf_counter() - t > self.SLOW_READ_S:
+            self.fallback = self.FALLBACK_TAKES
+        return ns
 
     def _blocked(self) -> int:
         """Voluntary context switches of the thread so far (-1: not known)."""
@@ -157,7 +196,8 @@ class CpuWait:
 
     def take(self, wall: Optional[float] = None) -> float:
         tid = threading.get_native_id()
-        cpu, blocks = time.thread_time_ns(), self._blocked()
+        blocks = self._blocked()
+        clock = self._read_clock()
         if tid != self._tid:
             self.close()
             self._tid = tid
@@ -165,15 +205,21 @@ class CpuWait:
                 self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
             except OSError:
                 self._fd = -1
-            self._last = self._read() if self._fd >= 0 else 0
-            self._cpu, self._blocks = cpu, blocks
+            self._sched, self._last = self._read() if self._fd >= 0 else (0, 0)
+            self._clock, self._blocks = clock, blocks
             return 0.0
-        now = self._read() if self._fd >= 0 else 0
+        sched, now = self._read() if self._fd >= 0 else (0, 0)
         waited, self._last = max(now - self._last, 0) / 1e9, now
-        ran, self._cpu = (cpu - self._cpu) / 1e9, cpu
+        if clock is not None and self._clock is not None:
+            ran, error = (clock - self._clock) / 1e9, 0.0
+        else:
+            ran, error = (sched - self._sched) / 1e9, self.TICK_S
+        self._clock, self._sched = clock, sched
         slept, self._blocks = blocks != self._blocks or blocks < 0, blocks
-        if wall is not None and not slept:
-            waited = max(waited, wall - ran)  # all of its off-CPU time was the machine's
+        if wall is not None and not slept and (self._fd >= 0 or not error):
+            # all of its off-CPU time was the machine's (beyond what schedstat's error
+            # could make of nothing)
+            waited = max(waited, wall - ran - error)
         return waited
 
     def close(self) -> None:
