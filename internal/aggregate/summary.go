@@ -48,7 +48,9 @@ type OTLPPush struct {
 	Endpoint string `json:"endpoint"`
 	Pushed   uint64 `json:"pushed"`  // summaries the collector accepted
 	Dropped  uint64 `json:"dropped"` // summaries not delivered
-	// LastError is why the latest drop happened; "" when none.
+	// LastError is why the latest drop happened: the latest failed push's
+	// error, which a summary superseded after it does not replace; "" when
+	// none.
 	LastError string `json:"last_error"`
 }
 

@@ -72,7 +72,7 @@ func (p *Pusher) Offer(s *aggregate.Summary) {
 		// Full: the summary waiting there is older than s.
 		select {
 		case <-p.mailbox:
-			p.drop("superseded by a newer summary before it could be sent (the collector is slow)")
+			p.superseded()
 		default:
 		}
 	}
@@ -90,6 +90,20 @@ func (p *Pusher) Stats() aggregate.OTLPPush {
 func (p *Pusher) drop(why string) {
 	p.dropped.Add(1)
 	p.lastErr.Store(&why)
+}
+
+// supersededWhy is the reason of a summary replaced in the mailbox by a newer
+// one before it could be sent.
+var supersededWhy = "superseded by a newer summary before it could be sent (the collector is slow)"
+
+// superseded counts a summary replaced in the mailbox. Its reason becomes the
+// last error only while no push has failed: a push's own error (a collector
+// down, a timeout) says why the pusher fell behind, and a summary written
+// while the pusher catches up would otherwise name the consequence, not the
+// cause.
+func (p *Pusher) superseded() {
+	p.dropped.Add(1)
+	p.lastErr.CompareAndSwap(nil, &supersededWhy)
 }
 
 func (p *Pusher) run() {

@@ -115,6 +115,26 @@ func TestPusherCollectorDownAndBack(t *testing.T) {
 	assert.Equal(t, uint64(1), p.Stats().Dropped)
 }
 
+// A summary superseded while the pusher catches up does not hide why it fell
+// behind: the failed push's error stays the last one (an aggregate session's
+// final summary, written as the last summary supersedes a waiting one, named
+// only "superseded" on a loaded CI machine).
+func TestASupersededSummaryKeepsThePushErrorAsTheLast(t *testing.T) {
+	p, err := NewPusher("http://127.0.0.1:"+strconv.Itoa(testutil.FreePort(t)), PushOptions{Timeout: time.Second})
+	require.NoError(t, err)
+	defer p.Close(time.Second)
+	p.superseded() // before any push failed: the only reason there is
+	assert.Equal(t, uint64(1), p.Stats().Dropped)
+	assert.Contains(t, p.Stats().LastError, "superseded by a newer summary")
+	p.Offer(summaryN(1))
+	require.Eventually(t, func() bool { return p.Stats().Dropped == 2 }, 5*time.Second, time.Millisecond)
+	assert.Contains(t, p.Stats().LastError, "no collector reachable", "a failed push replaces it")
+	p.superseded()
+	st := p.Stats()
+	assert.Equal(t, uint64(3), st.Dropped, "counted all the same")
+	assert.Contains(t, st.LastError, "no collector reachable", "and the cause stays the last error")
+}
+
 func TestNewPusherRefusesABadEndpoint(t *testing.T) {
 	_, err := NewPusher("localhost:4318", PushOptions{})
 	assert.ErrorContains(t, err, "want an http:// or https:// URL")
