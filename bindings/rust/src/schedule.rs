@@ -426,9 +426,14 @@ impl Schedule {
             });
         }
         let number = self.next.get();
-        let arming = std::time::Instant::now();
+        let mut arming = 0.0;
         let (capture, kind) = match &self.watch {
-            Some(w) => w.arm(number)?,
+            Some(w) => {
+                let t = std::time::Instant::now();
+                let armed = w.arm(number)?;
+                arming = t.elapsed().as_secs_f64();
+                armed
+            }
             None if number == self.run.capture_step() => (Some(Session::open(&self.trace_path, self.run.clone())?), Kind::Step),
             None => (None, Kind::None),
         };
@@ -443,7 +448,7 @@ impl Schedule {
             loss: Cell::new(None),
             start: Default::default(),
             tracer0: 0,
-            arming: arming.elapsed().as_secs_f64(),
+            arming,
             ended: false,
         };
         let opened = (|| -> Result<()> {
@@ -658,8 +663,6 @@ struct Elapsed {
     /// it (0 on a clock of [`Schedule::with_clock`]).
     wall: f64,
     tracer: f64,
-    /// Seconds spent arming the update's recording before it began.
-    arming: f64,
 }
 
 /// A span of an update (from [`Update::span`]): in the session recording the
@@ -787,7 +790,7 @@ impl<'a> Update<'a> {
             _ => 0.0,
         };
         let seconds = (!matches!(self.kind, Kind::After(_))).then(|| (wall - tracer).max(0.0));
-        Elapsed { seconds, waited, wall, tracer, arming: self.arming }
+        Elapsed { seconds, waited, wall, tracer }
     }
 
     fn end_measured(&mut self) -> Result<()> {
@@ -904,7 +907,7 @@ impl<'a> Update<'a> {
             }
             None => {
                 let measured = (self.kind == Kind::Flight && self.schedule.system_clock)
-                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall, elapsed.arming))
+                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall, self.arming))
                     .flatten();
                 if let (Some(share), Some(a)) = (measured, self.aggregate()) {
                     // Stated once, where the run's statistics are.

@@ -279,7 +279,7 @@ class watch:
             self.whole_run.step()
         arming = time.perf_counter()
         self._arm_next()
-        if cap is not None and kind == "flight" and fired is None and closing is not None:
+        if closing is not None and kind == "flight" and fired is None:
             # A dropped update: its recorder's work, and the next one's arming, in step()
             step_s = closing + time.perf_counter() - arming
             if self.recorder_cost.add(tracer, wall, step_s):
