@@ -201,6 +201,8 @@ ct_status ct_discard(ct_session s) {
 
 ct_status ct_reopen(ct_session s, const char *path, uint64_t capture_step, ct_session *out) {
     FORK_GUARD("ct_reopen");
+    /* Most updates of a flight recorder: in C alone (rearm.c). */
+    if (ct__rearm(s, path, capture_step, out) == CT_OK) return CT_OK;
     return (ct_status)ctgo_reopen(s, CSTR(path), capture_step, out);
 }
 

@@ -74,6 +74,15 @@ func (r *Run) WithCaptureStep(step uint64) (*Run, error) {
 	return &c, nil
 }
 
+// MinCaptureStep is the lowest capture step WithCaptureStep accepts: above
+// an explicit warmup_steps, else 1.
+func (r *Run) MinCaptureStep() uint64 {
+	if r.warmupGiven {
+		return r.WarmupSteps + 1
+	}
+	return 1
+}
+
 // Buffer bounds a buffered session ("buffer": {"max_bytes": N}).
 type Buffer struct {
 	// MaxBytes is how many bytes of trace lines are kept before records that

@@ -302,7 +302,7 @@ func (s *Session) reopen(path string, step uint64) (*Session, error) {
 	// none of the growth the update before already went through.
 	k, same, o := t.discardLocked(), t.sameRun, s.opts
 	mu.Unlock()
-	n, err := openRun(path, next, o, &same, k)
+	n, err := openRun(path, next, o, &same, k, nil)
 	if err != nil {
 		if e, ok := err.(*Error); ok && strings.HasPrefix(e.Msg, "ct_open:") {
 			return nil, &Error{Code: e.Code, Msg: "ct_reopen" + e.Msg[len("ct_open"):]}

@@ -22,6 +22,8 @@ func (s *Session) StartDevices(start func() (Devices, error)) error {
 	if s.devices != nil {
 		return errorf(State, "ct_device_start: device collectors already run on this session; ct_device_stop them first")
 	}
+	// Reopened the Go way from now on: Reopen flushes and stops collectors.
+	s.allowRearm(false, "")
 	d, err := start()
 	if err != nil {
 		return err

@@ -114,6 +114,10 @@ func (c *ringSession) to(handle uint64, r *C.ct_ring) {
 		return
 	}
 	c.handle, c.s = handle, live[handle]
+	if c.s == nil {
+		settleLocked(handle) // a session re-armed in C: Go opens it now (rearm.go)
+		c.s = live[handle]
+	}
 	if c.s != nil {
 		c.stack = c.s.open.thread(r)
 		c.t0 = slotT0(c.s.slot)
@@ -121,7 +125,7 @@ func (c *ringSession) to(handle uint64, r *C.ct_ring) {
 }
 
 // usable reports whether the session takes records: live and not poisoned.
-func (c *ringSession) usable() bool { return c.s != nil && c.s.poison == nil }
+func (c *ringSession) usable() bool { return c.s != nil && c.s.poison == nil && !c.s.released }
 
 // drainRing applies r's records up to its head; mu is held.
 func drainRing(r *C.ct_ring) {

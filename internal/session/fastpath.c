@@ -133,8 +133,7 @@ ct_status ct__fail(ct_status st, const char *fmt, ...) {
 
 /* A handle is (generation << 8) | (slot index + 1): the low byte finds the slot
  * in O(1), the generation makes a finished handle never valid again. */
-uint64_t ct__slot_alloc(void) {
-    pthread_mutex_lock(&slots_mu);
+uint64_t ct__slot_alloc_locked(void) {
     uint64_t h = 0;
     for (int i = 0; i < CT_MAX_SESSIONS - 1; i++) {
         ct_slot *s = &ct__slots[i];
@@ -155,19 +154,33 @@ uint64_t ct__slot_alloc(void) {
         STORE(&s->agg, 0);
         STORE(&s->agg_on, 0);
         STORE(&s->next_span, 1); /* the root is s1 */
+        STORE(&s->rearm_ok, 0);
+        s->rearm_root = s->rearm_next = 0;
         STORE(&s->state, CT_SLOT_OPEN);
         STORE(&s->handle, h);
         break;
     }
+    return h;
+}
+
+uint64_t ct__slot_alloc(void) {
+    pthread_mutex_lock(&slots_mu);
+    uint64_t h = ct__slot_alloc_locked();
     pthread_mutex_unlock(&slots_mu);
     return h;
 }
 
+void ct__slots_lock(void) { pthread_mutex_lock(&slots_mu); }
+void ct__slots_unlock(void) { pthread_mutex_unlock(&slots_mu); }
+
 void ct__slot_release(uint64_t handle) {
+    pthread_mutex_lock(&slots_mu); /* a re-arm in C reads its chain's slots under it */
     ct_slot *s = ct__slot_of(handle);
-    if (!s) return;
-    STORE(&s->state, CT_SLOT_FREE);
-    STORE(&s->handle, 0);
+    if (s) {
+        STORE(&s->state, CT_SLOT_FREE);
+        STORE(&s->handle, 0);
+    }
+    pthread_mutex_unlock(&slots_mu);
 }
 
 static inline __attribute__((always_inline)) ct_slot *slot_get(uint64_t handle) {
@@ -277,6 +290,9 @@ static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct
     }
     uint32_t st = LOAD(&s->state);
     if (st == CT_SLOT_OPEN) return CT_OK;
+    if (st == CT_SLOT_REARMED) /* as it will be once Go has discarded it */
+        return ct__fail(CT_ERR_INVALID_HANDLE, "%s: session %llu is unknown or already finished", fn,
+                        (unsigned long long)h);
     if (st == CT_SLOT_POISONED)
         return ct__fail(CT_ERR_POISONED,
                         "%s: session %llu is poisoned by an earlier write error (%s); only "

@@ -22,9 +22,12 @@
 #define CT_TLS_SESSIONS 8            /* sessions one thread may hold spans in */
 #define CT_ERR_CAP 1024              /* bytes of ct_last_error() */
 #define CT_POISON_CAP 512
+#define CT_REARM_PATH_CAP 1024       /* the longest path a re-arm in C takes (rearm.c) */
 
-/* Session slot states. */
-enum { CT_SLOT_FREE = 0, CT_SLOT_OPEN = 1, CT_SLOT_FINISHING = 2, CT_SLOT_POISONED = 3 };
+/* Session slot states. REARMED: a flight recorder's session replaced by
+ * ct_reopen in C alone (rearm.c); its handle is no longer valid, and Go
+ * discards it when it next runs. */
+enum { CT_SLOT_FREE = 0, CT_SLOT_OPEN = 1, CT_SLOT_FINISHING = 2, CT_SLOT_POISONED = 3, CT_SLOT_REARMED = 4 };
 
 typedef struct ct_slot {
     uint64_t handle;      /* 0 = free */
@@ -62,6 +65,22 @@ typedef struct ct_slot {
     uint64_t measure_top __attribute__((aligned(64)));
     char measure_pad[56];
     char poison[CT_POISON_CAP];   /* why the session is poisoned */
+    /* ct_reopen in C alone (rearm.c), under the registry's lock. rearm_ok,
+     * rearm_min_step and rearm_dir are set by Go once a buffered trace
+     * session can take calls (rearm_ok cleared while it must not: device
+     * collectors, a session Go is still opening). A session re-armed in C
+     * has rearm_root (the session Go holds, which it replaces) and what Go
+     * needs to open it in Go's tables later (step, tid, wall clock, path);
+     * the session Go holds has rearm_next (the one in its place now). */
+    uint32_t rearm_ok;
+    uint64_t rearm_min_step;
+    uint64_t rearm_root;
+    uint64_t rearm_next;
+    uint64_t rearm_step;
+    int64_t rearm_tid;
+    uint64_t rearm_wall_ns;
+    char rearm_dir[CT_REARM_PATH_CAP];
+    char rearm_path[CT_REARM_PATH_CAP];
 } ct_slot;
 
 typedef struct ct_frame {
@@ -226,6 +245,10 @@ int ct__wake_fd_open(void);
 
 /* Registry (used by Go). */
 uint64_t ct__slot_alloc(void);            /* 0 when full */
+/* The same with the registry's lock held (rearm.c). */
+uint64_t ct__slot_alloc_locked(void);
+void ct__slots_lock(void);
+void ct__slots_unlock(void);
 void ct__slot_release(uint64_t handle);
 ct_slot *ct__slot_of(uint64_t handle);    /* NULL when not live */
 uint64_t ct__clock_ns(void);
@@ -267,6 +290,33 @@ static inline ct_status ct__check_text(const char *fn, const char *what, const c
     if (*len > (1u << 20)) return ct__fail(CT_ERR_INVALID_ARGUMENT, "%s: %s is longer than 1 MiB", fn, what);
     return CT_OK;
 }
+
+/* ct_reopen in C alone (rearm.c): a flight recorder's next update without
+ * a call into Go. CT_OK with the new handle in *out; CT_REARM_GO when it
+ * must go the Go way (which also reports every error): h not an open
+ * buffered session Go has marked re-armable, a path outside the folder of
+ * the session's path or one that exists (lstat), a step below the run's
+ * lowest, a full registry. */
+#define CT_REARM_GO (-1)
+int ct__rearm(ct_session h, const char *path, uint64_t step, ct_session *out);
+
+/* What Go needs to take over a session re-armed in C. */
+typedef struct ct_rearm_claim {
+    uint64_t root;  /* the session Go holds, to discard */
+    uint64_t next;  /* the session re-armed in its place, to open in Go */
+    uint64_t step;
+    int64_t tid;
+    uint64_t wall_ns;
+    char path[CT_REARM_PATH_CAP];
+} ct_rearm_claim;
+
+/* For Go, under its lock: when h is a session re-armed in C, or one Go
+ * holds that was re-armed since, fills *c and returns 1 (next is Go's from
+ * then on, not re-armable until Go sets rearm_ok again); else 0. */
+int ct__rearm_claim(uint64_t h, ct_rearm_claim *c);
+/* Go marks slot s re-armable (or not) with the run's lowest capture step
+ * and the folder its path was found usable in. */
+void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, const char *dir);
 
 /* The fast path proper. */
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,

@@ -32,6 +32,10 @@ func Lookup(h uint64) (*Session, error) {
 	}
 	mu.Lock()
 	s := live[h]
+	if s == nil || s.rearmed() {
+		settleLocked(h) // re-armed in C since Go last looked (rearm.go)
+		s = live[h]
+	}
 	mu.Unlock()
 	if s == nil {
 		if h == 0 {
@@ -42,8 +46,9 @@ func Lookup(h uint64) (*Session, error) {
 	return s, nil
 }
 
-// liveLocked reports whether s still holds its handle; mu is held.
-func (s *Session) liveLocked() bool { return live[s.handle] == s }
+// liveLocked reports whether s still holds its handle, not replaced by a
+// re-arm in C; mu is held.
+func (s *Session) liveLocked() bool { return live[s.handle] == s && !s.rearmed() }
 
 // isLive is liveLocked taking mu.
 func (s *Session) isLive() bool {

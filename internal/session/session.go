@@ -64,6 +64,9 @@ type Session struct {
 	tensors      map[string]struct{}
 	naiveStack   []uint64 // NaiveBeginSpan only
 	done         chan struct{}
+	// released: the handle is gone (releaseLocked); a drain that still
+	// holds s (a re-arm settled in its middle, rearm.go) drops its records.
+	released bool
 }
 
 type gradKey struct{ root, key string }
@@ -85,7 +88,7 @@ func Open(path string, runJSON []byte, opts ...Option) (*Session, error) {
 	if err != nil {
 		return nil, errorf(InvalidArgument, "ct_open: %v", err)
 	}
-	return openRun(path, run, newOptions(opts), nil, kept{})
+	return openRun(path, run, newOptions(opts), nil, kept{}, nil)
 }
 
 // expectedKeys is the gradient contract's keys of run, none recorded yet
@@ -112,16 +115,25 @@ func expectedKeys(run *events.Run, reuse map[gradKey]bool) map[gradKey]bool {
 // openRun is Open once the run JSON is parsed (Reopen skips the parse, most
 // of what opening a flight recorder's session costs); a reopened trace
 // takes prev, what the run's session before found out, and reuse, the
-// memory that session kept its trace, encoding and contract keys in.
-func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept) (*Session, error) {
+// memory that session kept its trace, encoding and contract keys in. at is
+// a session re-armed in C (rearm.go), which has its handle and clock already
+// and is opened with mu held; nil for every other.
+func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept, at *rearmedAt) (*Session, error) {
 	if dir := filepath.Dir(path); run.Buffer == nil && dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, errorf(IO, "ct_open: create folder for %s: %v", path, err)
 		}
 	}
-	h, err := reserveHandle()
-	if err != nil {
-		return nil, err
+	var h uint64
+	tid := int64(0)
+	if at != nil {
+		h, tid = at.handle, at.tid
+	} else {
+		var err error
+		if h, err = reserveHandle(); err != nil {
+			return nil, err
+		}
+		tid = threadID()
 	}
 	s := &Session{
 		handle: h, slot: slotOf(h), path: path, run: run, opts: o,
@@ -134,17 +146,25 @@ func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept)
 	if run.MeasuredRoot {
 		setSlotMeasured(s.slot)
 	}
-	s.open.begin(1, openSpan{start: 0, tid: threadID(), name: run.Entrypoint})
+	s.open.begin(1, openSpan{start: 0, tid: tid, name: run.Entrypoint})
+	var err error
 	if run.Mode == "aggregate" {
 		err = openAggregate(s)
 	} else {
-		err = openTrace(s, prev, reuse.data)
+		err = openTrace(s, prev, reuse.data, at)
 	}
 	if err != nil {
 		slotRelease(h)
 		return nil, err
 	}
-	s.register()
+	if at != nil {
+		live[s.handle] = s
+	} else {
+		s.register()
+	}
+	if t := s.buffered(); t != nil {
+		s.allowRearm(true, t.sameRun.folder)
+	}
 	startWaker()
 	if s.product.flushesInBackground() {
 		go s.flushLoop()

@@ -80,6 +80,7 @@ func (s *Session) endingLocked() { setSlotState(s.slot, slotFinishing) }
 // releaseLocked ends the session: its handle is released (both halves of
 // the registry) and its flusher stops.
 func (s *Session) releaseLocked() {
+	s.released = true
 	s.closed.release()
 	delete(live, s.handle)
 	slotRelease(s.handle)

@@ -87,7 +87,7 @@ func envInt(name string) int {
 // session's only checks its path, buffered.go) and writes the meta line and
 // the root's span_start. prev is the session before in a flight recorder's
 // run (Reopen; nil otherwise) and reuse the memory it kept its trace in.
-func openTrace(s *Session, prev *sameRun, reuse []byte) error {
+func openTrace(s *Session, prev *sameRun, reuse []byte, at *rearmedAt) error {
 	t := &traceSession{sess: s, names: map[string]string{}}
 	if prev != nil {
 		t.sameRun = *prev
@@ -101,11 +101,13 @@ func openTrace(s *Session, prev *sameRun, reuse []byte) error {
 		}
 	}
 	if b := s.run.Buffer; b != nil {
-		folder, err := outfile.CheckCreateIn(s.path, aggregate.OwnFile, t.sameRun.folder)
-		if err != nil {
-			return errorf(IO, "ct_open: buffered trace %s: %v (nothing was created)", s.path, err)
+		if at == nil { // re-armed in C: checked there, in the same folder
+			folder, err := outfile.CheckCreateIn(s.path, aggregate.OwnFile, t.sameRun.folder)
+			if err != nil {
+				return errorf(IO, "ct_open: buffered trace %s: %v (nothing was created)", s.path, err)
+			}
+			t.sameRun.folder = folder
 		}
-		t.sameRun.folder = folder
 		t.bound = newBufferSink(s.path, b, s.opts.opener, reuse)
 		t.sink = t.bound
 	} else {
@@ -116,8 +118,12 @@ func openTrace(s *Session, prev *sameRun, reuse []byte) error {
 		t.sink = sink
 	}
 	s.product, s.traceSession = t, t
-	s.buf = s.run.AppendMeta(s.buf, t.sameRun.facts.extras(time.Now()))
-	s.buf = events.AppendSpanStart(s.buf, 1, 0, s.run.Entrypoint, 0, events.SpanFunction, s.run.MeasuredRoot, events.StepNone, threadID())
+	now, tid := time.Now(), threadID()
+	if at != nil {
+		now, tid = at.wall, at.tid
+	}
+	s.buf = s.run.AppendMeta(s.buf, t.sameRun.facts.extras(now))
+	s.buf = events.AppendSpanStart(s.buf, 1, 0, s.run.Entrypoint, 0, events.SpanFunction, s.run.MeasuredRoot, events.StepNone, tid)
 	s.countLabel(s.run.Entrypoint)
 	if err := s.writeOut(); err != nil {
 		discard(t.sink)
