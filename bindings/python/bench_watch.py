@@ -101,7 +101,7 @@ def run(rounds: int, names=("gpt-b8", "cnn")) -> dict:
 
 def stated(w, folder: str) -> float:
     """What the watch itself says its flight recorder adds (``recorder_cost.share``,
-    measured over its 20 updates after the first 3), beside what the rounds measured."""
+    measured over 20 dropped updates after the first 3), beside what the rounds measured."""
     import warnings
 
     import candle_trace.torch as ctt
@@ -109,10 +109,14 @@ def stated(w, folder: str) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the figure is printed; its warning is not the bench's
         with ctt.watch(w.model, w.optimizer, folder) as wt:
-            for _ in range(24):
+            # 3 skipped + 20 measured dropped updates; a trigger the noisy host fires
+            # (an update it held up) takes its update and the next out of the count
+            for _ in range(100):
                 w.update(*w.batch())
                 wt.step()
-    assert wt.recorder_cost.share is not None, "the watch measured no recorder cost in 24 updates"
+                if wt.recorder_cost.share is not None:
+                    break
+    assert wt.recorder_cost.share is not None, "the watch measured no recorder cost in 100 updates"
     return wt.recorder_cost.share
 
 

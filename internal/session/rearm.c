@@ -101,6 +101,13 @@ int ct__rearm_claim(uint64_t h, ct_rearm_claim *c) {
     ct_slot *r = root ? ct__slot_of(root) : NULL;
     ct_slot *ns = r && LOAD(&r->state) == CT_SLOT_REARMED && r->rearm_next ? ct__slot_of(r->rearm_next) : NULL;
     if (!ns) {
+        if (s && s->rearm_root && (!r || LOAD(&r->state) != CT_SLOT_REARMED)) {
+            /* Re-armed in C from a session that ended before Go took this
+             * one over (a finish racing the reopen on another thread):
+             * nothing to take over from, and its slot must not leak. */
+            STORE(&s->state, CT_SLOT_FREE);
+            STORE(&s->handle, 0);
+        }
         ct__slots_unlock();
         return 0;
     }

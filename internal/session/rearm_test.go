@@ -220,3 +220,19 @@ func TestRearmsRaceTheDrainer(t *testing.T) {
 	assert.EqualValues(t, 399, lines[0]["capture_step"])
 	assert.Equal(t, "last", lines[2]["name"])
 }
+
+// A session re-armed in C from one that ended before Go took it over (a
+// finish racing the reopen on another thread) has nothing to take over from:
+// its handle fails as a finished one's, and its slot does not leak.
+func TestARearmWhoseSessionEndedFirstGivesItsSlotBack(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, ""))
+	h := rearmC(s.Handle(), filepath.Join(filepath.Dir(path), "u.jsonl"), 5)
+	require.NotZero(t, h)
+	mu.Lock()
+	live[s.Handle()].buffered().discardLocked() // as a racing end would
+	mu.Unlock()
+	require.NotNil(t, slotOf(h))
+	_, err := Lookup(h)
+	requireCode(t, err, InvalidHandle, "unknown or already finished")
+	assert.Nil(t, slotOf(h), "its slot is free again")
+}

@@ -60,8 +60,8 @@ class RecorderCost:
     ``updates`` of them (after ``skip``, which pay for warming up), as a share of the
     update's own time: per update, its tracer time (what its hooks bracketed, torch's
     calibrated price per record function included) plus ``step()``'s work for it
-    (dropping the update, reopening the session: the library's Go runtime woken for
-    each), over the update's wall time less that tracer time; the median. A lower
+    (dropping the update, reopening the session: in C alone where the library can, else
+    with its Go runtime woken), over the update's wall time less that tracer time; the median. A lower
     bound: torch's work for the op callbacks beyond the calibrated share (the record
     functions' own cost, slower in a real update's cold caches than in the calibration's
     warm ones) and the library's background threads are not counted -- interleaved

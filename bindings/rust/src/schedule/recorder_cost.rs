@@ -10,8 +10,8 @@ const MAX_SHARE: f64 = 1e3;
 /// What the flight recorder adds to the updates it records, as a share of
 /// the update's own time: per update, its tracer time (what the recording
 /// bracketed as the tracer's work, [`crate::SessionRef::tracer_work`]) plus
-/// the arming of its recording before it began (`ct_reopen`, which wakes the
-/// library's Go runtime every update), over its wall time less that tracer
+/// the arming of its recording before it began (`ct_reopen`: in C alone where
+/// the library can, else with its Go runtime woken), over its wall time less that tracer
 /// time; the median of [`UPDATES`] completed updates after the first
 /// [`SKIP`]. A lower bound of what recording costs: the span and op records'
 /// own few tens of nanoseconds each and the library's background threads are
