@@ -28,6 +28,12 @@ func setSlotState(s *C.ct_slot, state uint32) {
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.state)), state)
 }
 
+// casSlotState moves the slot from one state to another, if it is still in
+// the first (a re-arm in C changes it without Go's lock).
+func casSlotState(s *C.ct_slot, from, to uint32) bool {
+	return atomic.CompareAndSwapUint32((*uint32)(unsafe.Pointer(&s.state)), from, to)
+}
+
 func slotState(s *C.ct_slot) uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.state)))
 }

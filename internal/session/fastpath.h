@@ -73,6 +73,7 @@ typedef struct ct_slot {
      * needs to open it in Go's tables later (step, tid, wall clock, path);
      * the session Go holds has rearm_next (the one in its place now). */
     uint32_t rearm_ok;
+    uint32_t rearm_measured_root; /* the run's root is its measured region (measured from the start) */
     uint64_t rearm_min_step;
     uint64_t rearm_root;
     uint64_t rearm_next;
@@ -314,9 +315,10 @@ typedef struct ct_rearm_claim {
  * holds that was re-armed since, fills *c and returns 1 (next is Go's from
  * then on, not re-armable until Go sets rearm_ok again); else 0. */
 int ct__rearm_claim(uint64_t h, ct_rearm_claim *c);
-/* Go marks slot s re-armable (or not) with the run's lowest capture step
- * and the folder its path was found usable in. */
-void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, const char *dir);
+/* Go marks slot s re-armable (or not) with the run's lowest capture step,
+ * whether its root span is the measured region and the folder its path was
+ * found usable in. */
+void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, int measured_root, const char *dir);
 
 /* The fast path proper. */
 ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_step step,

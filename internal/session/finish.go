@@ -62,13 +62,18 @@ func (s *Session) finish() error {
 	// Check before refusing anyone: a refused ct_finish must leave the
 	// session as it was, other threads' span calls included.
 	drainLocked()
+	if err := s.usableLocked("ct_finish"); err != nil {
+		return err // re-armed in C on another thread meanwhile, and taken over by that drain
+	}
 	if err := s.finishCheckLocked(); err != nil {
 		return err
 	}
 	// New fast-path calls are refused from here on; what reached the rings
 	// since the check is drained and checked again (a span begun in between
 	// still refuses the finish, and the session opens again).
-	s.finishingLocked()
+	if !s.finishingLocked() {
+		return errorf(InvalidHandle, "ct_finish: session %d is unknown or already finished", s.handle)
+	}
 	drainLocked()
 	if err := s.finishCheckLocked(); err != nil {
 		s.reopenLocked()

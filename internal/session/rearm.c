@@ -71,6 +71,8 @@ int ct__rearm(ct_session h, const char *path, uint64_t step, ct_session *out) {
     }
     ct_slot *ns = ct__slot_of(next);
     ns->rearm_min_step = s->rearm_min_step;
+    ns->rearm_measured_root = s->rearm_measured_root;
+    STORE(&ns->measured, s->rearm_measured_root); /* as Go's open sets it */
     memcpy(ns->rearm_dir, s->rearm_dir, sizeof ns->rearm_dir);
     memcpy(ns->rearm_path, path, n + 1);
     ns->rearm_step = step;
@@ -125,7 +127,7 @@ int ct__rearm_claim(uint64_t h, ct_rearm_claim *c) {
     return 1;
 }
 
-void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, const char *dir) {
+void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, int measured_root, const char *dir) {
     ct__slots_lock();
     if (dir) {
         size_t n = strlen(dir);
@@ -134,6 +136,7 @@ void ct__rearm_allow(ct_slot *s, int ok, uint64_t min_step, const char *dir) {
         s->rearm_dir[n] = 0;
     }
     s->rearm_min_step = min_step;
+    s->rearm_measured_root = (uint32_t)(measured_root != 0);
     STORE(&s->rearm_ok, (uint32_t)(ok != 0));
     ct__slots_unlock();
 }

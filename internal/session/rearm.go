@@ -70,7 +70,11 @@ func (s *Session) allowRearm(ok bool, folder string) {
 	if ok {
 		okC = 1
 	}
-	C.ct__rearm_allow(s.slot, okC, C.uint64_t(s.run.MinCaptureStep()), dir)
+	root := C.int(0)
+	if s.run.MeasuredRoot {
+		root = 1
+	}
+	C.ct__rearm_allow(s.slot, okC, C.uint64_t(s.run.MinCaptureStep()), root, dir)
 }
 
 // rearmed reports whether C re-armed s in another session's place since Go

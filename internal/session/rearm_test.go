@@ -61,6 +61,7 @@ func TestRearmInCIsTheNextUpdatesSession(t *testing.T) {
 	assert.False(t, isLive(h), "Go has not run yet")
 	_, err := beginSpanC(s.Handle(), "late", 0, 0, false)
 	requireCode(t, err, InvalidHandle, "unknown or already finished")
+	requireCode(t, s.Finish(), InvalidHandle, "unknown or already finished")
 	spanC(t, h, "early") // before Go knows the session
 
 	n, err := Lookup(h)
@@ -235,4 +236,19 @@ func TestARearmWhoseSessionEndedFirstGivesItsSlotBack(t *testing.T) {
 	_, err := Lookup(h)
 	requireCode(t, err, InvalidHandle, "unknown or already finished")
 	assert.Nil(t, slotOf(h), "its slot is free again")
+}
+
+// A run whose root span is its measured region has one from the start in a
+// session re-armed in C too: a second is refused before Go ever sees it.
+func TestARearmedSessionOfAMeasuredRootRunHasItsMeasuredRegion(t *testing.T) {
+	s, path := openBuffered(t, bufRun(1<<20, `,"measured_root":true`))
+	h := rearmC(s.Handle(), filepath.Join(filepath.Dir(path), "u.jsonl"), 5)
+	require.NotZero(t, h)
+	_, err := beginSpanC(h, "update", uint32(events.SpanFunction), uint32(events.StepNone), true)
+	requireCode(t, err, State, "already has its measured region")
+	spanC(t, h, "layer")
+	n, err := Lookup(h)
+	require.NoError(t, err)
+	require.NoError(t, n.Finish())
+	testutil.RequireValid(t, filepath.Join(filepath.Dir(path), "u.jsonl"))
 }

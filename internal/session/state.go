@@ -59,10 +59,13 @@ func (s *Session) poisonedErr(fn string) error {
 
 // finishingLocked refuses new fast-path calls while ct_finish decides; a
 // poisoned session stays poisoned (its calls keep naming the write error).
-func (s *Session) finishingLocked() {
+// False when a re-arm in C replaced the session since its checks (rearm.go:
+// the re-arm won the race, and the session is gone to the caller).
+func (s *Session) finishingLocked() bool {
 	if s.poison == nil {
-		setSlotState(s.slot, slotFinishing)
+		return casSlotState(s.slot, slotOpen, slotFinishing)
 	}
+	return true
 }
 
 // reopenLocked takes back finishingLocked: ct_finish refused after all, and
