@@ -263,7 +263,7 @@ class TracerWork:
 _NAME_CACHE_MAX = 4096
 
 
-def _finish_dropped(finish_failed: Callable[[int, bytes], int], handle: int) -> None:
+def _finish_dropped(finish_failed: Callable[[Any, bytes], int], handle: ctypes.c_uint64) -> None:
     """The weakref.finalize callback of a Session: ends a session nobody finished (it was
     garbage-collected, or the interpreter is exiting) as failed, freeing its slot of the
     255. It never raises: nobody could catch it."""
@@ -364,8 +364,10 @@ class Session:
             self.handle = out.value
             self._hc = ctypes.c_uint64(self.handle)
             self._span_exit = functools.partial(_span_exit_function(lib), self._hc)
+            # The holder, not its value: a reopen changes the handle in place, and the
+            # finalizer ends whichever session the object has then.
             self._finalizer = weakref.finalize(
-                self, _finish_dropped, lib.c.ct_finish_failed, self.handle)
+                self, _finish_dropped, lib.c.ct_finish_failed, self._hc)
         except BaseException:
             # Interrupted between ct_open and the finalizer: nothing else would end it.
             if out.value and self._finalizer is None:
@@ -479,13 +481,9 @@ class Session:
         out = ctypes.c_uint64()
         st = self._c.ct_reopen(self.handle, path_b, step, ctypes.byref(out))
         if st == Status.CT_OK:
-            if self._finalizer is not None:
-                self._finalizer.detach()
             self.handle = out.value
-            self._hc.value = out.value  # the span fast paths hold this very object
+            self._hc.value = out.value  # the span fast paths and the finalizer hold it
             self.path = p
-            self._finalizer = weakref.finalize(
-                self, _finish_dropped, self._c.ct_finish_failed, self.handle)
             return
         if st not in (Status.CT_ERR_INVALID_ARGUMENT, Status.CT_ERR_STATE):
             self._ended()  # discarded (and the next could not open), or gone already

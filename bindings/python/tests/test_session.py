@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import threading
@@ -12,6 +13,7 @@ from conftest import candle_graph, read_trace, validate
 
 import candle_trace as ct
 from candle_trace import CandleTraceError, Status
+from candle_trace.session import DROPPED_REASON
 
 
 def open_session(tmp_path, name="t.jsonl", **kw):
@@ -412,6 +414,23 @@ def test_buffered_session_reopens_as_the_next_update(tmp_path):
     # only update 40's records: the dropped updates left nothing
     assert [e["mean"] for e in lines if e["kind"] == "tensor_stats"] == [40.0]
     candle_graph(tmp_path / "flight" / "update-40.jsonl", tmp_path)
+
+
+def test_a_reopened_session_dropped_unfinished_ends_at_its_latest_path(tmp_path):
+    # The finalizer follows the handle a reopen changes in place (it holds the same
+    # holder the span fast paths do), so the session it ends is the current one.
+    s = open_session(tmp_path, "flight/u-2.jsonl", measured_root=True, run={"buffer": {}})
+    for step in range(3, 6):
+        with s.span("fwd"):
+            pass
+        s.reopen(tmp_path / "flight" / f"u-{step}.jsonl", step)
+    with s.span("fwd"):
+        pass
+    del s
+    gc.collect()
+    assert os.listdir(tmp_path / "flight") == ["u-5.jsonl"]
+    term = read_trace(tmp_path / "flight" / "u-5.jsonl")[-1]
+    assert term["outcome"] == "failed" and term["reason"] == DROPPED_REASON
 
 
 def test_reopen_refusals_leave_the_session_as_it_was(tmp_path):
