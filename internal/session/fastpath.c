@@ -3,8 +3,6 @@
 #include "aggkeys.h"
 #include "ticks.h"
 
-#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 /* Fields other threads only glance at (a span stack's depth). */
 #define LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -173,13 +171,15 @@ uint64_t ct__slot_alloc(void) {
 void ct__slots_lock(void) { pthread_mutex_lock(&slots_mu); }
 void ct__slots_unlock(void) { pthread_mutex_unlock(&slots_mu); }
 
+void ct__slot_free_locked(ct_slot *s) {
+    STORE(&s->state, CT_SLOT_FREE);
+    STORE(&s->handle, 0);
+}
+
 void ct__slot_release(uint64_t handle) {
     pthread_mutex_lock(&slots_mu); /* a re-arm in C reads its chain's slots under it */
     ct_slot *s = ct__slot_of(handle);
-    if (s) {
-        STORE(&s->state, CT_SLOT_FREE);
-        STORE(&s->handle, 0);
-    }
+    if (s) ct__slot_free_locked(s);
     pthread_mutex_unlock(&slots_mu);
 }
 
@@ -282,17 +282,14 @@ uint64_t ct__slot_now(ct_slot *s, uint64_t *excluded) { return session_clock(s, 
 
 
 static inline __attribute__((always_inline)) ct_status check_slot(ct_slot *s, ct_session h, const char *fn) {
-    if (!s) {
+    uint32_t st = s ? LOAD(&s->state) : CT_SLOT_FREE;
+    if (__builtin_expect(st == CT_SLOT_OPEN, 1)) return CT_OK;
+    if (!s || st == CT_SLOT_REARMED) { /* re-armed: as it will be once Go has discarded it */
         if (h == 0) return ct__fail(CT_ERR_INVALID_HANDLE, "%s: session handle is 0 (never valid)", fn);
         return ct__fail(CT_ERR_INVALID_HANDLE,
                         "%s: session %llu is unknown or already finished", fn,
                         (unsigned long long)h);
     }
-    uint32_t st = LOAD(&s->state);
-    if (st == CT_SLOT_OPEN) return CT_OK;
-    if (st == CT_SLOT_REARMED) /* as it will be once Go has discarded it */
-        return ct__fail(CT_ERR_INVALID_HANDLE, "%s: session %llu is unknown or already finished", fn,
-                        (unsigned long long)h);
     if (st == CT_SLOT_POISONED)
         return ct__fail(CT_ERR_POISONED,
                         "%s: session %llu is poisoned by an earlier write error (%s); only "

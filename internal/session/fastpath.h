@@ -18,6 +18,10 @@
 
 #include "candle_trace.h"
 
+/* The slots' and rings' shared fields: acquire loads, release stores. */
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
 #define CT_MAX_SESSIONS 256          /* live sessions at once */
 #define CT_TLS_SESSIONS 8            /* sessions one thread may hold spans in */
 #define CT_ERR_CAP 1024              /* bytes of ct_last_error() */
@@ -246,8 +250,10 @@ int ct__wake_fd_open(void);
 
 /* Registry (used by Go). */
 uint64_t ct__slot_alloc(void);            /* 0 when full */
-/* The same with the registry's lock held (rearm.c). */
+/* The same with the registry's lock held (rearm.c); ct__slot_free_locked
+ * gives slot s back. */
 uint64_t ct__slot_alloc_locked(void);
+void ct__slot_free_locked(ct_slot *s);
 void ct__slots_lock(void);
 void ct__slots_unlock(void);
 void ct__slot_release(uint64_t handle);

@@ -24,9 +24,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-
 /* The folder part of path when it is dir + "/" + a name with no other '/'. */
 static int in_folder(const char *path, size_t n, const char *dir) {
     size_t d = strlen(dir);
@@ -83,8 +80,7 @@ int ct__rearm(ct_session h, const char *path, uint64_t step, ct_session *out) {
         ns->rearm_root = s->rearm_root;
         ct_slot *root = ct__slot_of(s->rearm_root);
         if (root) root->rearm_next = next;
-        STORE(&s->state, CT_SLOT_FREE);
-        STORE(&s->handle, 0);
+        ct__slot_free_locked(s);
     } else {
         ns->rearm_root = h;
         s->rearm_next = next;
@@ -107,8 +103,7 @@ int ct__rearm_claim(uint64_t h, ct_rearm_claim *c) {
             /* Re-armed in C from a session that ended before Go took this
              * one over (a finish racing the reopen on another thread):
              * nothing to take over from, and its slot must not leak. */
-            STORE(&s->state, CT_SLOT_FREE);
-            STORE(&s->handle, 0);
+            ct__slot_free_locked(s);
         }
         ct__slots_unlock();
         return 0;

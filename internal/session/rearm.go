@@ -52,10 +52,9 @@ func settleLocked(h uint64) {
 	}
 	k, same, o := t.discardLocked(), t.sameRun, root.opts
 	at := &rearmedAt{handle: next, wall: time.Unix(0, int64(c.wall_ns)), tid: int64(c.tid)}
-	if _, err := openRun(C.GoString(&c.path[0]), run, o, &same, k, at); err != nil {
-		// A buffered trace creates nothing at open: this is memory, if anything.
-		slotRelease(next)
-	}
+	// A failure (a buffered trace creates nothing at open: memory, if anything)
+	// has released next already: its handle fails as a finished one's.
+	_, _ = openRun(C.GoString(&c.path[0]), run, o, &same, k, at)
 }
 
 // allowRearm lets ct_reopen re-arm s in C (ok) or not; s is a buffered trace

@@ -125,7 +125,7 @@ func openRun(path string, run *events.Run, o options, prev *sameRun, reuse kept,
 		}
 	}
 	var h uint64
-	tid := int64(0)
+	var tid int64
 	if at != nil {
 		h, tid = at.handle, at.tid
 	} else {

@@ -118,12 +118,13 @@ func openTrace(s *Session, prev *sameRun, reuse []byte, at *rearmedAt) error {
 		t.sink = sink
 	}
 	s.product, s.traceSession = t, t
-	now, tid := time.Now(), threadID()
+	now := time.Now()
 	if at != nil {
-		now, tid = at.wall, at.tid
+		now = at.wall
 	}
+	root, _ := s.open.get(1) // openRun's, on the opening thread
 	s.buf = s.run.AppendMeta(s.buf, t.sameRun.facts.extras(now))
-	s.buf = events.AppendSpanStart(s.buf, 1, 0, s.run.Entrypoint, 0, events.SpanFunction, s.run.MeasuredRoot, events.StepNone, tid)
+	s.buf = events.AppendSpanStart(s.buf, 1, 0, s.run.Entrypoint, 0, events.SpanFunction, s.run.MeasuredRoot, events.StepNone, root.tid)
 	s.countLabel(s.run.Entrypoint)
 	if err := s.writeOut(); err != nil {
 		discard(t.sink)
