@@ -15,6 +15,8 @@ const (
 	EnvCaptureStep   = "CANDLE_TRACE_RUN_CAPTURE_STEP"
 	EnvDeviceCollect = "CANDLE_TRACE_RUN_DEVICE_COLLECT"
 	EnvAggregate     = "CANDLE_TRACE_RUN_AGGREGATE"
+	EnvWatch         = "CANDLE_TRACE_RUN_WATCH"
+	EnvMaxTraces     = "CANDLE_TRACE_RUN_MAX_TRACES"
 	// EnvClaim is set by the first Python process that takes the capture
 	// (pid:rank): its children see it and stay out.
 	EnvClaim = "CANDLE_TRACE_RUN_CLAIM"
@@ -67,7 +69,7 @@ func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir st
 		}
 		// The library opens a whole-process session of its own when it loads
 		// with CANDLE_TRACE_PATH set; under the integration it must not.
-		e = e.unset("CANDLE_TRACE_PATH").unset(EnvClaim)
+		e = e.unset("CANDLE_TRACE_PATH").unset(EnvClaim).unset(EnvWatch).unset(EnvMaxTraces)
 		py := siteDir
 		if libs.PythonPath != "" {
 			py += string(os.PathListSeparator) + libs.PythonPath
@@ -85,10 +87,16 @@ func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir st
 		if o.Aggregate != "" {
 			e = e.set(EnvAggregate, o.Aggregate)
 		}
+		if o.Watch != "" {
+			e = e.set(EnvWatch, o.Watch).set(EnvMaxTraces, strconv.Itoa(o.MaxTraces))
+		}
 		return e, nil
 	}
 	if o.Aggregate != "" {
 		return nil, errors.New("--aggregate needs a Python command (the PyTorch integration writes the summary)")
+	}
+	if o.Watch != "" {
+		return nil, errors.New("--watch needs a Python command (the PyTorch integration watches each optimizer step)")
 	}
 	if libs.Preload == "" {
 		return nil, errors.New(PreloadName + " not found next to " + libs.Lib + " (make build/" + PreloadName + ")")

@@ -9,7 +9,9 @@ import (
 
 func TestEnviron(t *testing.T) {
 	libs := &Libraries{Lib: "/l/libcandle_trace.so", Preload: "/l/libcandle_trace_preload.so", PythonPath: "/repo/bindings/python"}
-	base := []string{"PATH=/bin", "LD_PRELOAD=/other.so", "PYTHONPATH=/mine", "CANDLE_TRACE_PATH=/x"}
+	// A run inside a watched run's program does not watch unless told to.
+	base := []string{"PATH=/bin", "LD_PRELOAD=/other.so", "PYTHONPATH=/mine", "CANDLE_TRACE_PATH=/x",
+		EnvWatch + "=/outer", EnvMaxTraces + "=9"}
 	tests := []struct {
 		name   string
 		o      Options
@@ -27,6 +29,12 @@ func TestEnviron(t *testing.T) {
 				"CANDLE_TRACE_DEVICE_COLLECT": "", "PYTHONPATH": "/mine", EnvOutput: ""}, ""},
 		{"drop-in, match and nvml", Options{Output: "/t", Match: "w*", DeviceCollect: "nvml", Command: []string{"train"}}, false,
 			map[string]string{"CANDLE_TRACE_MATCH": "w*", "CANDLE_TRACE_DEVICE_COLLECT": "nvml"}, ""},
+		{"python, watch", Options{Output: "/t", DeviceCollect: "auto", Watch: "/w/{rank}", MaxTraces: 5, Command: []string{"python"}}, true,
+			map[string]string{EnvWatch: "/w/{rank}", EnvMaxTraces: "5"}, ""},
+		{"python, no watch", Options{Output: "/t", DeviceCollect: "auto", Command: []string{"python"}}, true,
+			map[string]string{EnvWatch: "", EnvMaxTraces: ""}, ""},
+		{"--watch without python", Options{Output: "/t", Watch: "/w", DeviceCollect: "auto", Command: []string{"train"}}, false, nil,
+			"--watch needs a Python command"},
 		{"--match with python", Options{Output: "/t", Match: "w*", DeviceCollect: "auto", Command: []string{"python"}}, true, nil,
 			"--match is for the drop-in"},
 		{"--aggregate without python", Options{Output: "/t", Aggregate: "/a", DeviceCollect: "auto", Command: []string{"train"}}, false, nil,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -23,6 +24,8 @@ import (
 //	env           write its arguments and environment as JSON to $FAKE_CHILD_OUT
 //	trace         write a valid, complete trace at the runner's output path
 //	failed-trace  write a valid trace whose capture failed
+//	watch-trace   write a valid, complete trace into the --watch folder, as
+//	              update-000007-slow.jsonl
 //	exit=N        exit with status N
 //	kill=SIG      kill itself with SIG
 //	wait          write $FAKE_CHILD_OUT.ready, then wait for SIGTERM or SIGINT
@@ -58,8 +61,8 @@ func fakeChild(actions []string) int {
 			if err := os.WriteFile(out, b, 0o600); err != nil {
 				return 90
 			}
-		case "trace", "failed-trace":
-			if err := writeFakeTrace(name == "failed-trace"); err != nil {
+		case "trace", "failed-trace", "watch-trace":
+			if err := writeFakeTrace(name); err != nil {
 				fmt.Fprintln(os.Stderr, "fake child:", err)
 				return 91
 			}
@@ -89,12 +92,19 @@ func fakeChild(actions []string) int {
 }
 
 // writeFakeTrace writes a trace at the path the runner asked for (the
-// drop-in's or the Python integration's variable), %p expanded.
-func writeFakeTrace(failed bool) error {
+// drop-in's or the Python integration's variable, %p expanded; in the
+// --watch folder for "watch-trace").
+func writeFakeTrace(action string) error {
 	runtime.LockOSThread() // spans belong to a thread
 	pattern := os.Getenv(EnvOutput)
 	if pattern == "" {
 		pattern = os.Getenv("CANDLE_TRACE_PATH")
+	}
+	if action == "watch-trace" {
+		pattern = filepath.Join(os.Getenv(EnvWatch), "update-000007-slow.jsonl")
+		if err := os.MkdirAll(filepath.Dir(pattern), 0o755); err != nil {
+			return err
+		}
 	}
 	path := strings.ReplaceAll(pattern, "%p", strconv.Itoa(os.Getpid()))
 	s, err := session.Open(path, []byte(`{"entrypoint":"fake::infer","phase":"infer","capture_step":1,`+
@@ -110,7 +120,7 @@ func writeFakeTrace(failed bool) error {
 	if err := s.EndSpan(id); err != nil {
 		return err
 	}
-	if failed {
+	if action == "failed-trace" {
 		return s.FinishFailed("the fake child failed on purpose")
 	}
 	return s.Finish()

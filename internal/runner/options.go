@@ -23,6 +23,10 @@ import (
 // the first steady one. It is also candle_trace.torch.profile's default.
 const DefaultCaptureStep = 3
 
+// DefaultMaxTraces is how many traces a watched run writes at most unless
+// --max-traces says otherwise (candle_trace.torch.watch's default).
+const DefaultMaxTraces = 3
+
 // DefaultOutput is the trace path pattern: %p is the pid of the process
 // that writes it, %r its $RANK (0 when unset).
 const DefaultOutput = "candle-trace-%p.jsonl"
@@ -39,6 +43,11 @@ type Options struct {
 	DeviceCollect string
 	// Aggregate: a path pattern for the whole-run summary (PyTorch only).
 	Aggregate string
+	// Watch: the folder a watched run (PyTorch only) writes the traces of
+	// the updates its triggers pick into; "" captures CaptureStep instead.
+	Watch string
+	// MaxTraces: the most traces a watched run writes.
+	MaxTraces int
 	// Command and its arguments.
 	Command []string
 }
@@ -75,6 +84,13 @@ options:
                       CUDA), none, or a list of nvml,cupti
   --aggregate PATH    PyTorch only: also write a whole-run summary
                       (candle-trace/aggregate/1) to PATH (%p, %r as above)
+  --watch FOLDER      PyTorch only: no capture step; every update runs under
+                      a flight recorder, and the update that is slow, whose
+                      loss is not finite or that raises is written to FOLDER
+                      as update-N-TRIGGER.jsonl, with the update after it
+                      captured in full (candle_trace.torch.watch's defaults);
+                      under torchrun each rank's names carry -rankN
+  --max-traces N      with --watch: the most traces the run writes (default 3)
 
 The libraries are found at $CANDLE_TRACE_LIB, else next to this executable,
 else in the installed candle_trace Python package, else in a source
@@ -95,6 +111,8 @@ func Parse(args []string) (*Options, error) {
 	fs.StringVar(&o.Match, "match", "", "")
 	fs.StringVar(&o.DeviceCollect, "device-collect", "auto", "")
 	fs.StringVar(&o.Aggregate, "aggregate", "", "")
+	fs.StringVar(&o.Watch, "watch", "", "")
+	fs.IntVar(&o.MaxTraces, "max-traces", DefaultMaxTraces, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, ErrHelp
@@ -105,7 +123,36 @@ func Parse(args []string) (*Options, error) {
 	if len(o.Command) > 0 && o.Command[0] == "--" {
 		o.Command = o.Command[1:]
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if err := o.checkWatch(given); err != nil {
+		return nil, err
+	}
 	return o, o.check()
+}
+
+// checkWatch refuses the flags a watched run would ignore: its traces are
+// the updates its triggers pick, named by update and trigger in the folder.
+func (o *Options) checkWatch(given map[string]bool) error {
+	if given["watch"] && strings.TrimSpace(o.Watch) == "" {
+		return errors.New("--watch must name a folder")
+	}
+	if o.Watch == "" {
+		if given["max-traces"] {
+			return errors.New("--max-traces is for --watch (a run without it writes one trace)")
+		}
+		return nil
+	}
+	for _, f := range []string{"capture-step", "output"} {
+		if given[f] {
+			return fmt.Errorf("--%s and --watch: a watched run captures the updates its triggers pick "+
+				"and writes them into the --watch folder as update-N-TRIGGER.jsonl", f)
+		}
+	}
+	if o.MaxTraces < 0 {
+		return fmt.Errorf("--max-traces must be >= 0, got %d", o.MaxTraces)
+	}
+	return nil
 }
 
 func (o *Options) check() error {
@@ -127,7 +174,7 @@ func (o *Options) check() error {
 // Absolute makes the output and aggregate patterns absolute, so that the
 // child writes where the runner looks whatever directory it changes to.
 func (o *Options) Absolute() error {
-	for _, p := range []*string{&o.Output, &o.Aggregate} {
+	for _, p := range []*string{&o.Output, &o.Aggregate, &o.Watch} {
 		if *p == "" {
 			continue
 		}

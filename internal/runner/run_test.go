@@ -162,6 +162,39 @@ func TestRunPythonEnvironment(t *testing.T) {
 	assert.Contains(t, f.stderr.String(), ": valid, complete;")
 }
 
+func TestRunWatch(t *testing.T) {
+	tests := []struct {
+		name, actions string
+		flags         []string
+		want          []string // in the runner's lines
+		wantMax       string
+	}{
+		{"a trigger fired", "env,watch-trace", []string{"--max-traces", "2"},
+			[]string{"candle-trace: trace ", "update-000007-slow.jsonl: valid, complete;"}, "2"},
+		{"nothing fired", "env", nil,
+			[]string{"candle-trace: no trace written to ", ": no trigger fired (a watched run keeps only the updates that go wrong)"}, "3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeRun(t, tc.actions)
+			folder := filepath.Join(f.dir, "traces")
+			// An earlier run's trace in the folder is not this run's.
+			require.NoError(t, os.MkdirAll(folder, 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(folder, "update-000002-slow.jsonl"), []byte("old\n"), 0o644))
+			args := append([]string{"--watch", folder}, tc.flags...)
+			code := f.runner.Run(append(args, "--", asPython(t), "train.py"))
+			require.Equal(t, 0, code, f.stderr.String())
+			d := f.dump(t)
+			assert.Equal(t, folder, d.Env[EnvWatch])
+			assert.Equal(t, tc.wantMax, d.Env[EnvMaxTraces])
+			for _, w := range tc.want {
+				assert.Contains(t, f.stderr.String(), w)
+			}
+			assert.NotContains(t, f.stderr.String(), "update-000002-slow.jsonl")
+		})
+	}
+}
+
 func TestRunFailedTraceVerdict(t *testing.T) {
 	f := newFakeRun(t, "failed-trace,exit=3")
 	code := f.runner.Run([]string{"--output", filepath.Join(f.dir, "t-%p.jsonl"), "--", testBinary(t)})

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/candle-trace/candle-trace/internal/report/analysis"
@@ -24,7 +25,8 @@ func Verdict(path string) string {
 	h := &res.Health
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: ", path)
-	if !h.StructurallyValid {
+	nonFinite := onlyNonFiniteGradients(h)
+	if !h.StructurallyValid && nonFinite == 0 {
 		b.WriteString("INVALID")
 		if e := firstIssue(h, trace.SeverityError, ""); e != nil {
 			fmt.Fprintf(&b, " (%s: %s)", e.Code, e.Message)
@@ -32,6 +34,13 @@ func Verdict(path string) string {
 		return b.String()
 	}
 	switch {
+	case nonFinite > 0:
+		// The update's own numbers, not a broken trace; candle-graph counts them
+		// as errors all the same, so --require-valid refuses it.
+		fmt.Fprintf(&b, "well-formed, %s, NON-FINITE GRADIENTS in %d famil%s (%s: %s)",
+			map[bool]string{true: "complete", false: "FAILED"}[h.CaptureComplete], nonFinite,
+			map[bool]string{true: "y", false: "ies"}[nonFinite == 1],
+			trace.CodeGradientFamilyNonFinite, firstIssue(h, trace.SeverityError, "").Message)
 	case h.CaptureComplete:
 		b.WriteString("valid, complete")
 	case h.Outcome == "failed":
@@ -45,12 +54,19 @@ func Verdict(path string) string {
 	if r := res.Report; r != nil && r.MeasuredRegion != nil && r.MeasuredRegion.Closed {
 		region := r.MeasuredRegion
 		fmt.Fprintf(&b, "; %s %s", region.Name, text.FormatNS(float64(region.DurationNS)))
-		if top := topSpan(r); top != nil {
+		top := topSpan(r)
+		if top != nil {
 			fmt.Fprintf(&b, ", top span %s (%s self", top.Name, text.FormatNS(float64(top.SelfNS)))
 			if region.DurationNS > 0 {
 				fmt.Fprintf(&b, ", %s", text.FormatShare(float64(top.SelfNS)/float64(region.DurationNS)))
 			}
 			b.WriteString(")")
+		}
+		// Time in no span at all (a data step, a sleep, an I/O) that outweighs every
+		// span: the first thing to know of a slow update.
+		if own := regionSelf(r); own > 0 && region.DurationNS > 0 && (top == nil || own > top.SelfNS) {
+			fmt.Fprintf(&b, ", %s (%s) in no span below it", text.FormatNS(float64(own)),
+				text.FormatShare(float64(own)/float64(region.DurationNS)))
 		}
 		var ops uint64
 		for _, o := range r.Ops {
@@ -61,6 +77,44 @@ func Verdict(path string) string {
 	return b.String()
 }
 
+// onlyNonFiniteGradients is how many gradient families hold non-finite
+// gradients when those are the trace's only errors (0 otherwise): a trace
+// of the update whose gradients went NaN, whatever else is right. An
+// active family left below its minimum by them (its NaN gradients are not
+// present ones) is the same finding.
+func onlyNonFiniteGradients(h *health.Health) int {
+	nonFinite := map[string]bool{}
+	for _, is := range h.Issues {
+		if is.Severity == trace.SeverityError && is.Code == trace.CodeGradientFamilyNonFinite {
+			nonFinite[quotedFamily(is.Message)] = true
+		}
+	}
+	for _, is := range h.Issues {
+		if is.Severity != trace.SeverityError || is.Code == trace.CodeGradientFamilyNonFinite {
+			continue
+		}
+		if is.Code != trace.CodeGradientActiveBelowMinimum || !nonFinite[quotedFamily(is.Message)] {
+			return 0
+		}
+	}
+	return len(nonFinite)
+}
+
+// quotedFamily is the family a gradient family issue names: its message's
+// first Go-quoted string (internal/report/health's %q).
+func quotedFamily(msg string) string {
+	i := strings.IndexByte(msg, '"')
+	if i < 0 {
+		return ""
+	}
+	q, err := strconv.QuotedPrefix(msg[i:])
+	if err != nil {
+		return ""
+	}
+	f, _ := strconv.Unquote(q)
+	return f
+}
+
 func firstIssue(h *health.Health, sev trace.Severity, code string) *trace.Issue {
 	for i := range h.Issues {
 		if (sev == "" || h.Issues[i].Severity == sev) && (code == "" || h.Issues[i].Code == code) {
@@ -68,6 +122,16 @@ func firstIssue(h *health.Health, sev trace.Severity, code string) *trace.Issue 
 		}
 	}
 	return nil
+}
+
+// regionSelf is the measured region's own time: in none of its spans.
+func regionSelf(r *analysis.Report) uint64 {
+	for i := range r.Spans {
+		if s := &r.Spans[i]; s.Name == r.MeasuredRegion.Name && s.Count == 1 {
+			return s.SelfNS
+		}
+	}
+	return 0
 }
 
 // topSpan is the span name with the most self time inside the measured
@@ -89,20 +153,30 @@ func topSpan(r *analysis.Report) *analysis.NameStats {
 // Summarize writes the end-of-run lines: a verdict per trace written, the
 // summaries written, or why there is none.
 func Summarize(w io.Writer, o *Options, python bool, before Files) {
-	traces := Written(o.Output, before)
-	if python && !strings.Contains(o.Output, "%r") {
-		traces = union(traces, Written(rankPattern(o.Output), before))
+	var traces []string
+	switch {
+	case o.Watch != "":
+		traces = Written(WatchPattern(o.Watch), before)
+	case python && !strings.Contains(o.Output, "%r"):
+		traces = union(Written(o.Output, before), Written(rankPattern(o.Output), before))
+	default:
+		traces = Written(o.Output, before)
 	}
 	cwd, _ := os.Getwd()
 	for _, t := range traces {
 		fmt.Fprintf(w, "candle-trace: trace %s\n", Verdict(relative(cwd, t)))
 	}
 	if len(traces) == 0 {
-		why := "no process matched --match"
-		if python {
+		where, why := o.Output, "no process matched --match"
+		switch {
+		case o.Watch != "":
+			where = relative(cwd, o.Watch)
+			why = "no trigger fired (a watched run keeps only the updates that go wrong), " +
+				"or the program stepped no torch optimizer"
+		case python:
 			why = "the program stepped no torch optimizer and called no torch module (or never imported torch)"
 		}
-		fmt.Fprintf(w, "candle-trace: no trace written to %s: %s\n", o.Output, why)
+		fmt.Fprintf(w, "candle-trace: no trace written to %s: %s\n", where, why)
 	}
 	if o.Aggregate != "" {
 		for _, a := range Written(o.Aggregate, before) {

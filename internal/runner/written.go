@@ -49,6 +49,13 @@ func Written(pattern string, before Files) []string {
 // traces, a torchrun rank's traces (-rank%r before the extension, added by
 // candle_trace/torch/_run.py when the pattern has no %r) and the summary.
 func Patterns(o *Options, python bool) []string {
+	if o.Watch != "" {
+		out := []string{WatchPattern(o.Watch)}
+		if o.Aggregate != "" {
+			out = append(out, o.Aggregate)
+		}
+		return out
+	}
 	out := []string{o.Output}
 	if python && !strings.Contains(o.Output, "%r") {
 		out = append(out, rankPattern(o.Output))
@@ -57,6 +64,14 @@ func Patterns(o *Options, python bool) []string {
 		out = append(out, o.Aggregate)
 	}
 	return out
+}
+
+// WatchPattern is what a watched run's traces match: the .jsonl files of
+// its folder, whose rank placeholders ({rank}, %r, {world_size}; the
+// Python binding puts the rank in) are wildcards.
+func WatchPattern(folder string) string {
+	folder = strings.NewReplacer("{rank}", "%r", "{world_size}", "%r").Replace(folder)
+	return filepath.Join(folder, "*.jsonl")
 }
 
 // SnapshotAll is Snapshot of each pattern, in one set.

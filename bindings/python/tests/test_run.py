@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from conftest import REPO, judged, read_trace
+from conftest import REPO, candle_graph, judged, read_trace
 
 torch = pytest.importorskip("torch")
 
@@ -44,9 +44,10 @@ def test_settings_from_the_runner_s_variables():
 
     s = Settings.from_env({"CANDLE_TRACE_RUN_OUTPUT": "/o-%p", "CANDLE_TRACE_RUN_CAPTURE_STEP": "5",
                            "CANDLE_TRACE_RUN_DEVICE_COLLECT": "cupti, nvml",
-                           "CANDLE_TRACE_RUN_AGGREGATE": "/a.json"})
-    assert (s.output, s.capture_step, s.device_collect, s.aggregate) == (
-        "/o-%p", 5, ["cupti", "nvml"], "/a.json")
+                           "CANDLE_TRACE_RUN_AGGREGATE": "/a.json",
+                           "CANDLE_TRACE_RUN_WATCH": "/w", "CANDLE_TRACE_RUN_MAX_TRACES": "0"})
+    assert (s.output, s.capture_step, s.device_collect, s.aggregate, s.watch, s.max_traces) == (
+        "/o-%p", 5, ["cupti", "nvml"], "/a.json", "/w", 0)
     assert Settings.from_env({"CANDLE_TRACE_RUN_DEVICE_COLLECT": "none"}).device_collect is None
     assert Settings.from_env({}) == Settings()
 
@@ -453,3 +454,121 @@ def test_torchrun_ranks_write_one_trace_each(tmp_path):
     assert set(grads[0]) == {"module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"}
     for key, norm in grads[0].items():  # all-reduced: the same mean gradient on each rank
         assert math.isclose(norm, grads[1][key], rel_tol=1e-6), key
+
+
+# -- candle-trace run --watch: the updates that go wrong, with no capture step ---------
+
+
+def run_watched(tmp_path: Path, program: List[str], *flags: str,
+                timeout: int = 600) -> subprocess.CompletedProcess:
+    if not RUNNER.exists():
+        pytest.fail(f"{RUNNER} is not built (make cli)")
+    return subprocess.run([str(RUNNER), "run", "--watch", "traces", *flags, "--", sys.executable,
+                           *program], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout, env=clean_env())
+
+
+def watched(tmp_path: Path, r: subprocess.CompletedProcess) -> List[str]:
+    """The traces in the watch's folder, less those of slow updates the machine made
+    (a host stall can fire the slow trigger in any loop; no program here stalls): each
+    one named in the runner's verdicts, and the program's own lines said what fired."""
+    names = sorted(p.name for p in (tmp_path / "traces").glob("*.jsonl"))
+    for n in names:
+        assert f"candle-trace: trace traces/{n}: " in r.stderr, r.stderr
+    return [n for n in names if not n.endswith(("-slow.jsonl", "-after-slow.jsonl"))]
+
+
+def fired_lines(r: subprocess.CompletedProcess) -> List[str]:
+    return [x.split(":", 1)[1].strip() for x in r.stderr.splitlines()
+            if x.startswith("candle-trace:   update ") and ": slow (" not in x]
+
+
+def test_a_watched_run_keeps_the_update_whose_loss_turns_nan(tmp_path):
+    # update 19's optimizer step runs at a learning rate of 1e30: update 20's loss is NaN
+    r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "25", "--eval-every",
+                               "5", "--loader-ms", "5", "--lr-spike-at", "19"], "--max-traces", "10")
+    assert r.returncode == 0, r.stderr
+    assert "trained 25 updates" in r.stdout
+    assert "candle-trace: watched 25 updates; " in r.stderr, r.stderr
+    assert watched(tmp_path, r) == ["update-000020-non_finite.jsonl",
+                                    "update-000021-after-non_finite.jsonl"]
+    fired = fired_lines(r)
+    assert fired[0] == "update 20: non_finite (value nan; loss nan) -> trace " \
+                       "update-000020-non_finite.jsonl", r.stderr
+    assert fired[1].startswith("update 21: non_finite_grad (value nan; non-finite gradient norm in ")
+    # the contract's warning names the trace as the user finds it, not its working name
+    assert "breaks the gradient contract (" + str(tmp_path / "traces" / "update-000020-non_finite.jsonl") \
+        + "): family tokens: non-finite gradient in tokens.weight" in r.stderr, r.stderr
+    assert "recording" not in r.stderr
+    folder = tmp_path / "traces"
+    for name in ("update-000020-non_finite.jsonl", "update-000021-after-non_finite.jsonl"):
+        # the update's own numbers, not a broken trace: its only errors are the NaN gradients,
+        # and the runner says so rather than INVALID
+        cg = candle_graph(folder / name, tmp_path, require_valid=False)
+        errors = {i["code"] for i in cg["health"]["issues"] if i["severity"] == "error"}
+        assert errors == {"gradient_family_non_finite"}, cg["health"]["issues"]
+        assert cg["health"]["capture_complete"]
+        assert f"candle-trace: trace traces/{name}: well-formed, complete, NON-FINITE GRADIENTS in " \
+               in r.stderr
+    lines = read_trace(folder / "update-000020-non_finite.jsonl")
+    meta = lines[0]
+    assert (meta["entrypoint"], meta["capture_step"]) == ("CharGPT::train", 20)
+    assert meta["tags"]["mode"] == "candle-trace run --watch"
+    assert any(o["kind"] == "op" for o in lines)
+    states = {g["key"]: g["state"] for g in lines if g["kind"] == "gradient"}
+    assert {k for k, v in states.items() if v == "missing"} == {"unused.weight", "unused.bias"}
+    assert {v for k, v in states.items() if not k.startswith("unused.")} == {"non_finite"}
+    # update 20 is even: the mixing branch ran; the unused layer never does
+    fwd = set(forward_span_names(lines))
+    assert "extra_mix" in fwd and "unused" not in fwd
+
+
+def test_a_watched_run_that_dies_of_an_exception_keeps_its_update(tmp_path):
+    r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "25", "--eval-every",
+                               "5", "--oom-at", "15"], "--max-traces", "10")
+    assert r.returncode == 1, r.stderr  # the program's own status, as without the runner
+    assert "RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB" in r.stderr
+    assert "candle-trace: watched 14 updates; " in r.stderr, r.stderr
+    assert watched(tmp_path, r) == ["update-000015-exception.jsonl"]
+    assert fired_lines(r) == [
+        "update 15: exception (RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; "
+        "79.35 GiB total capacity; 71.20 GiB already allocated)) -> trace update-000015-exception.jsonl"]
+    lines = judged(tmp_path / "traces" / "update-000015-exception.jsonl", tmp_path, complete=False)
+    assert lines[-1]["reason"].startswith("RuntimeError: CUDA out of memory.")
+    # what ran before the failure is kept: the forward, and backward's ops up to it
+    assert "CharGPT" in forward_span_names(lines)
+    assert any(s["kind"] == "span_start" and s["name"] == "backward" for s in lines)
+    assert any(o["kind"] == "op" for o in lines)
+
+
+def test_a_watched_run_with_nothing_wrong_writes_nothing(tmp_path):
+    r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "12", "--eval-every", "4"])
+    assert r.returncode == 0, r.stderr
+    assert watched(tmp_path, r) == []
+    if not list((tmp_path / "traces").glob("*.jsonl")):  # no host stall fired the slow trigger
+        assert "candle-trace: watched 12 updates; no triggers fired" in r.stderr, r.stderr
+        assert "candle-trace: no trace written to traces: no trigger fired" in r.stderr, r.stderr
+
+
+def test_a_watched_run_killed_with_its_process_group_keeps_the_update(tmp_path):
+    """SIGTERM to the whole group (a job scheduler's way): the program gets it twice, from
+    the sender and forwarded by the runner; the second must not kill it while the update's
+    trace is written."""
+    p = subprocess.Popen([str(RUNNER), "run", "--watch", "traces", "--", sys.executable,
+                          str(PROGRAMS / "char_gpt.py"), "--updates", "1000000", "--eval-every",
+                          "5", "--loader-ms", "2"], cwd=tmp_path,
+                         env=clean_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    for line in p.stdout:  # noqa: B007 - read until the loop is well under way
+        if line.startswith("update 10:") or time.time() > deadline:
+            break
+    assert p.poll() is None, p.communicate()
+    os.killpg(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    [name] = watched(tmp_path, subprocess.CompletedProcess([], p.returncode, out, err))
+    assert name.endswith("-exception.jsonl"), name
+    lines = judged(tmp_path / "traces" / name, tmp_path, complete=False)
+    assert lines[-1]["reason"] == "Terminated: killed by SIGTERM (signal 15)"
+    assert f"-> trace {name}" in err

@@ -582,3 +582,46 @@ def test_the_programs_own_trigger_and_the_cap(tmp_path):
 def test_bad_options_are_refused(kw, msg):
     with pytest.raises(ctt.CandleTraceError, match=msg.replace(".", r"\.")):
         ctt.watch(nn.Linear(2, 2), None, "never", **kw)
+
+
+def test_wrappers_put_on_after_the_watch_started_stay(tmp_path):
+    """An LR scheduler wraps ``optimizer.step`` when it is made (``candle-trace run`` too,
+    to count updates), often after the watch started: dropping a flight capture whose
+    wrappers lie under it must not put back what was there before them (that took the
+    later wrapper out with them), and neither must the watch's end."""
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    orig_backward = torch.autograd.backward
+    steps, backwards = [], []
+    try:
+        with ctt.watch(model, opt, tmp_path / "t", triggers=NO_SLOW) as w:
+            inner_step, inner_backward = opt.step, torch.autograd.backward
+
+            def counted_step(*a, **k):
+                steps.append(1)
+                return inner_step(*a, **k)
+
+            def counted_backward(*a, **k):
+                backwards.append(1)
+                return inner_backward(*a, **k)
+
+            opt.step, torch.autograd.backward = counted_step, counted_backward
+            for i in range(1, 8):
+                if i == 3:  # update 4 is then captured in full: the flight capture is dropped
+                    w.trigger("look")
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+                w.step()
+        assert opt.step is counted_step and torch.autograd.backward is counted_backward
+        assert (len(steps), len(backwards)) == (7, 7)
+        assert [(f.update, f.trigger) for f in w.fired] == [(3, "user")]
+        assert sorted(os.listdir(tmp_path / "t")) == ["update-000003-user.jsonl",
+                                                      "update-000004-after-user.jsonl"]
+        # what is left beneath them calls straight through once the watch is over
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        assert (len(steps), len(backwards)) == (8, 8)
+    finally:
+        torch.autograd.backward = orig_backward

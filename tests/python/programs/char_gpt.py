@@ -10,7 +10,16 @@ on even updates (``extra_mix``); and, with CHAR_GPT_GRAD_NORMS=FILE set, each up
 appends ``{"update": n, "norms": {parameter: |grad|}}`` to FILE, read after backward,
 so a test can hold the trace's gradients to the program's own.
 
-    python char_gpt.py [--updates N] [--eval-every K]
+For `candle-trace run --watch`, three ways to go wrong, each at a chosen update:
+``--lr-spike-at N`` sets the learning rate to 1e30 in update N's optimizer step, so
+that update N+1's loss is not finite; ``--oom-at N`` makes update N's backward raise
+CUDA's out-of-memory RuntimeError (on any device), which ends the program;
+``--stall-at N`` makes update N's data step wait 5x the median update so far. With
+``--loader-ms MS`` every data step waits MS first (a loader), so that a stall stands
+well above the machine's noise.
+
+    python char_gpt.py [--updates N] [--eval-every K] [--loader-ms MS]
+                       [--lr-spike-at N] [--oom-at N] [--stall-at N]
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ import argparse
 import json
 import math
 import os
-from typing import Dict, Optional
+import time
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -83,6 +93,23 @@ class CharGPT(nn.Module):
         return self.head(self.final_norm(h))
 
 
+class RaisingBackward(torch.autograd.Function):
+    """Identity whose backward raises CUDA's out-of-memory message when armed."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if RaisingBackward.armed:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB "
+                               "(GPU 0; 79.35 GiB total capacity; 71.20 GiB already allocated)")
+        return g
+
+
 def batches(data: torch.Tensor, context: int, batch: int, gen: torch.Generator):
     while True:
         starts = torch.randint(len(data) - context - 1, (batch,), generator=gen)
@@ -100,6 +127,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=6)
     ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--loader-ms", type=float, default=0.0)
+    ap.add_argument("--lr-spike-at", type=int)
+    ap.add_argument("--oom-at", type=int)
+    ap.add_argument("--stall-at", type=int)
     args = ap.parse_args()
     torch.manual_seed(0)
     chars = sorted(set(TEXT))
@@ -110,13 +141,21 @@ def main() -> None:
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.updates)
     norms_file = os.environ.get("CHAR_GPT_GRAD_NORMS")
     stream = batches(data, context, batch, torch.Generator().manual_seed(1))
+    took: List[float] = []
     for update in range(1, args.updates + 1):
+        began = time.perf_counter()
         model.train()
+        stall = 5 * sorted(took)[len(took) // 2] if update == args.stall_at and took else 0.0
+        time.sleep(args.loader_ms / 1e3 + stall)
         x, y = next(stream)
-        logits = model(x, mix=update % 2 == 0)
+        logits = RaisingBackward.apply(model(x, mix=update % 2 == 0))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
+        RaisingBackward.armed = update == args.oom_at
         loss.backward()
+        if update == args.lr_spike_at:
+            for group in opt.param_groups:
+                group["lr"] = 1e30
         if norms_file:
             with open(norms_file, "a") as f:
                 f.write(json.dumps({"update": update, "norms": grad_norms(model)}) + "\n")
@@ -129,6 +168,7 @@ def main() -> None:
                 vlogits = model(vx)
                 vloss = F.cross_entropy(vlogits.reshape(-1, vlogits.shape[-1]), vy.reshape(-1))
             print(f"update {update}: loss {loss.item():.4f}, eval loss {vloss.item():.4f}")
+        took.append(time.perf_counter() - began)
     params = sum(p.numel() for p in model.parameters())
     print(f"trained {args.updates} updates of a {params}-parameter CharGPT")
 

@@ -28,6 +28,9 @@ class WholeRun:
         self.session = a = Session(path, entrypoint, phase, capture_step, device, tags=tags,
                                    run=run)
         self._undo: List[Callable[[], None]] = []
+        #: set by close(): a wrapper left in place under one installed after it (see
+        #: _common.restore) calls straight through from then on
+        self._closed = False
         self._want_loss = want_loss
         self._loss: Optional[torch.Tensor] = None
         self._fwd = a.span(f"{prefix}/forward", "module", "forward")
@@ -44,11 +47,14 @@ class WholeRun:
         self._open_data()
 
     def install(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        spanned_forward = self._fwd(model.forward)  # a Span per call, closed on exceptions too
+        orig_forward = model.forward
+        spanned_forward = self._fwd(orig_forward)  # a Span per call, closed on exceptions too
         open_ = self._open
 
         @functools.wraps(spanned_forward)
         def forward(*args: Any, **kw: Any) -> Any:
+            if self._closed:
+                return orig_forward(*args, **kw)
             if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
                 self._begin_update()
             return spanned_forward(*args, **kw)
@@ -62,15 +68,27 @@ class WholeRun:
 
         @functools.wraps(orig_backward)
         def backward(tensors: Any, *args: Any, **kw: Any) -> Any:
+            if self._closed:
+                return orig_backward(tensors, *args, **kw)
             if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
                 self._loss = tensors.detach()
             return spanned_backward(tensors, *args, **kw)
 
-        torch.autograd.backward = backward  # Tensor.backward calls it too
-        self._undo.append(lambda: setattr(torch.autograd, "backward", orig_backward))
+        # Tensor.backward calls it too
+        prev_backward = patch(torch.autograd, "backward", backward)
+        self._undo.append(lambda: restore(torch.autograd, "backward", prev_backward))
 
         if optimizer is not None:
-            prev_step = patch(optimizer, "step", self._opt(optimizer.step))
+            orig_step = optimizer.step
+            spanned_step = self._opt(orig_step)
+
+            @functools.wraps(orig_step)
+            def step(*args: Any, **kw: Any) -> Any:
+                if self._closed:
+                    return orig_step(*args, **kw)
+                return spanned_step(*args, **kw)
+
+            prev_step = patch(optimizer, "step", step)
             self._undo.append(lambda: restore(optimizer, "step", prev_step))
 
     def _span(self, proto: Any) -> Any:
@@ -106,6 +124,7 @@ class WholeRun:
         self._open_data()
 
     def close(self, exc_type: Any, exc: Any) -> None:
+        self._closed = True
         for u in reversed(self._undo):
             u()
         self._undo.clear()

@@ -81,6 +81,9 @@ class Capture:
     def __init__(self, cfg: Config, tops: Union[Sequence[Tuple[str, torch.nn.Module]], Layout],
                  optimizer: Optional[torch.optim.Optimizer]) -> None:
         self.cfg = cfg
+        #: the path a warning names: the trace's final one where it is renamed once
+        #: written (a flight recorder's working file); cfg.path otherwise
+        self.shown_path: Optional[str] = None
         self.optimizer = optimizer
         layout = tops if isinstance(tops, Layout) else Layout(tops, cfg)
         self._tops = layout.tops
@@ -451,8 +454,9 @@ class Capture:
                 if sid:
                     self.guard_call(self._backward_end, sid)
 
-        torch.autograd.backward = outside_dynamo(backward)  # Tensor.backward calls it too
-        self._undo.append(lambda: setattr(torch.autograd, "backward", orig))
+        # Tensor.backward calls it too
+        prev = patch(torch.autograd, "backward", outside_dynamo(backward))
+        self._undo.append(lambda: restore(torch.autograd, "backward", prev))
 
     def _backward_begin(self, tensors: Any) -> int:
         sid = self.spans.push("backward", "backward", "function", "backward")
@@ -539,7 +543,8 @@ class Capture:
                                                 self.cfg.gradient_families)
         if self.violations:
             warnings.warn("candle_trace.torch: the captured update breaks the gradient "
-                          f"contract ({self.cfg.path}): " + "; ".join(self.violations),
+                          f"contract ({self.shown_path or self.cfg.path}): " +
+                          "; ".join(self.violations),
                           RuntimeWarning, stacklevel=4)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import sys
 import warnings
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 
@@ -87,19 +87,33 @@ def tensors(args: Any) -> List[torch.Tensor]:
 MISSING = object()
 
 
-def patch(obj: Any, attr: str, value: Any) -> Any:
+class Patched(NamedTuple):
+    """An instance attribute :func:`patch` replaced: what was there, and what it put."""
+
+    prev: Any
+    value: Any
+
+
+def patch(obj: Any, attr: str, value: Any) -> Patched:
     """Sets an instance attribute and returns what restores it (see :func:`restore`)."""
     prev = obj.__dict__.get(attr, MISSING)
     setattr(obj, attr, value)
-    return prev
+    return Patched(prev, obj.__dict__.get(attr, MISSING))
 
 
-def restore(obj: Any, attr: str, prev: Any) -> None:
-    """Puts back an instance attribute a wrapper replaced (removes it when there was none)."""
-    if prev is MISSING:
+def restore(obj: Any, attr: str, p: Patched) -> None:
+    """Puts back an instance attribute a wrapper replaced (removes it when there was
+    none) -- while the wrapper is still what the object holds. Something put over it
+    since (an LR scheduler's counter on ``optimizer.step``, ``candle-trace run``'s, a
+    later capture's) keeps its place, and with it the wrapper beneath, which must then
+    call straight through (every wrapper of ours checks that its owner is still on):
+    putting back what was there first would take out whatever was installed after it."""
+    if obj.__dict__.get(attr, MISSING) is not p.value:
+        return
+    if p.prev is MISSING:
         obj.__dict__.pop(attr, None)
     else:
-        obj.__dict__[attr] = prev
+        obj.__dict__[attr] = p.prev
 
 
 _disable = getattr(getattr(torch, "compiler", None), "disable", None) or getattr(

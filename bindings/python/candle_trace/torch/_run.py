@@ -18,6 +18,14 @@ once ``import torch`` has run, in the one process that traces. From then on:
   updates) is a failed trace saying how many there were; an exception that ended the
   program fails a capture it interrupted, with its type and message.
 
+With ``--watch FOLDER`` (``Settings.watch``) there is no capture step: the first
+optimizer starts :class:`~candle_trace.torch.watch` over its models instead, each step
+of any optimizer is a ``watch.step()``, and the updates its triggers pick are written
+into the folder; at exit the watch stops (an exception that ended the program is the
+update's, a failed ``update-N-exception`` trace) and says on stderr how many updates
+it watched and what fired. A watched run needs an optimizer: no inference loop is
+looked for.
+
 Options come from the runner in CANDLE_TRACE_RUN_* variables (see :class:`Settings`).
 A process forked after install (a DataLoader worker) inherits the patches, and every
 hook checks the pid first: there they only call through.
@@ -39,8 +47,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from ._profile import profile
+from ._watch import watch
 
-__all__ = ["install", "Settings", "expand", "models_of"]
+__all__ = ["install", "Settings", "expand", "models_of", "watch_summary"]
 
 
 @dataclass
@@ -52,6 +61,9 @@ class Settings:
     #: "auto", None (none), or a list of collectors
     device_collect: Union[str, List[str], None] = "auto"
     aggregate: Optional[str] = None
+    #: the folder of a watched run (``--watch``), None for a capture of capture_step
+    watch: Optional[str] = None
+    max_traces: int = 3
 
     @classmethod
     def from_env(cls, env: Optional[Dict[str, str]] = None) -> "Settings":
@@ -63,7 +75,9 @@ class Settings:
         return cls(output=e.get("CANDLE_TRACE_RUN_OUTPUT", cls.output),
                    capture_step=int(e.get("CANDLE_TRACE_RUN_CAPTURE_STEP", cls.capture_step)),
                    device_collect=collect,
-                   aggregate=e.get("CANDLE_TRACE_RUN_AGGREGATE") or None)
+                   aggregate=e.get("CANDLE_TRACE_RUN_AGGREGATE") or None,
+                   watch=e.get("CANDLE_TRACE_RUN_WATCH") or None,
+                   max_traces=int(e.get("CANDLE_TRACE_RUN_MAX_TRACES", cls.max_traces)))
 
 
 def expand(pattern: str, pid: int, rank: Optional[str]) -> str:
@@ -127,6 +141,7 @@ class Autorun:
         self.path = expand(settings.output, self.pid, rank)
         self.aggregate = expand(settings.aggregate, self.pid, rank) if settings.aggregate else None
         self.prof: Optional[profile] = None
+        self.watch: Optional[watch] = None  # a watched run's (settings.watch)
         self.forwards = 0  # outermost module calls while no optimizer exists
         self._depth = threading.local()
         self._hooks: List[Any] = []
@@ -136,7 +151,8 @@ class Autorun:
 
     def install(self) -> None:
         self._patch_optimizer()
-        self._watch_forwards()
+        if self.settings.watch is None:
+            self._watch_forwards()
         previous = sys.excepthook
 
         def excepthook(tp: Any, value: Any, tb: Any) -> None:
@@ -159,12 +175,16 @@ class Autorun:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            # Ignored while the trace ends: a second SIGTERM (the runner forwards its
+            # own, a job scheduler's comes to the whole group) must not kill the process
+            # half way through writing it. It dies of the one it got, just after.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             try:
-                if self.here and self.prof is not None:
-                    self.prof.stop(Terminated, Terminated(
+                if self.here:
+                    self._stop(Terminated, Terminated(
                         f"killed by SIGTERM (signal {int(signal.SIGTERM)})"))
             finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
 
         def in_fork_child() -> None:
@@ -257,10 +277,26 @@ class Autorun:
         atexit.register(self.stop)  # after the session's own exit hook: runs before it
         return prof
 
+    def _watch(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
+        """Starts the watch of a watched run, then counts each step of ``optimizer``."""
+        s = self.settings
+        try:
+            w = watch(model, optimizer, s.watch or "", max_traces=s.max_traces,
+                      tags={"mode": "candle-trace run --watch",
+                            "command": os.path.basename(sys.argv[0] or "python")},
+                      aggregate_path=self.aggregate)
+            w.start()
+        except Exception as e:  # noqa: BLE001 - the program runs on, unwatched
+            print(f"candle-trace run: not watched: {type(e).__name__}: {e}", file=sys.stderr)
+            return
+        self.watch = w
+        self._count(optimizer, "step")
+        atexit.register(self.stop)
+
     def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
         """The first optimizer starts the capture over the models it trains; every
         optimizer's step ends an update."""
-        if self.prof is not None:
+        if self.prof is not None or self.watch is not None:
             self._count(opt, "step")
             return
         self._unwatch_forwards()
@@ -269,6 +305,9 @@ class Autorun:
         if not tops:
             print("candle-trace run: no capture: the optimizer's parameters belong to no "
                   "nn.Module", file=sys.stderr)
+            return
+        if self.settings.watch is not None:
+            self._watch(_model(tops), opt)
             return
         self._profile(_model(tops), opt, "train", self.settings.capture_step, opt, "step")
 
@@ -284,6 +323,9 @@ class Autorun:
 
     def stepped(self) -> None:
         """An update (an optimizer step, or a call of the inference model) ended."""
+        if self.watch is not None:
+            self.watch.step()
+            return
         prof = self.prof
         if prof is None:
             return
@@ -292,14 +334,36 @@ class Autorun:
             self.stop()  # nothing more to do for the rest of the run
 
     def stop(self) -> None:
-        """Ends the profile (at exit, or once the capture is written)."""
+        """Ends the profile or the watch (at exit, or once the capture is written)."""
+        if self.here:
+            self._stop(*self._exc)
+
+    def _stop(self, exc_type: Any, exc: Any) -> None:
+        w, self.watch = self.watch, None
+        if w is not None:
+            w.stop(exc_type, exc)
+            print(watch_summary(w), file=sys.stderr)
         prof = self.prof
-        if prof is None or not self.here:
+        if prof is None:
             return
         with warnings.catch_warnings():
             # A capture that never came warns; the runner's verdict says it already.
             warnings.simplefilter("ignore", RuntimeWarning)
-            prof.stop(*self._exc)
+            prof.stop(exc_type, exc)
+
+
+def watch_summary(w: watch) -> str:
+    """What a watched run says at its end: the updates it watched and each trigger that
+    fired, with its trace or why none was written (the runner's verdicts follow)."""
+    lines = [f"candle-trace: watched {w.updates} update{'s' if w.updates != 1 else ''}; "
+             f"{len(w.fired) or 'no'} trigger{'s' if len(w.fired) != 1 else ''} fired"]
+    for f in w.fired:
+        what = f"value {f.value:.6g}" + (f" > threshold {f.threshold:.6g}" if f.threshold else "")
+        if f.detail:
+            what = f.detail if f.trigger == "exception" else f"{what}; {f.detail}"
+        kept = f"trace {os.path.basename(f.trace)}" if f.trace else f"no trace: {f.no_trace}"
+        lines.append(f"candle-trace:   update {f.update}: {f.trigger} ({what}) -> {kept}")
+    return "\n".join(lines)
 
 
 _installed: Optional[Autorun] = None

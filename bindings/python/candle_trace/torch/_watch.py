@@ -35,7 +35,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
-from ._common import collect_ahead, exception_reason, warn_once
+from ._common import Patched, collect_ahead, exception_reason, patch, restore, warn_once
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._profile import _first_module, _identity, _tops
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
@@ -106,27 +106,29 @@ class _LossTap:
 
     def __init__(self) -> None:
         self.loss: Optional[torch.Tensor] = None
-        self._orig: Any = None
+        self._patched: Optional[Patched] = None
 
     def install(self) -> None:
-        orig = self._orig = torch.autograd.backward
+        orig = torch.autograd.backward
 
         @functools.wraps(orig)
         def backward(tensors: Any, *a: Any, **k: Any) -> Any:
-            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            if self._patched is not None and isinstance(tensors, torch.Tensor) and \
+                    tensors.numel() == 1:
                 self.loss = tensors.detach()
             return orig(tensors, *a, **k)
 
-        torch.autograd.backward = backward
+        self._patched = patch(torch.autograd, "backward", backward)
 
     def take(self) -> Optional[float]:
         loss, self.loss = self.loss, None
         return None if loss is None else float(loss)
 
     def remove(self) -> None:
-        if self._orig is not None:
-            torch.autograd.backward = self._orig
-            self._orig = None
+        patched, self._patched = self._patched, None
+        if patched is not None:
+            restore(torch.autograd, "backward", patched)
+        self.loss = None
 
 
 class watch:
@@ -448,6 +450,7 @@ class watch:
             return
         cap.note(f"candle_trace/trigger/{fired.trigger}", fired.value)
         cap.note(f"candle_trace/trigger/{fired.trigger}/threshold", fired.threshold)
+        cap.shown_path = self._free_path(fired.update, fired.trigger)  # what end() warns of
         cap.end()
         fired.trace = self._keep(cap, fired.update, fired.trigger)
 
@@ -465,10 +468,16 @@ class watch:
             return None
         dst = self._path(n, what)
         if dst != src:
-            i = 1
-            while os.path.exists(dst):  # never over another file
-                i += 1
-                dst = self._path(n, f"{what}-{i}")
+            dst = self._free_path(n, what)
             os.rename(src, dst)
         self.traces.append(dst)
+        return dst
+
+    def _free_path(self, n: int, what: str) -> str:
+        """The name update ``n``'s trace for ``what`` takes: -2, -3... after it where one
+        is there already (never over another file)."""
+        dst, i = self._path(n, what), 1
+        while os.path.exists(dst):
+            i += 1
+            dst = self._path(n, f"{what}-{i}")
         return dst
