@@ -410,7 +410,7 @@ impl<'a> HeapCapture<'a> {
             };
             // A record whose span does not contain it (a pool thread that
             // read the attribution as it changed) goes to the fallback span.
-            let recorded = self.session.memory(span, action, &m).or_else(|_| self.session.memory(self.fallback, action, &m));
+            let recorded = self.session.memory_or(span, Some(self.fallback), action, &m);
             match recorded {
                 Ok(()) if free => {
                     sum.frees += 1;

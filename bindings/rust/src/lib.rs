@@ -37,6 +37,7 @@ mod contract;
 mod device;
 mod error;
 mod finding;
+mod held;
 mod run;
 mod schedule;
 mod session;

@@ -36,7 +36,9 @@
 //! under a *flight recorder*, a buffered session (`"buffer": {"max_bytes":
 //! N}` in the run JSON) holding the update's spans and ops (no tensor
 //! statistics: [`crate::SessionRef::records_stats`] is off, so it stays
-//! cheap; what outgrows the bound is dropped and counted in the trace). When
+//! cheap; what outgrows the bound is dropped and counted in the trace), whose
+//! record calls are held in the binding ([`crate::SessionRef::hold_records`])
+//! and reach the library only if the update is written. When
 //! a trigger fires for it — slow, a non-finite loss, a panic or an `Err`
 //! inside the update, [`Schedule::trigger`] — it is written as
 //! `update-<N>-<trigger>.jsonl` (`failed` with the panic's or the error's
@@ -607,6 +609,9 @@ impl Watch {
             None => self.open(&self.flight, n, &path)?,
         };
         s.set_records_stats(false);
+        // Its records stay in the binding until the update is kept (nearly
+        // none is): no call into the library's runtime per update.
+        s.hold_records(usize::try_from(self.opts.flight_recorder.unwrap_or(DEFAULT_RECORDER_BYTES)).unwrap_or(usize::MAX));
         Ok((Some(s), Kind::Flight))
     }
 

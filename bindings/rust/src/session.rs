@@ -15,6 +15,7 @@ use crate::device::DeviceOptions;
 use crate::error::{check, Error, Result, Status};
 use crate::finding::{Completed, Finding};
 use crate::ffi;
+use crate::held::{Held, Holding, Record};
 use crate::run::Run;
 
 // ---- wire enums --------------------------------------------------------------
@@ -343,6 +344,9 @@ pub(crate) struct Inner {
     contract: Option<Arc<GradientContract>>,
     /// The gradient facts recorded, kept only under a contract.
     gradients: Mutex<BTreeMap<(String, String), Gradient>>,
+    /// Records held in the binding until the session ends with a trace
+    /// (a flight recorder's: see [`SessionRef::hold_records`]).
+    held: Mutex<Held>,
 }
 
 /// A shared, non-owning reference to an open session: every record method
@@ -436,10 +440,10 @@ impl Session {
         let mut handle: ffi::ct_session = 0;
         // SAFETY: both strings are NUL-terminated and live across the call.
         check(unsafe { ffi::ct_open(cpath.as_ptr(), cjson.as_ptr(), &mut handle) })?;
-        Ok(Session::wrap(handle, path, device_synchronized, true, contract.map(Arc::new)))
+        Ok(Session::wrap(handle, path, device_synchronized, true, contract.map(Arc::new), Held::default()))
     }
 
-    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool, contract: Option<Arc<GradientContract>>) -> Session {
+    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool, contract: Option<Arc<GradientContract>>, held: Held) -> Session {
         Session {
             r: SessionRef(Arc::new(Inner {
                 handle,
@@ -450,6 +454,7 @@ impl Session {
                 activated: std::sync::atomic::AtomicBool::new(false),
                 contract,
                 gradients: Mutex::new(BTreeMap::new()),
+                held: Mutex::new(held),
             })),
             ended: false,
         }
@@ -459,7 +464,9 @@ impl Session {
     /// session unwritten and opens the next one at `path` with the same run,
     /// except that its capture step is `capture_step`, reusing the parsed run
     /// and the buffer's memory (most of what an open costs per update). The
-    /// statistics setting ([`SessionRef::records_stats`]) carries over.
+    /// statistics setting ([`SessionRef::records_stats`]) and the bound of
+    /// held records ([`SessionRef::hold_records`]) carry over; the records
+    /// this session held are dropped with it.
     /// Refusals before the discard (a bad path or step, a session that is
     /// not buffered) leave this session open and return it in the error's
     /// place as `Err((self, error))`; a path refused after it returns
@@ -476,7 +483,8 @@ impl Session {
         match check(st) {
             Ok(()) => {
                 self.ended = true;
-                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats(), self.r.0.contract.clone()))
+                let held = self.r.0.held.lock().map(|mut h| h.carry()).unwrap_or_default();
+                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats(), self.r.0.contract.clone(), held))
             }
             Err(e) if e.status() == Some(Status::Io) => {
                 self.ended = true; // discarded before the new path was refused
@@ -507,6 +515,7 @@ impl Session {
     /// reason, and the error is returned.
     pub fn finish(mut self) -> Result<Completed> {
         self.ended = true;
+        self.r.release_held();
         if let Some(err) = self.r.take_deferred() {
             let _ = self.r.raw_finish_failed(&format!("candle-trace (rust): {err}"));
             return Err(err);
@@ -526,6 +535,7 @@ impl Session {
     /// Ends the capture with a `failed` terminal carrying `reason`.
     pub fn finish_failed(mut self, reason: &str) -> Result<()> {
         self.ended = true;
+        self.r.release_held(); // the evidence up to the failure
         let reason = if reason.trim().is_empty() { "finish_failed without a reason" } else { reason };
         self.r.raw_finish_failed(reason)
     }
@@ -536,6 +546,9 @@ impl Session {
     /// with a `failed` terminal saying so, as a dropped session would be.
     pub fn discard(mut self) -> Result<()> {
         self.ended = true;
+        if let Ok(mut h) = self.r.0.held.lock() {
+            h.clear();
+        }
         // SAFETY: plain handle.
         let res = check(unsafe { ffi::ct_discard(self.r.0.handle) });
         if let Err(err) = &res {
@@ -564,6 +577,7 @@ impl Drop for Session {
         } else {
             "session dropped without finish".to_string()
         };
+        self.r.release_held();
         let _ = self.r.raw_finish_failed(&reason);
     }
 }
@@ -621,6 +635,67 @@ impl SessionRef {
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) fn was_activated(&self) -> bool {
         self.0.activated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Makes the record calls of this session ([`op`](Self::op),
+    /// [`tensor`](Self::tensor), [`memory`](Self::memory),
+    /// [`scalar`](Self::scalar), [`data_edge`](Self::data_edge),
+    /// [`gradient`](Self::gradient)) hold up to `limit_bytes` of records in the
+    /// binding instead of entering the library, which gets them when the
+    /// session ends with a trace (`finish`, `finish_failed`, a drop, `flush`);
+    /// `discard` and `reopen` drop them unsent. For a flight recorder, whose
+    /// updates are nearly all dropped: a record call is then a copy, where
+    /// entering the library's runtime after an update's work costs more than
+    /// the record. A time of 0 ("now") is read when the record is held. What
+    /// the library refuses is found when they are sent, and reported by
+    /// `finish` (as [`Error::Deferred`]) rather than by the call; past
+    /// `limit_bytes`, what is held is sent at once. 0 holds nothing from now on.
+    pub fn hold_records(&self, limit_bytes: usize) {
+        if let Ok(mut h) = self.0.held.lock() {
+            h.set_limit(limit_bytes);
+        }
+    }
+
+    /// How many records the session holds now (see [`hold_records`](Self::hold_records)).
+    pub fn held_records(&self) -> usize {
+        self.0.held.lock().map(|h| h.len()).unwrap_or(0)
+    }
+
+    /// Sends what the session holds, in order; refusals are deferred.
+    fn release_held(&self) {
+        let records = match self.0.held.lock() {
+            Ok(mut h) => h.take(),
+            Err(_) => return,
+        };
+        self.send_all(records);
+    }
+
+    fn send_all(&self, records: Vec<Record>) {
+        for r in &records {
+            if let Err(e) = r.send(self.0.handle) {
+                self.defer(e);
+            }
+        }
+        // The list's memory goes back for the next records.
+        if let Ok(mut h) = self.0.held.lock() {
+            h.give_back(records);
+        }
+    }
+
+    /// Holds `r` or sends it (see [`hold_records`](Self::hold_records)).
+    fn submit(&self, r: Record) -> Result<()> {
+        let holding = match self.0.held.lock() {
+            Ok(mut h) => h.hold(r),
+            Err(p) => p.into_inner().hold(r),
+        };
+        match holding {
+            Holding::Held => Ok(()),
+            Holding::Send(r) => r.send(self.0.handle),
+            Holding::Overflow(rs) => {
+                self.send_all(rs);
+                Ok(())
+            }
+        }
     }
 
     /// Keeps an error of a call that could not return it; `finish` reports it.
@@ -758,55 +833,46 @@ impl SessionRef {
 
     /// One operation (`ct_record_op`).
     pub fn op(&self, span: impl Into<SpanId>, op: &Op<'_>) -> Result<()> {
-        let name = cstring("op name", op.name)?;
-        let dtype = cstring("dtype", op.dtype)?;
-        let device = cstring("device", op.device)?;
-        let inputs = op.inputs.iter().map(|s| cstring("input tensor id", s)).collect::<Result<Vec<_>>>()?;
-        let input_ptrs: Vec<*const c_char> = inputs.iter().map(|c| c.as_ptr()).collect();
-        let output = opt_cstring("output tensor id", op.output)?;
-        let shape = shape_i64(op.shape)?;
-        let raw = ffi::ct_op {
-            size: std::mem::size_of::<ffi::ct_op>() as u32,
+        let mut timestamp_ns = op.timestamp_ns;
+        if timestamp_ns == 0 && self.holds() {
+            // "ended now", as the library would have read it
+            timestamp_ns = self.now_ns().saturating_sub(op.duration_ns).max(1);
+        }
+        self.submit(Record::Op {
+            span: span.into().0,
+            name: cstring("op name", op.name)?,
+            dtype: cstring("dtype", op.dtype)?,
+            device: cstring("device", op.device)?,
+            inputs: op.inputs.iter().map(|s| cstring("input tensor id", s)).collect::<Result<Vec<_>>>()?,
+            output: opt_cstring("output tensor id", op.output)?,
+            shape: shape_i64(op.shape)?,
             flags: if op.output_dense_bytes.is_some() { ffi::CT_HAS_OUTPUT_DENSE_BYTES } else { 0 },
-            op_name: name.as_ptr(),
-            dtype: dtype.as_ptr(),
-            device: device.as_ptr(),
-            inputs: if input_ptrs.is_empty() { ptr::null() } else { input_ptrs.as_ptr() },
-            n_inputs: input_ptrs.len(),
-            output: opt_ptr(&output),
-            shape: shape.as_ptr(),
-            rank: shape.len(),
             duration_ns: op.duration_ns,
-            timestamp_ns: op.timestamp_ns,
+            timestamp_ns,
             output_dense_bytes: op.output_dense_bytes.unwrap_or(0),
             input_dense_bytes: op.input_dense_bytes,
-        };
-        // SAFETY: every pointer of `raw` points into locals alive across the call.
-        check(unsafe { ffi::ct_record_op(self.0.handle, span.into().0, &raw) })
+        })
     }
 
     /// Tensor metadata (`ct_record_tensor`).
     pub fn tensor(&self, span: impl Into<SpanId>, t: &TensorMeta<'_>) -> Result<()> {
-        let id = cstring("tensor id", t.tensor_id)?;
-        let dtype = cstring("dtype", t.dtype)?;
-        let device = cstring("device", t.device)?;
-        let label = opt_cstring("label", t.label)?;
-        let shape = shape_i64(t.shape)?;
-        let raw = ffi::ct_tensor {
-            size: std::mem::size_of::<ffi::ct_tensor>() as u32,
+        self.submit(Record::Tensor {
+            span: span.into().0,
+            id: cstring("tensor id", t.tensor_id)?,
+            dtype: cstring("dtype", t.dtype)?,
+            device: cstring("device", t.device)?,
+            label: opt_cstring("label", t.label)?,
+            shape: shape_i64(t.shape)?,
             flags: if t.dense_bytes.is_some() { ffi::CT_HAS_DENSE_BYTES } else { 0 },
-            tensor_id: id.as_ptr(),
-            dtype: dtype.as_ptr(),
-            device: device.as_ptr(),
-            label: opt_ptr(&label),
-            shape: shape.as_ptr(),
-            rank: shape.len(),
             requires_grad: t.requires_grad as i32,
             category: t.category.raw(),
             dense_bytes: t.dense_bytes.unwrap_or(0),
-        };
-        // SAFETY: every pointer of `raw` points into locals alive across the call.
-        check(unsafe { ffi::ct_record_tensor(self.0.handle, span.into().0, &raw) })
+        })
+    }
+
+    /// Whether record calls are held now (see [`hold_records`](Self::hold_records)).
+    fn holds(&self) -> bool {
+        self.0.held.lock().map(|h| h.limit() > 0).unwrap_or(false)
     }
 
     /// Statistics reduced by the caller (`ct_record_tensor_stats`).
@@ -849,38 +915,41 @@ impl SessionRef {
     /// A scalar observation, e.g. a loss (`ct_record_scalar`).
     pub fn scalar(&self, span: impl Into<SpanId>, label: &str, value: f64) -> Result<()> {
         let span = span.into().0;
-        // SAFETY: the label is NUL-terminated for the duration of the call.
-        check(with_cstr(label, |p| unsafe { ffi::ct_record_scalar(self.0.handle, span, p, value) })?)
+        if !self.holds() {
+            // SAFETY: the label is NUL-terminated for the duration of the call.
+            return check(with_cstr(label, |p| unsafe { ffi::ct_record_scalar(self.0.handle, span, p, value) })?);
+        }
+        self.submit(Record::Scalar { span, label: cstring("label", label)?, value })
     }
 
     /// A logical allocation or free (`ct_record_memory`).
     pub fn memory(&self, span: impl Into<SpanId>, action: MemoryAction, m: &Memory<'_>) -> Result<()> {
-        let storage = cstring("storage id", m.storage_id)?;
-        let tensor = cstring("tensor id", m.tensor_id)?;
-        let device = cstring("device", m.device)?;
-        let dtype = cstring("dtype", m.dtype)?;
-        let op_name = opt_cstring("op name", m.op_name)?;
-        let shape = shape_i64(m.shape)?;
-        let raw = ffi::ct_memory {
-            size: std::mem::size_of::<ffi::ct_memory>() as u32,
-            reserved: 0,
-            timestamp_ns: m.timestamp_ns,
-            storage_id: storage.as_ptr(),
-            tensor_id: tensor.as_ptr(),
-            device: device.as_ptr(),
-            dtype: dtype.as_ptr(),
-            op_name: opt_ptr(&op_name),
+        self.memory_or(span.into(), None, action, m)
+    }
+
+    /// [`memory`](Self::memory), recorded on `fallback` where `span` refuses it.
+    pub(crate) fn memory_or(&self, span: SpanId, fallback: Option<SpanId>, action: MemoryAction, m: &Memory<'_>) -> Result<()> {
+        let mut timestamp_ns = m.timestamp_ns;
+        if timestamp_ns == 0 && self.holds() {
+            timestamp_ns = self.now_ns().max(1);
+        }
+        self.submit(Record::Memory {
+            span: span.0,
+            fallback: fallback.map(|f| f.0),
+            action: match action {
+                MemoryAction::Alloc => ffi::CT_MEMORY_ALLOC,
+                MemoryAction::Free => ffi::CT_MEMORY_FREE,
+            },
+            timestamp_ns,
+            storage: cstring("storage id", m.storage_id)?,
+            tensor: cstring("tensor id", m.tensor_id)?,
+            device: cstring("device", m.device)?,
+            dtype: cstring("dtype", m.dtype)?,
+            op_name: opt_cstring("op name", m.op_name)?,
             bytes: m.bytes,
-            shape: if shape.is_empty() { ptr::null() } else { shape.as_ptr() },
-            rank: shape.len(),
+            shape: shape_i64(m.shape)?,
             category: m.category.raw(),
-        };
-        let action = match action {
-            MemoryAction::Alloc => ffi::CT_MEMORY_ALLOC,
-            MemoryAction::Free => ffi::CT_MEMORY_FREE,
-        };
-        // SAFETY: every pointer of `raw` points into locals alive across the call.
-        check(unsafe { ffi::ct_record_memory(self.0.handle, span.into().0, action, &raw) })
+        })
     }
 
     /// A physical device-memory sample (`ct_record_device_memory`).
@@ -943,28 +1012,21 @@ impl SessionRef {
 
     /// A data edge between two tensor ids already known to the session.
     pub fn data_edge(&self, from_tensor: &str, to_tensor: &str) -> Result<()> {
-        let from = cstring("from tensor", from_tensor)?;
-        let to = cstring("to tensor", to_tensor)?;
-        // SAFETY: NUL-terminated strings alive across the call.
-        check(unsafe { ffi::ct_record_data_edge(self.0.handle, from.as_ptr(), to.as_ptr()) })
+        self.submit(Record::DataEdge { from: cstring("from tensor", from_tensor)?, to: cstring("to tensor", to_tensor)? })
     }
 
     /// One gradient fact for parameter `key` under `root`.
     pub fn gradient(&self, root: &str, key: &str, g: Gradient) -> Result<()> {
-        let root = cstring("gradient root", root)?;
-        let key = cstring("gradient key", key)?;
         let (state, norm) = match g {
             Gradient::Present(n) => (ffi::CT_GRADIENT_PRESENT, Some(n)),
             Gradient::Zero => (ffi::CT_GRADIENT_ZERO, Some(0.0f64)),
             Gradient::Missing => (ffi::CT_GRADIENT_MISSING, None),
             Gradient::NonFinite => (ffi::CT_GRADIENT_NON_FINITE, None),
         };
-        let norm_ptr = norm.as_ref().map_or(ptr::null(), |n| n as *const f64);
-        // SAFETY: strings and norm live across the call.
-        check(unsafe { ffi::ct_record_gradient(self.0.handle, root.as_ptr(), key.as_ptr(), state, norm_ptr) })?;
+        self.submit(Record::Gradient { root: cstring("gradient root", root)?, key: cstring("gradient key", key)?, state, norm })?;
         if self.0.contract.is_some() {
             if let Ok(mut gs) = self.0.gradients.lock() {
-                gs.insert((root.to_string_lossy().into_owned(), key.to_string_lossy().into_owned()), g);
+                gs.insert((root.to_string(), key.to_string()), g);
             }
         }
         Ok(())
@@ -992,6 +1054,7 @@ impl SessionRef {
 
     /// Writes everything recorded so far to the file.
     pub fn flush(&self) -> Result<()> {
+        self.release_held();
         // SAFETY: plain handle.
         check(unsafe { ffi::ct_flush(self.0.handle) })
     }

@@ -547,3 +547,29 @@ fn non_finite_fires_once_until_finite_again_and_the_user_comes_first() {
     assert_eq!((f.trigger, f.detail.as_str(), f.value), (Trigger::User, "mine", 0.01));
     assert_eq!(e.end_of_update(6, Some(0.01), Some(f64::NAN), 0.0), None, "the NaN of 5 was seen");
 }
+
+#[test]
+fn a_flight_recorded_update_holds_its_records_until_it_is_kept() {
+    let dir = fresh_dir("watch-held");
+    let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, capture_next: false, ..Default::default() };
+    let schedule = Schedule::watch_with(dir.path(), Run::training("rust::held", 1, "cpu"), quiet).unwrap();
+    for n in 1..=3u64 {
+        let u = schedule.begin_update().unwrap();
+        let t = u.recorder().expect("flight-recorded").handle();
+        let s = u.span("work", Step::Forward).unwrap();
+        t.scalar(s.id().unwrap(), "x", n as f64).unwrap();
+        drop(s);
+        // In the binding, not the library: a dropped update never calls it.
+        assert_eq!(t.held_records(), 1, "update {n}");
+        if n == 2 {
+            u.trigger("keep").unwrap();
+        }
+        u.end().unwrap();
+    }
+    schedule.finish().unwrap();
+    assert_eq!(listing(dir.path()), ["update-000002-user.jsonl"]);
+    let lines = lines(&dir.path().join("update-000002-user.jsonl"));
+    let stats = stats_by_label(&lines);
+    assert_eq!(stats["x"]["mean"], 2.0, "the kept update's own record, sent when it was written");
+    assert!(stats.contains_key("candle_trace/trigger/user"));
+}
