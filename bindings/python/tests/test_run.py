@@ -480,7 +480,7 @@ def watched(tmp_path: Path, r: subprocess.CompletedProcess) -> List[str]:
 
 def fired_lines(r: subprocess.CompletedProcess) -> List[str]:
     return [x.split(":", 1)[1].strip() for x in r.stderr.splitlines()
-            if x.startswith("candle-trace:   update ") and ": slow (" not in x]
+            if x.startswith("candle-trace:   ") and ": slow (" not in x]
 
 
 def test_a_watched_run_keeps_the_update_whose_loss_turns_nan(tmp_path):
@@ -572,3 +572,37 @@ def test_a_watched_run_killed_with_its_process_group_keeps_the_update(tmp_path):
     lines = judged(tmp_path / "traces" / name, tmp_path, complete=False)
     assert lines[-1]["reason"] == "Terminated: killed by SIGTERM (signal 15)"
     assert f"-> trace {name}" in err
+
+
+def test_a_watched_torchrun_keeps_the_update_of_the_rank_that_went_wrong(tmp_path):
+    port = str(free_port())
+    if int(torch.__version__.split(".")[0]) >= 2:
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    else:  # Debian's torch 1.13 torchrun fails on Python 3.11 (see above)
+        launcher = [str(write(tmp_path, "launch.py", LAUNCH)), port]
+    r = subprocess.run([str(RUNNER), "run", "--watch", "traces", "--", sys.executable, *launcher,
+                        str(PROGRAMS / "ddp_ranks.py")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600,
+                       env=clean_env(OMP_NUM_THREADS="1", DDP_RANKS_NAN_RANK="1"))
+    assert r.returncode == 0, r.stderr
+    # each rank says its own
+    assert "candle-trace: rank 0: watched 4 updates; " in r.stderr, r.stderr
+    assert "candle-trace: rank 1: watched 4 updates; " in r.stderr, r.stderr
+    fired = fired_lines(r)
+    # rank 1's loss of update 3 is NaN; its update 4, captured in full, reads the NaN
+    # gradients the all-reduce gave both ranks, and rank 0's own loss turns NaN there
+    # from the parameters they updated. Rank 0's update 5, armed after its trigger,
+    # never began (the loop ended): no trace of it.
+    ones = [f for f in fired if f.startswith("rank 1: ")]
+    assert ones[0] == "rank 1: update 3: non_finite (value nan; loss nan) -> trace " \
+                      "update-000003-non_finite-rank1.jsonl", fired
+    assert ones[1].startswith("rank 1: update 4: non_finite_grad (value nan; non-finite gradient norm in ")
+    assert ones[1].endswith("-> trace update-000004-after-non_finite-rank1.jsonl") and len(ones) == 2, fired
+    assert [f for f in fired if f.startswith("rank 0: ")] == [
+        "rank 0: update 4: non_finite (value nan; loss nan) -> trace update-000004-non_finite-rank0.jsonl"], fired
+    assert watched(tmp_path, r) == ["update-000003-non_finite-rank1.jsonl",
+                                    "update-000004-after-non_finite-rank1.jsonl",
+                                    "update-000004-non_finite-rank0.jsonl"]
+    lines = read_trace(tmp_path / "traces" / "update-000003-non_finite-rank1.jsonl")
+    assert (lines[0]["process"]["rank"], lines[0]["process"]["world_size"]) == (1, 2)
+    assert any(o["kind"] == "op" for o in lines)

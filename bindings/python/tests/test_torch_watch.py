@@ -625,3 +625,23 @@ def test_wrappers_put_on_after_the_watch_started_stay(tmp_path):
         assert (len(steps), len(backwards)) == (8, 8)
     finally:
         torch.autograd.backward = orig_backward
+
+
+def test_a_loop_that_ends_just_after_a_trigger_leaves_no_trace_of_the_update_after(tmp_path):
+    """The update after a trigger is armed for a full capture at the trigger's step(); a
+    loop that ends there never begins it, and a failed trace of nothing of the
+    program's would only be noise."""
+    model = Slow(0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    folder = tmp_path / "traces"
+    with ctt.watch(model, opt, folder, triggers=NO_SLOW) as w:
+        for i in range(1, 5):
+            if i == 4:
+                w.trigger("look")
+            opt.zero_grad()
+            ((model(torch.randn(8, 16)) - torch.randn(8, 4)) ** 2).mean().backward()
+            opt.step()
+            w.step()
+    assert [(f.update, f.trigger) for f in w.fired] == [(4, "user")]
+    assert sorted(os.listdir(folder)) == ["update-000004-user.jsonl"]
+    assert w.traces == [str(folder / "update-000004-user.jsonl")]

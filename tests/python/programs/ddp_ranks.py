@@ -2,9 +2,15 @@
 its own synthetic data, as `torchrun --nproc_per_node 2 ddp_ranks.py` starts it. Nothing
 in it knows candle_trace: under `candle-trace run -- torchrun ...` each rank writes its
 own trace, named with its rank. The all-reduce makes every rank's gradients the mean of
-all ranks', so the ranks' traces must hold equal gradient norms."""
+all ranks', so the ranks' traces must hold equal gradient norms.
+
+With DDP_RANKS_NAN_RANK=R, rank R's input of update 3 is NaN: its loss alone is not
+finite there (the other rank's stays finite, while the all-reduce gives both NaN
+gradients), for `candle-trace run --watch` to keep that rank's update and no other."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -19,9 +25,12 @@ def main() -> None:
         nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
-    for _ in range(4):
+    nan_rank = int(os.environ.get("DDP_RANKS_NAN_RANK", "-1"))
+    for update in range(1, 5):
         opt.zero_grad()
         x = torch.randn(4, 8, generator=data)
+        if rank == nan_rank and update == 3:
+            x[0, 0] = float("nan")
         model(x).pow(2).mean().backward()
         opt.step()
     print(f"rank {rank} of {dist.get_world_size()} done")

@@ -355,14 +355,15 @@ class Autorun:
 def watch_summary(w: watch) -> str:
     """What a watched run says at its end: the updates it watched and each trigger that
     fired, with its trace or why none was written (the runner's verdicts follow)."""
-    lines = [f"candle-trace: watched {w.updates} update{'s' if w.updates != 1 else ''}; "
+    rank = f"rank {w.rank}: " if w.world_size > 1 else ""  # torchrun: each rank says its own
+    lines = [f"candle-trace: {rank}watched {w.updates} update{'s' if w.updates != 1 else ''}; "
              f"{len(w.fired) or 'no'} trigger{'s' if len(w.fired) != 1 else ''} fired"]
     for f in w.fired:
         what = f"value {f.value:.6g}" + (f" > threshold {f.threshold:.6g}" if f.threshold else "")
         if f.detail:
             what = f.detail if f.trigger == "exception" else f"{what}; {f.detail}"
         kept = f"trace {os.path.basename(f.trace)}" if f.trace else f"no trace: {f.no_trace}"
-        lines.append(f"candle-trace:   update {f.update}: {f.trigger} ({what}) -> {kept}")
+        lines.append(f"candle-trace:   {rank}update {f.update}: {f.trigger} ({what}) -> {kept}")
     return "\n".join(lines)
 
 

@@ -355,6 +355,13 @@ class watch:
                     self._fired(self._exception(cap, update=self.updates + 1), recorded=True)
                 elif kind == "flight":
                     cap.discard()
+                elif cap.state == "armed":
+                    # The update after a trigger, which the loop never began (it ended
+                    # just after): a trace of nothing of the program's. Its file, this
+                    # watch's own and new, goes (a streaming session cannot be
+                    # discarded unwritten).
+                    cap.fail(f"the loop ended before update {self.updates + 1} began")
+                    self._remove_own(cap.cfg.path)
                 else:  # a full capture the loop did not reach the end of
                     cap.fail(f"the loop ended before update {self.updates + 1} completed")
                     self._keep(cap, self.updates + 1, f"after-{self._after.trigger}"
@@ -472,6 +479,13 @@ class watch:
             os.rename(src, dst)
         self.traces.append(dst)
         return dst
+
+    @staticmethod
+    def _remove_own(path: str) -> None:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
     def _free_path(self, n: int, what: str) -> str:
         """The name update ``n``'s trace for ``what`` takes: -2, -3... after it where one
