@@ -17,6 +17,7 @@ const (
 	EnvAggregate     = "CANDLE_TRACE_RUN_AGGREGATE"
 	EnvWatch         = "CANDLE_TRACE_RUN_WATCH"
 	EnvMaxTraces     = "CANDLE_TRACE_RUN_MAX_TRACES"
+	EnvFlightRecord  = "CANDLE_TRACE_RUN_FLIGHT_RECORDER"
 	// EnvClaim is set by the first Python process that takes the capture
 	// (pid:rank): its children see it and stay out.
 	EnvClaim = "CANDLE_TRACE_RUN_CLAIM"
@@ -69,7 +70,7 @@ func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir st
 		}
 		// The library opens a whole-process session of its own when it loads
 		// with CANDLE_TRACE_PATH set; under the integration it must not.
-		e = e.unset("CANDLE_TRACE_PATH").unset(EnvClaim).unset(EnvWatch).unset(EnvMaxTraces)
+		e = e.unset("CANDLE_TRACE_PATH").unset(EnvClaim).unset(EnvWatch).unset(EnvMaxTraces).unset(EnvFlightRecord)
 		py := siteDir
 		if libs.PythonPath != "" {
 			py += string(os.PathListSeparator) + libs.PythonPath
@@ -89,6 +90,9 @@ func Environ(base []string, o *Options, libs *Libraries, python bool, siteDir st
 		}
 		if o.Watch != "" {
 			e = e.set(EnvWatch, o.Watch).set(EnvMaxTraces, strconv.Itoa(o.MaxTraces))
+			if o.NoFlightRecorder {
+				e = e.set(EnvFlightRecord, "0")
+			}
 		}
 		return e, nil
 	}

@@ -11,7 +11,7 @@ func TestEnviron(t *testing.T) {
 	libs := &Libraries{Lib: "/l/libcandle_trace.so", Preload: "/l/libcandle_trace_preload.so", PythonPath: "/repo/bindings/python"}
 	// A run inside a watched run's program does not watch unless told to.
 	base := []string{"PATH=/bin", "LD_PRELOAD=/other.so", "PYTHONPATH=/mine", "CANDLE_TRACE_PATH=/x",
-		EnvWatch + "=/outer", EnvMaxTraces + "=9"}
+		EnvWatch + "=/outer", EnvMaxTraces + "=9", EnvFlightRecord + "=0"}
 	tests := []struct {
 		name   string
 		o      Options
@@ -30,9 +30,11 @@ func TestEnviron(t *testing.T) {
 		{"drop-in, match and nvml", Options{Output: "/t", Match: "w*", DeviceCollect: "nvml", Command: []string{"train"}}, false,
 			map[string]string{"CANDLE_TRACE_MATCH": "w*", "CANDLE_TRACE_DEVICE_COLLECT": "nvml"}, ""},
 		{"python, watch", Options{Output: "/t", DeviceCollect: "auto", Watch: "/w/{rank}", MaxTraces: 5, Command: []string{"python"}}, true,
-			map[string]string{EnvWatch: "/w/{rank}", EnvMaxTraces: "5"}, ""},
+			map[string]string{EnvWatch: "/w/{rank}", EnvMaxTraces: "5", EnvFlightRecord: ""}, ""},
+		{"python, watch, no flight recorder", Options{Output: "/t", DeviceCollect: "auto", Watch: "/w", MaxTraces: 3, NoFlightRecorder: true,
+			Command: []string{"python"}}, true, map[string]string{EnvFlightRecord: "0"}, ""},
 		{"python, no watch", Options{Output: "/t", DeviceCollect: "auto", Command: []string{"python"}}, true,
-			map[string]string{EnvWatch: "", EnvMaxTraces: ""}, ""},
+			map[string]string{EnvWatch: "", EnvMaxTraces: "", EnvFlightRecord: ""}, ""},
 		{"--watch without python", Options{Output: "/t", Watch: "/w", DeviceCollect: "auto", Command: []string{"train"}}, false, nil,
 			"--watch needs a Python command"},
 		{"--match with python", Options{Output: "/t", Match: "w*", DeviceCollect: "auto", Command: []string{"python"}}, true, nil,

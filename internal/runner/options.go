@@ -48,6 +48,9 @@ type Options struct {
 	Watch string
 	// MaxTraces: the most traces a watched run writes.
 	MaxTraces int
+	// NoFlightRecorder: a watched run records no update, only captures the
+	// one after a trigger in full.
+	NoFlightRecorder bool
 	// Command and its arguments.
 	Command []string
 }
@@ -91,6 +94,9 @@ options:
                       captured in full (candle_trace.torch.watch's defaults);
                       under torchrun each rank's names carry -rankN
   --max-traces N      with --watch: the most traces the run writes (default 3)
+  --no-flight-recorder  with --watch: record no update, only capture the one
+                      after a trigger in full (what the recorder costs a loop
+                      whose updates are short: the run warns from 5%)
 
 The libraries are found at $CANDLE_TRACE_LIB, else next to this executable,
 else in the installed candle_trace Python package, else in a source
@@ -113,6 +119,7 @@ func Parse(args []string) (*Options, error) {
 	fs.StringVar(&o.Aggregate, "aggregate", "", "")
 	fs.StringVar(&o.Watch, "watch", "", "")
 	fs.IntVar(&o.MaxTraces, "max-traces", DefaultMaxTraces, "")
+	fs.BoolVar(&o.NoFlightRecorder, "no-flight-recorder", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, ErrHelp
@@ -138,8 +145,10 @@ func (o *Options) checkWatch(given map[string]bool) error {
 		return errors.New("--watch must name a folder")
 	}
 	if o.Watch == "" {
-		if given["max-traces"] {
-			return errors.New("--max-traces is for --watch (a run without it writes one trace)")
+		for _, f := range []string{"max-traces", "no-flight-recorder"} {
+			if given[f] {
+				return fmt.Errorf("--%s is for --watch (a run without it writes one trace)", f)
+			}
 		}
 		return nil
 	}

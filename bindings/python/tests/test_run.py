@@ -45,9 +45,10 @@ def test_settings_from_the_runner_s_variables():
     s = Settings.from_env({"CANDLE_TRACE_RUN_OUTPUT": "/o-%p", "CANDLE_TRACE_RUN_CAPTURE_STEP": "5",
                            "CANDLE_TRACE_RUN_DEVICE_COLLECT": "cupti, nvml",
                            "CANDLE_TRACE_RUN_AGGREGATE": "/a.json",
-                           "CANDLE_TRACE_RUN_WATCH": "/w", "CANDLE_TRACE_RUN_MAX_TRACES": "0"})
-    assert (s.output, s.capture_step, s.device_collect, s.aggregate, s.watch, s.max_traces) == (
-        "/o-%p", 5, ["cupti", "nvml"], "/a.json", "/w", 0)
+                           "CANDLE_TRACE_RUN_WATCH": "/w", "CANDLE_TRACE_RUN_MAX_TRACES": "0",
+                           "CANDLE_TRACE_RUN_FLIGHT_RECORDER": "0"})
+    assert (s.output, s.capture_step, s.device_collect, s.aggregate, s.watch, s.max_traces,
+            s.flight_recorder) == ("/o-%p", 5, ["cupti", "nvml"], "/a.json", "/w", 0, False)
     assert Settings.from_env({"CANDLE_TRACE_RUN_DEVICE_COLLECT": "none"}).device_collect is None
     assert Settings.from_env({}) == Settings()
 
@@ -606,3 +607,13 @@ def test_a_watched_torchrun_keeps_the_update_of_the_rank_that_went_wrong(tmp_pat
     lines = read_trace(tmp_path / "traces" / "update-000003-non_finite-rank1.jsonl")
     assert (lines[0]["process"]["rank"], lines[0]["process"]["world_size"]) == (1, 2)
     assert any(o["kind"] == "op" for o in lines)
+
+
+def test_a_watched_run_without_its_flight_recorder_captures_the_update_after(tmp_path):
+    r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "25", "--eval-every",
+                               "5", "--lr-spike-at", "19"], "--no-flight-recorder", "--max-traces", "10")
+    assert r.returncode == 0, r.stderr
+    fired = fired_lines(r)
+    assert fired[0] == "update 20: non_finite (value nan; loss nan) -> no trace: not recorded: " \
+                       "flight_recorder=False", r.stderr
+    assert watched(tmp_path, r) == ["update-000021-after-non_finite.jsonl"]

@@ -427,12 +427,27 @@ def test_the_recorders_cost_is_measured_once_and_told(monkeypatch, updates, warn
     told = [w for w in got if "flight recorder adds at least" in str(w.message)]
     assert bool(told) == warned, [str(w.message) for w in got]
     if warned:
-        assert "flight_recorder=False" in str(told[0].message)
+        assert "watch(..., flight_recorder=False) keeps every trigger" in str(told[0].message)
         assert f"{share:.0%}" in str(told[0].message)
     if share is None:
         assert cost.share is None
     else:
         assert cost.share == pytest.approx(share)
+
+
+def test_the_recorders_cost_warning_names_the_way_out_it_is_given(monkeypatch):
+    """`candle-trace run --watch` has no code to change: its warning names its flag."""
+    from candle_trace.torch import _common
+    from candle_trace.torch._watch import RecorderCost
+
+    monkeypatch.setattr(_common, "_warned", set())
+    cost = RecorderCost()
+    cost.way_out = "candle-trace run --watch ... --no-flight-recorder"
+    with pytest.warns(RuntimeWarning) as got:
+        for _ in range(23):
+            cost.add(0.0, 0.01, 0.002)
+    assert "candle-trace run --watch ... --no-flight-recorder keeps every trigger" in str(got[0].message)
+    assert "watch(..." not in str(got[0].message)
 
 
 class Tiny(nn.Module):

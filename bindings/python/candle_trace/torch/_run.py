@@ -64,6 +64,8 @@ class Settings:
     #: the folder of a watched run (``--watch``), None for a capture of capture_step
     watch: Optional[str] = None
     max_traces: int = 3
+    #: False: a watched run records no update, only captures the one after a trigger
+    flight_recorder: bool = True
 
     @classmethod
     def from_env(cls, env: Optional[Dict[str, str]] = None) -> "Settings":
@@ -77,7 +79,8 @@ class Settings:
                    device_collect=collect,
                    aggregate=e.get("CANDLE_TRACE_RUN_AGGREGATE") or None,
                    watch=e.get("CANDLE_TRACE_RUN_WATCH") or None,
-                   max_traces=int(e.get("CANDLE_TRACE_RUN_MAX_TRACES", cls.max_traces)))
+                   max_traces=int(e.get("CANDLE_TRACE_RUN_MAX_TRACES", cls.max_traces)),
+                   flight_recorder=e.get("CANDLE_TRACE_RUN_FLIGHT_RECORDER", "1") != "0")
 
 
 def expand(pattern: str, pid: int, rank: Optional[str]) -> str:
@@ -282,9 +285,11 @@ class Autorun:
         s = self.settings
         try:
             w = watch(model, optimizer, s.watch or "", max_traces=s.max_traces,
+                      flight_recorder=s.flight_recorder,
                       tags={"mode": "candle-trace run --watch",
                             "command": os.path.basename(sys.argv[0] or "python")},
                       aggregate_path=self.aggregate)
+            w.recorder_cost.way_out = "candle-trace run --watch ... --no-flight-recorder"
             w.start()
         except Exception as e:  # noqa: BLE001 - the program runs on, unwatched
             print(f"candle-trace run: not watched: {type(e).__name__}: {e}", file=sys.stderr)

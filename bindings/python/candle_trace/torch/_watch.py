@@ -71,6 +71,9 @@ class RecorderCost:
 
     def __init__(self, skip: int = 3, updates: int = 20, warn_at: float = 0.05) -> None:
         self.skip, self.updates, self.warn_at = skip, updates, warn_at
+        #: how the warning tells the program to go without the recorder (``candle-trace
+        #: run`` names its own flag)
+        self.way_out = "watch(..., flight_recorder=False)"
         self._shares: List[float] = []
         #: the median share once measured, else None
         self.share: Optional[float] = None
@@ -96,7 +99,7 @@ class RecorderCost:
                       f"updates (what its hooks and step() measurably spend; torch's own "
                       f"work for its op callbacks, beyond a calibrated share, and the "
                       f"library's background threads come on top); "
-                      f"watch(..., flight_recorder=False) keeps every trigger and captures "
+                      f"{self.way_out} keeps every trigger and captures "
                       f"the update after one fires in full", stacklevel=4)
         return True
 
