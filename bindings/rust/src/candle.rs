@@ -206,21 +206,38 @@ impl SessionRef {
     /// first, one transfer per device: [`gradient_norms`]). Pair it with
     /// [`gradient_contract`] in the run's capture contract. Returns the facts.
     pub fn record_gradients(&self, root: &str, grads: &GradStore, varmap: &VarMap) -> Result<Vec<(String, Gradient)>> {
+        self.record_gradients_of(root, &gradients_of(grads, varmap))
+    }
+
+    /// [`record_gradients`](Self::record_gradients) of the gradients
+    /// [`gradients_of`] took.
+    pub(crate) fn record_gradients_of(&self, root: &str, taken: &[(String, Option<Tensor>)]) -> Result<Vec<(String, Gradient)>> {
         let _w = tracer_work(self);
-        let vars = named_vars(varmap);
-        let present: Vec<&Tensor> = vars.iter().filter_map(|(_, var)| grads.get(var)).collect();
+        let present: Vec<&Tensor> = taken.iter().filter_map(|(_, g)| g.as_ref()).collect();
         let mut norms = gradient_norms(&present)?.into_iter();
-        let mut out = Vec::with_capacity(vars.len());
-        for (name, var) in vars {
-            let g = match grads.get(&var) {
+        let mut out = Vec::with_capacity(taken.len());
+        for (name, g) in taken {
+            let g = match g {
                 None => Gradient::Missing,
                 Some(_) => norms.next().unwrap_or(Gradient::Missing),
             };
-            self.gradient(root, &name, g)?;
-            out.push((name, g));
+            self.gradient(root, name, g)?;
+            out.push((name.clone(), g));
         }
         Ok(out)
     }
+}
+
+/// Each variable of `varmap` (sorted by name) with its gradient in `grads`, if
+/// any: the tensors themselves (shared, not copied), to be reduced later.
+pub(crate) fn gradients_of(grads: &GradStore, varmap: &VarMap) -> Vec<(String, Option<Tensor>)> {
+    named_vars(varmap).into_iter().map(|(name, var)| {
+        let g = grads.get(&var).cloned();
+        (name, g)
+    }).collect()
+}
+
+impl SessionRef {
 }
 
 /// Opens the measured region like [`SessionRef::measure`], synchronizing

@@ -451,6 +451,7 @@ impl Schedule {
             start: Default::default(),
             tracer0: 0,
             arming,
+            gradients: RefCell::new(None),
             ended: false,
         };
         let opened = (|| -> Result<()> {
@@ -654,8 +655,15 @@ pub struct Update<'a> {
     /// Seconds the watch took to arm this update's recording (a flight
     /// recorder's `ct_reopen`), before it began.
     arming: f64,
+    /// A flight recorder's gradient facts, recorded only if the update is
+    /// written (`backward_step` leaves them here): [`Update::record_held_gradients`].
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
+    gradients: RefCell<Option<HeldGradients>>,
     ended: bool,
 }
+
+/// Records an update's gradient facts into the session given.
+type HeldGradients = Box<dyn FnOnce(&SessionRef) -> Result<()>>;
 
 /// An update's times, as it ends.
 struct Elapsed {
@@ -798,6 +806,17 @@ impl<'a> Update<'a> {
         Elapsed { seconds, waited, wall, tracer }
     }
 
+    /// Records the gradient facts a flight recorder held, into `c` (the update
+    /// is being written), as the tracer's own work; a failure is `c`'s to report.
+    fn record_held_gradients(&self, c: &SessionRef) {
+        if let Some(record) = self.gradients.borrow_mut().take() {
+            let done = c.tracer_work().and_then(|_w| record(c));
+            if let Err(e) = done {
+                c.defer(e);
+            }
+        }
+    }
+
     fn end_measured(&mut self) -> Result<()> {
         let id = std::mem::replace(&mut self.measured, 0);
         let r = match (&self.capture, id) {
@@ -894,6 +913,7 @@ impl<'a> Update<'a> {
                 self.active.take();
                 let trace = match capture {
                     Some(c) if w.opts.triggers.exception || self.kind != Kind::Flight => {
+                        self.record_held_gradients(&c);
                         let path = c.path().to_path_buf();
                         result = c.finish_failed(&reason);
                         let what = match self.kind {
@@ -954,6 +974,7 @@ impl<'a> Update<'a> {
         if let (Kind::After(_), Some(l)) = (kind, loss) {
             noted = c.scalar(measured, "loss", l);
         }
+        self.record_held_gradients(c);
         if let (true, Some(f)) = (keep_flight, fired.as_deref()) {
             noted = noted
                 .and_then(|_| c.scalar(measured, &format!("candle_trace/trigger/{}", f.trigger), f.value))

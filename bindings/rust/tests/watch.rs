@@ -573,3 +573,47 @@ fn a_flight_recorded_update_holds_its_records_until_it_is_kept() {
     assert_eq!(stats["x"]["mean"], 2.0, "the kept update's own record, sent when it was written");
     assert!(stats.contains_key("candle_trace/trigger/user"));
 }
+
+/// A flight recorder reads no gradient in an update it drops; in one it keeps,
+/// the facts are those of the update's own gradients, reduced as it is written.
+#[test]
+fn a_kept_flight_update_has_its_own_gradients_read_when_it_is_written() {
+    let dir = fresh_dir("watch-grads");
+    let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, capture_next: false, ..Default::default() };
+    let mut s = mlp::setup().unwrap();
+    let schedule = Schedule::watch_with(dir.path(), mlp::run_description(&s), quiet).unwrap();
+    let mut norms_of_2 = std::collections::BTreeMap::new();
+    for n in 1..=3u64 {
+        schedule
+            .update(|u| {
+                let (x, y) = mlp::batch(&mut s)?;
+                let loss = {
+                    let _f = u.span_kind(mlp::LABELS[0], SpanKind::Module, Step::Forward)?;
+                    candle_nn::loss::cross_entropy(&candle_core::Module::forward(&s.model, &x)?, &y)?
+                };
+                let held = u.recorder().expect("flight-recorded").held_records();
+                let grads = u.backward_step(&mut s.opt, &loss, mlp::ROOT, &s.varmap)?;
+                // no gradient fact yet: none is read unless the update is kept
+                assert_eq!(u.recorder().unwrap().held_records(), held, "update {n}");
+                if n == 2 {
+                    for (name, var) in candle_trace::candle::named_vars(&s.varmap) {
+                        let g = grads.get(&var).expect("every variable has a gradient");
+                        norms_of_2.insert(name, g.sqr()?.sum_all()?.to_scalar::<f32>()?.sqrt() as f64);
+                    }
+                    u.trigger("keep 2")?;
+                }
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+    }
+    schedule.finish().unwrap();
+    assert_eq!(listing(dir.path()), ["update-000002-user.jsonl"]);
+    let kept = dir.path().join("update-000002-user.jsonl");
+    assert_valid_complete(&kept);
+    let grads: std::collections::BTreeMap<String, f64> =
+        of_kind(&lines(&kept), "gradient").iter().map(|g| (g["key"].as_str().unwrap().to_string(), g["norm"].as_f64().unwrap())).collect();
+    assert_eq!(grads.keys().collect::<Vec<_>>(), norms_of_2.keys().collect::<Vec<_>>());
+    for (k, want) in &norms_of_2 {
+        assert!((grads[k] - want).abs() <= 1e-5 * want, "{k}: {} vs {want}", grads[k]);
+    }
+}

@@ -15,8 +15,9 @@ impl Update<'_> {
     /// in a `train/backward` span (tagged backward), one gradient fact per
     /// `varmap` variable under `root` in the session recording the update
     /// (as the tracer's own work: [`crate::SessionRef::tracer_work`]), then
-    /// `optimizer.step` in a `train/optimizer` span (tagged optimizer).
-    /// Returns the gradients.
+    /// `optimizer.step` in a `train/optimizer` span (tagged optimizer). In a
+    /// flight recorder the gradients are kept (shared, not copied) and reduced
+    /// only if the update is written. Returns the gradients.
     pub fn backward_step<O: Optimizer>(&self, optimizer: &mut O, loss: &Tensor, root: &str, varmap: &VarMap) -> Result<GradStore> {
         self.backward_step_named(optimizer, loss, root, varmap, UpdateSpans::default())
     }
@@ -34,9 +35,20 @@ impl Update<'_> {
             let _b = self.span(names.backward, Step::Backward)?;
             loss.backward()?
         };
-        if let Some(t) = self.trace() {
-            let _w = t.tracer_work()?;
-            t.record_gradients(root, &grads, varmap)?;
+        match self.trace() {
+            // A flight recorder's update is nearly always dropped: its gradients
+            // are reduced only if it is written (Update::record_held_gradients),
+            // not in every update (reading every gradient is memory traffic of
+            // the size of the optimizer's).
+            Some(_) if self.kind == super::Kind::Flight => {
+                let (root, taken) = (root.to_string(), crate::candle::gradients_of(&grads, varmap));
+                *self.gradients.borrow_mut() = Some(Box::new(move |t: &crate::session::SessionRef| t.record_gradients_of(&root, &taken).map(|_| ())));
+            }
+            Some(t) => {
+                let _w = t.tracer_work()?;
+                t.record_gradients(root, &grads, varmap)?;
+            }
+            None => {}
         }
         {
             let _o = self.span(names.optimizer, Step::Optimizer)?;
