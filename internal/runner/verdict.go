@@ -37,10 +37,19 @@ func Verdict(path string) string {
 	case nonFinite > 0:
 		// The update's own numbers, not a broken trace; candle-graph counts them
 		// as errors all the same, so --require-valid refuses it.
-		fmt.Fprintf(&b, "well-formed, %s, NON-FINITE GRADIENTS in %d famil%s (%s: %s)",
-			map[bool]string{true: "complete", false: "FAILED"}[h.CaptureComplete], nonFinite,
-			map[bool]string{true: "y", false: "ies"}[nonFinite == 1],
-			trace.CodeGradientFamilyNonFinite, firstIssue(h, trace.SeverityError, "").Message)
+		outcome, families := "complete", "families"
+		if !h.CaptureComplete {
+			outcome = "FAILED"
+		}
+		if nonFinite == 1 {
+			families = "family"
+		}
+		first := firstIssue(h, trace.SeverityError, trace.CodeGradientFamilyNonFinite)
+		fmt.Fprintf(&b, "well-formed, %s, NON-FINITE GRADIENTS in %d %s (%s: %s)",
+			outcome, nonFinite, families, first.Code, first.Message)
+		if f := firstIssue(h, "", "capture_failed"); f != nil && !h.CaptureComplete {
+			fmt.Fprintf(&b, " (%s)", f.Message)
+		}
 	case h.CaptureComplete:
 		b.WriteString("valid, complete")
 	case h.Outcome == "failed":

@@ -44,6 +44,13 @@ func TestVerdictOfNonFiniteGradients(t *testing.T) {
 	require.NoError(t, os.WriteFile(missingHead, []byte(strings.Replace(string(b),
 		`"key":"head.weight","state":"present","norm":1.25`, `"key":"head.weight","state":"missing"`, 1)), 0o644))
 	assert.Contains(t, Verdict(missingHead), ": INVALID (gradient_family_non_finite")
+	// A failed capture whose gradients went NaN says both.
+	failed := filepath.Join(t.TempDir(), "failed.jsonl")
+	require.NoError(t, os.WriteFile(failed, []byte(strings.Replace(string(b),
+		`{"kind":"terminal","outcome":"complete","timestamp_ns":10000}`,
+		`{"kind":"terminal","outcome":"failed","timestamp_ns":10000,"reason":"RuntimeError: out of memory"}`, 1)), 0o644))
+	assert.Contains(t, Verdict(failed), ": well-formed, FAILED, NON-FINITE GRADIENTS in 1 family "+
+		`(gradient_family_non_finite: gradient family "encoder" contains 1 non-finite gradients) (RuntimeError: out of memory)`)
 	// Beside another error it is an invalid trace like any other.
 	other := filepath.Join("..", "report", "testdata", "bad-unknown_parent.jsonl")
 	assert.Contains(t, Verdict(other), ": INVALID (unknown_parent")
