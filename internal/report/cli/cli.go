@@ -85,6 +85,9 @@ commands:
         integration, no change to the script; any other: the LD_PRELOAD
         drop-in), then say where each trace is and whether it is valid;
         returns COMMAND's exit status (candle-trace run --help)
+  run --watch FOLDER [--max-traces N] [--no-flight-recorder] -- COMMAND ARGS...
+        a Python command with no capture step: the updates that are slow,
+        turn NaN or raise are written to FOLDER as they happen
 
 aggregate summaries (candle-trace/aggregate/1, told from traces by content):
   report [--json] [--category NAME=CAT]... [--categories FILE]
