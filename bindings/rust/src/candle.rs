@@ -231,13 +231,7 @@ impl SessionRef {
 /// Each variable of `varmap` (sorted by name) with its gradient in `grads`, if
 /// any: the tensors themselves (shared, not copied), to be reduced later.
 pub(crate) fn gradients_of(grads: &GradStore, varmap: &VarMap) -> Vec<(String, Option<Tensor>)> {
-    named_vars(varmap).into_iter().map(|(name, var)| {
-        let g = grads.get(&var).cloned();
-        (name, g)
-    }).collect()
-}
-
-impl SessionRef {
+    named_vars(varmap).into_iter().map(|(name, var)| (name, grads.get(&var).cloned())).collect()
 }
 
 /// Opens the measured region like [`SessionRef::measure`], synchronizing

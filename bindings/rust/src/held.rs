@@ -24,6 +24,7 @@ use std::ptr;
 
 use crate::error::{check, Result};
 use crate::ffi;
+use crate::session::opt_ptr;
 
 /// One record call, owned: what `ct_record_*` takes.
 pub(crate) enum Record {
@@ -84,10 +85,6 @@ pub(crate) enum Record {
         state: ffi::ct_gradient_state,
         norm: Option<f64>,
     },
-}
-
-fn opt_ptr(s: &Option<CString>) -> *const c_char {
-    s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
 fn len(s: &CString) -> usize {

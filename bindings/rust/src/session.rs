@@ -248,7 +248,7 @@ fn opt_cstring(what: &str, s: Option<&str>) -> Result<Option<CString>> {
     s.map(|s| cstring(what, s)).transpose()
 }
 
-fn opt_ptr(s: &Option<CString>) -> *const c_char {
+pub(crate) fn opt_ptr(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
