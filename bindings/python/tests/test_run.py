@@ -69,6 +69,25 @@ def test_models_of_finds_the_outermost_holders():
     del ema
 
 
+def test_loose_tensors_are_named_where_main_holds_them():
+    from candle_trace.torch._run import loose_tensors  # noqa: PLC0415
+
+    W1, b1, spare, lone = (torch.zeros(2, requires_grad=True) for _ in range(4))
+    layer = torch.nn.Linear(2, 2)
+    model = type("Net", (), {})()  # a model class that is no nn.Module
+    model.head = [torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)]
+    model.gain = torch.ones(2, requires_grad=True)
+    p = model.gain  # a loop variable left bound to the model's tensor names nothing
+    main = {"W1": W1, "b1": b1, "model": model, "layer": layer, "torch": torch,
+            "parameters": [W1, b1, spare, model.gain], "p": p, "__name__": "__main__"}
+    params = [W1, b1, *layer.parameters(), *model.head, model.gain, spare, lone]
+    named = loose_tensors(params, [layer], main)
+    assert list(named) == ["W1", "b1", "model.head.0", "model.head.1", "model.gain",
+                           "parameters.2", "param8"]
+    assert [id(t) for t in named.values()] == \
+        [id(t) for t in (W1, b1, *model.head, model.gain, spare, lone)]
+
+
 def clean_env(**extra: str) -> Dict[str, str]:
     """No CANDLE_TRACE_* variable and no PYTHONPATH: the runner finds everything
     itself. The interpreter's bin first (a virtualenv's ninja builds the observer)."""
@@ -193,6 +212,49 @@ def test_cnn_with_dataloader_workers(tmp_path, start):
                o["kind"] == "op" and o["op_name"] == "aten::mkldnn_convolution" for o in lines)
     assert_gradients_match(lines, "Net", model, norms_at(norms, 2))
     assert any(s["kind"] == "span_start" and s["name"] == "SGD.step" for s in lines)
+
+
+@pytest.mark.parametrize("kind", ["globals", "class"])
+def test_a_model_of_raw_tensors_unmodified(tmp_path, kind):
+    """makemore's shape: no nn.Module (or one LayerNorm among a class's tensors); the
+    parameters are named where the script holds them, their gradients the program's."""
+    norms = tmp_path / "norms.jsonl"
+    r = run(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "4", "--model", kind],
+            env=clean_env(RAW_MLP_GRAD_NORMS=str(norms)))
+    assert r.returncode == 0, r.stderr
+    assert "valid, complete" in verdict_line(r)
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert lines[0]["capture_step"] == 3
+    want = norms_at(norms, 3)
+    grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
+    assert set(grads) == set(want)
+    assert {g["root"] for g in grads.values()} == {"model"}
+    for key, norm in want.items():
+        if norm is None:  # spare: trained, never used
+            assert grads[key]["state"] == "missing" and key.endswith("spare"), key
+        else:
+            assert math.isclose(grads[key]["norm"], norm, rel_tol=1e-5), (key, grads[key], norm)
+    spare = "spare" if kind == "globals" else "model.spare"
+    assert want[spare] is None
+    assert any(o["kind"] == "op" and o["op_name"] == "aten::mm" for o in lines)
+    assert any(s["kind"] == "span_start" and s["name"] == "SGD.step" for s in lines)
+    assert forward_span_names(lines) == ([] if kind == "globals" else ["LayerNorm"])
+
+
+def test_a_watched_raw_tensor_model_keeps_the_update_whose_loss_turns_nan(tmp_path):
+    r = run_watched(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "8",
+                               "--lr-spike-at", "4"])
+    assert r.returncode == 0, r.stderr
+    assert watched(tmp_path, r) == ["update-000005-non_finite.jsonl",
+                                    "update-000006-after-non_finite.jsonl"]
+    assert "candle-trace: watched 8 updates; " in r.stderr, r.stderr
+    fired = fired_lines(r)
+    assert fired[0] == "update 5: non_finite (value nan; loss nan) -> trace " \
+                       "update-000005-non_finite.jsonl", r.stderr
+    # the raw tensors are named where the script holds them
+    assert fired[1].startswith("update 6: non_finite_grad (value nan; non-finite gradient norm "
+                               "in C, W1, b1, bngain, bnbias, W2, b2 (7 of 8)) -> trace "), fired
 
 
 def test_fewer_updates_than_the_capture_step_is_a_failed_trace(tmp_path):

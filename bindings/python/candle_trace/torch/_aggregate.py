@@ -46,25 +46,19 @@ class WholeRun:
         self._update: Any = None
         self._open_data()
 
-    def install(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        orig_forward = model.forward
-        spanned_forward = self._fwd(orig_forward)  # a Span per call, closed on exceptions too
-        open_ = self._open
-
-        @functools.wraps(spanned_forward)
-        def forward(*args: Any, **kw: Any) -> Any:
-            if self._closed:
-                return orig_forward(*args, **kw)
-            if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
-                self._begin_update()
-            return spanned_forward(*args, **kw)
-
-        prev = patch(model, "forward", forward)
-        self._undo.append(lambda: restore(model, "forward", prev))
+    def install(self, model: Optional[torch.nn.Module],
+                optimizer: Optional[torch.optim.Optimizer]) -> None:
+        """Wraps the model's forward (an update starts at its first call), backward and
+        the optimizer's step. A model of tensors alone (``model`` None) has no forward:
+        its updates start at their backward."""
+        if model is not None:
+            self._install_forward(model)
 
         orig_backward = torch.autograd.backward
         spanned_backward = self._bwd(orig_backward)
         want_loss = self._want_loss
+        open_ = self._open
+        begins = model is None
 
         @functools.wraps(orig_backward)
         def backward(tensors: Any, *args: Any, **kw: Any) -> Any:
@@ -72,6 +66,8 @@ class WholeRun:
                 return orig_backward(tensors, *args, **kw)
             if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
                 self._loss = tensors.detach()
+            if begins and (not open_ or open_[-1] is not None):
+                self._begin_update()
             return spanned_backward(tensors, *args, **kw)
 
         # Tensor.backward calls it too
@@ -90,6 +86,22 @@ class WholeRun:
 
             prev_step = patch(optimizer, "step", step)
             self._undo.append(lambda: restore(optimizer, "step", prev_step))
+
+    def _install_forward(self, model: torch.nn.Module) -> None:
+        orig_forward = model.forward
+        spanned_forward = self._fwd(orig_forward)  # a Span per call, closed on exceptions too
+        open_ = self._open
+
+        @functools.wraps(spanned_forward)
+        def forward(*args: Any, **kw: Any) -> Any:
+            if self._closed:
+                return orig_forward(*args, **kw)
+            if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
+                self._begin_update()
+            return spanned_forward(*args, **kw)
+
+        prev = patch(model, "forward", forward)
+        self._undo.append(lambda: restore(model, "forward", prev))
 
     def _span(self, proto: Any) -> Any:
         sp = type(proto)()

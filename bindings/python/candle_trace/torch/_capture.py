@@ -30,6 +30,7 @@ from . import _gradients, _observer, _ops
 from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
+from ._model import Parts
 from ._modules import ModuleSpans, module_spans
 from ._spans import Spans, spans_for
 from ._stats import StatsRecorder
@@ -66,10 +67,10 @@ class Layout:
     """What a capture walks of a model -- its modules and parameters, named -- found once
     for every capture of it (a watch captures every update)."""
 
-    def __init__(self, tops: Sequence[Tuple[str, torch.nn.Module]], cfg: Config) -> None:
-        self.tops = [m for _, m in tops]
-        self.modules: List[Tuple[str, torch.nn.Module]] = _named(tops, "modules")
-        self.params = _named(tops, "parameters")
+    def __init__(self, parts: Parts, cfg: Config) -> None:
+        self.tops = [m for _, m in parts.tops]
+        self.modules: List[Tuple[str, torch.nn.Module]] = _named(parts.tops, "modules")
+        self.params = _named(parts.tops, "parameters") + parts.tensors
         self.grad_params = [(n, p) for n, p in self.params if p.requires_grad]
         _gradients.check_families(cfg.gradient_families,
                                   [_gradients.family_of(cfg.name, n) for n, _ in self.grad_params])
@@ -78,14 +79,14 @@ class Layout:
 class Capture:
     """The capture of one update: see the module's doc."""
 
-    def __init__(self, cfg: Config, tops: Union[Sequence[Tuple[str, torch.nn.Module]], Layout],
+    def __init__(self, cfg: Config, parts: Union[Parts, Layout],
                  optimizer: Optional[torch.optim.Optimizer]) -> None:
         self.cfg = cfg
         #: the path a warning names: the trace's final one where it is renamed once
         #: written (a flight recorder's working file); cfg.path otherwise
         self.shown_path: Optional[str] = None
         self.optimizer = optimizer
-        layout = tops if isinstance(tops, Layout) else Layout(tops, cfg)
+        layout = parts if isinstance(parts, Layout) else Layout(parts, cfg)
         self._tops = layout.tops
         self.modules = layout.modules
         self.params = layout.params

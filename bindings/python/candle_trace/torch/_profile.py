@@ -17,45 +17,22 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
-from ._common import collect_ahead, compiled_inner, exception_reason
+from ._common import collect_ahead, exception_reason
 from ._distributed import StepAgreement, rank_path, rank_tags, rank_world
+from ._model import parts_of
 
 __all__ = ["profile"]
 
 PHASES = ("train", "infer")
 
 
-def _tops(model: Any) -> List[Tuple[str, torch.nn.Module]]:
-    """The model's top modules: the model itself, or -- for a model that is no Module (an
-    object holding modules) -- each module among its attributes, named after it."""
-    if isinstance(model, torch.nn.Module):
-        return [("", model)]
-    tops = [(k, v) for k, v in vars(model).items() if isinstance(v, torch.nn.Module)]
-    if not tops:
-        raise TypeError(f"candle_trace.torch.profile: model must be a torch.nn.Module or an "
-                        f"object with nn.Module attributes, got {type(model).__name__}")
-    return tops
-
-
-def _identity(model: Any, tops: Sequence[Tuple[str, torch.nn.Module]], name: Optional[str],
-              device: Optional[str]) -> Tuple[str, str]:
-    """The model's name (its class's; a compiled module's, the class it compiles) and
-    device (its first parameter's, else cpu), where they are not given."""
-    if device is None:
-        p = next((p for _, m in tops for p in m.parameters()), None)
-        device = str(p.device) if p is not None else "cpu"
-    return name or type(compiled_inner(model) or model).__name__, device
-
-
-def _first_module(model: Any, tops: Sequence[Tuple[str, torch.nn.Module]]) -> torch.nn.Module:
-    """The module whose forward starts an update for the whole-run statistics."""
-    return model if isinstance(model, torch.nn.Module) else tops[0][1]
-
-
 class profile:
     """Captures the ``capture_step``-th update of a training loop into ``path``.
 
-    Arguments: ``model`` (an nn.Module, or an object whose attributes are the modules),
+    Arguments: ``model`` (an nn.Module; an object or mapping whose attributes or items are
+    the modules, or trainable tensors; a list of tensors: see _model -- a model of
+    tensors alone has no forward to mark its update's start, which opens at the
+    ``step()`` before it),
     ``optimizer`` (or None), ``path`` of the trace (under torchrun ``{rank}`` or ``%r`` in
     it is the rank, else a job of several ranks gets ``-rank<N>`` before the extension;
     see _distributed), ``capture_step`` (1-based, the same on every rank).
@@ -105,7 +82,7 @@ class profile:
         if phase not in PHASES:
             raise CandleTraceError(1, f"candle_trace.torch.profile: phase must be one of "
                                       f"{', '.join(PHASES)}, got {phase!r}")
-        tops = self._tops = _tops(model)
+        parts = self._parts = parts_of(model, "candle_trace.torch.profile")
         self.model = model
         self.optimizer = optimizer
         #: this process's rank and the job's world size (RANK/WORLD_SIZE; see _distributed)
@@ -114,7 +91,7 @@ class profile:
         tags = rank_tags(dict(tags or {}), self.rank, self.world_size)
         self.capture_step = capture_step
         self.phase = phase
-        self.name, device = _identity(model, tops, name, device)
+        self.name, device = parts.identity(name, device)
         if device_collect == "auto":
             device_collect = ["cupti"] if device.startswith("cuda") else []
         elif isinstance(device_collect, str):
@@ -126,9 +103,10 @@ class profile:
             path=self.path, name=self.name, entrypoint=entrypoint or f"{self.name}::{phase}",
             phase=phase, capture_step=capture_step, device=device, tags=dict(tags or {}),
             identity=identity, ops=ops, memory=memory, stats=stats,
-            gradient_families=gradient_families, device_collect=list(device_collect or []))
+            gradient_families=gradient_families, device_collect=list(device_collect or []),
+            begin_at_arm=not parts.begins_at_forward)
         try:
-            self.capture = Capture(self.cfg, tops, optimizer)
+            self.capture = Capture(self.cfg, parts, optimizer)
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.profile: {e}") from None
         self.steps = 0  #: step() calls so far
@@ -206,7 +184,7 @@ class profile:
                 self.whole_run = WholeRun(str(path), self.cfg.entrypoint, self.phase,
                                           self.capture_step, self.device, self.cfg.tags,
                                           interval, prefix, loss)
-                self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
+                self.whole_run.install(self._parts.first_module(), self.optimizer)
             except BaseException as e:
                 self.capture.fail(f"the aggregate session could not open: {e}")
                 raise

@@ -8,7 +8,9 @@ once ``import torch`` has run, in the one process that traces. From then on:
   real step returns, ends an update. The first optimizer starts the capture:
   :class:`~candle_trace.torch.profile` over the models whose parameters it holds
   (the outermost ``nn.Module`` objects that hold them, found once on the garbage
-  collector's list), and each step of any optimizer is a ``profile.step()``;
+  collector's list; a parameter no module holds -- a model written with raw tensors --
+  is one of the model's tensors, named after the ``__main__`` global that holds it),
+  and each step of any optimizer is a ``profile.step()``;
 - until an optimizer exists, module forward hooks (torch's global ones) count the
   calls of outermost modules. When ``capture_step - 1`` of them have run with no
   optimizer, the program is taken for an inference loop: those hooks go, the module
@@ -120,17 +122,64 @@ class Terminated(BaseException):
     """What ended a run that a SIGTERM killed (the reason of its failed trace)."""
 
 
-def _model(tops: Sequence[torch.nn.Module]) -> Any:
-    """What profile takes: the module, or an object holding each one as an attribute
-    named after its class."""
-    if len(tops) == 1:
+def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module],
+                  main: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
+    """The parameters no module in ``tops`` holds, named after where ``__main__``'s
+    globals (or ``main``) hold each: an attribute of a global object -- a model class
+    that is no nn.Module -- (``model.W1``, ``model.head.0``), a global tensor (``W1``), a
+    global list or tuple of them (``params.3``), in that order of preference; else
+    ``param<i>``, its place in ``params``."""
+    held = {id(p) for m in tops for p in m.parameters()}
+    want = {id(p) for p in params} - held
+    if main is None:
+        main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    found = [(k, v) for k, v in list(main.items()) if not k.startswith("__")]
+    objects = [(k, vars(v)) for k, v in found if hasattr(v, "__dict__") and not isinstance(
+        v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))]
+    names: Dict[int, str] = {}
+
+    def name(where: str, v: Any, lists: bool) -> None:
+        if isinstance(v, torch.Tensor):
+            if id(v) in want:
+                names.setdefault(id(v), where)
+        elif lists and isinstance(v, (list, tuple)):
+            for i, t in enumerate(v):
+                name(f"{where}.{i}", t, False)
+
+    # A model object's attribute first (a global tensor may be a loop variable left
+    # bound to one: ``for p in model.parameters()``), then a global tensor (the first
+    # bound), then a place in a global list (``parameters = [C, W1, ...]`` names nothing)
+    for k, attrs in objects:
+        for a, v in list(attrs.items()):
+            name(f"{k}.{a}", v, True)
+    for k, v in found:
+        name(k, v, False)
+    for k, v in found:
+        if isinstance(v, (list, tuple)):
+            name(k, v, True)
+    out: Dict[str, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        if id(p) not in want or any(t is p for t in out.values()):
+            continue
+        n = names.get(id(p), f"param{i}")
+        while n in out:
+            n += "_"
+        out[n] = p
+    return out
+
+
+def _model(tops: Sequence[torch.nn.Module], loose: Dict[str, torch.Tensor]) -> Any:
+    """What profile takes: the module, or a mapping holding each module (named after its
+    class) and each loose tensor (named after its global)."""
+    if len(tops) == 1 and not loose:
         return tops[0]
-    holder = types.SimpleNamespace()
+    holder: Dict[str, Any] = {}
     for m in tops:
         name, n = type(m).__name__, 2
-        while hasattr(holder, name):
+        while name in holder or name in loose:
             name, n = f"{type(m).__name__}_{n}", n + 1
-        setattr(holder, name, m)
+        holder[name] = m
+    holder.update(loose)
     return holder
 
 
@@ -307,14 +356,11 @@ class Autorun:
         self._unwatch_forwards()
         params = [p for g in opt.param_groups for p in g["params"]]
         tops = models_of(params)
-        if not tops:
-            print("candle-trace run: no capture: the optimizer's parameters belong to no "
-                  "nn.Module", file=sys.stderr)
-            return
+        model = _model(tops, loose_tensors(params, tops))
         if self.settings.watch is not None:
-            self._watch(_model(tops), opt)
+            self._watch(model, opt)
             return
-        self._profile(_model(tops), opt, "train", self.settings.capture_step, opt, "step")
+        self._profile(model, opt, "train", self.settings.capture_step, opt, "step")
 
     def _start_infer(self, module: torch.nn.Module) -> None:
         """No optimizer after capture_step - 1 outermost calls: an inference loop whose

@@ -37,7 +37,7 @@ from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
 from ._common import Patched, collect_ahead, exception_reason, patch, restore, warn_once
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
-from ._profile import _first_module, _identity, _tops
+from ._model import parts_of
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
 
 __all__ = ["watch", "Triggers", "Fired"]
@@ -170,7 +170,7 @@ class watch:
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self.model, self.optimizer = model, optimizer
-        self._tops = _tops(model)
+        self._parts = parts_of(model, "candle_trace.torch.watch")
         # Under torchrun every rank watches: {rank}/%r in the folder, else -rank<N> in
         # each file's name, keeps them apart (see _distributed).
         self.rank, self.world_size = rank_world()
@@ -178,7 +178,7 @@ class watch:
         self._rank_names = self.world_size > 1 and not has_rank_placeholder(folder)
         self.folder = rank_path(folder, self.rank, self.world_size) \
             if not self._rank_names else folder
-        self.name, self.device = _identity(model, self._tops, name, device)
+        self.name, self.device = self._parts.identity(name, device)
         self.tags = rank_tags(dict(tags or {}), self.rank, self.world_size)
         if aggregate_path is not None:
             aggregate_path = rank_path(os.fspath(aggregate_path), self.rank, self.world_size)
@@ -207,7 +207,7 @@ class watch:
         #: the whole-run statistics (aggregate_path given), else None
         self.whole_run: Optional[WholeRun] = None
         try:
-            self._layout = Layout(self._tops, self._capture_cfg(1, True, ""))
+            self._layout = Layout(self._parts, self._capture_cfg(1, True, ""))
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self._last = 0.0
@@ -227,7 +227,7 @@ class watch:
         if path is not None:
             self.whole_run = WholeRun(os.fspath(path), f"{self.name}::train", "train", 1,
                                       self.device, self.tags, interval, prefix, want_loss=False)
-            self.whole_run.install(_first_module(self.model, self._tops), self.optimizer)
+            self.whole_run.install(self._parts.first_module(), self.optimizer)
         self._tap.install()
         self._arm_next()
         self._mark()
@@ -439,7 +439,8 @@ class watch:
         return Config(path=path, name=self.name, entrypoint=f"{self.name}::train", phase="train",
                       capture_step=n, device=self.device, tags=dict(self.tags),
                       stats=full, memory=True, ops=True, gradient_families=self.gradient_families,
-                      buffer_bytes=None if full else self.recorder_bytes, begin_at_arm=not full)
+                      buffer_bytes=None if full else self.recorder_bytes,
+                      begin_at_arm=not full or not self._parts.begins_at_forward)
 
     def _capture(self, n: int, full: bool, path: str) -> Capture:
         return Capture(self._capture_cfg(n, full, path), self._layout, self.optimizer)
