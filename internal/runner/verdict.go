@@ -181,9 +181,10 @@ func Summarize(w io.Writer, o *Options, python bool, before Files) {
 		case o.Watch != "":
 			where = relative(cwd, o.Watch)
 			why = "no trigger fired (a watched run keeps only the updates that go wrong), " +
-				"or the program stepped no torch optimizer"
+				"or the program ran no torch training loop (no optimizer step, no backward)"
 		case python:
-			why = "the program stepped no torch optimizer and called no torch module (or never imported torch)"
+			why = "the program stepped no torch optimizer, ran no backward and called no torch module " +
+				"(or never imported torch)"
 		}
 		fmt.Fprintf(w, "candle-trace: no trace written to %s: %s\n", where, why)
 	}

@@ -86,6 +86,46 @@ def test_loose_tensors_are_named_where_main_holds_them():
                            "parameters.2", "param8"]
     assert [id(t) for t in named.values()] == \
         [id(t) for t in (W1, b1, *model.head, model.gain, spare, lone)]
+    # a graph's leaves, in no order of the program's: as the program bound their names
+    leaves = [lone, spare, model.gain, b1, model.head[1], W1, model.head[0]]
+    assert list(loose_tensors(leaves, [], main, in_main_order=True)) == \
+        ["W1", "b1", "model.head.0", "model.head.1", "model.gain", "parameters.2", "param0"]
+
+
+def test_trained_leaves_are_each_tensor_a_backward_accumulates_into():
+    from candle_trace.torch._run import trained_leaves  # noqa: PLC0415
+
+    W, b, frozen = torch.randn(3, 3, requires_grad=True), torch.zeros(3, requires_grad=True), \
+        torch.randn(3, 3)
+    x = torch.randn(2, 3)
+    h = (x @ W).tanh()
+    loss = (h + b).sum() + (h @ W).sum() + (x @ frozen).sum() + W.sum()  # W reached thrice
+    assert [id(t) for t in trained_leaves(loss)] == [id(W), id(b)]
+    assert [id(t) for t in trained_leaves([b])] == [id(b)]  # a leaf given itself
+    assert trained_leaves((x @ frozen).sum()) == []
+
+
+def test_a_module_trained_by_hand_is_no_inference_loop(tmp_path):
+    prog = write(tmp_path, "by_hand.py", TINY + """
+for step in range(5):
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    for p in model.parameters():
+        p.grad = None
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+""")
+    r = run(tmp_path, [str(prog)])
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert (lines[0]["phase"], lines[0]["capture_step"]) == ("train", 3)
+    # a module: the update opens at its forward and ends at backward's return
+    assert forward_span_names(lines)[0] == "Sequential"
+    assert {g["key"]: g["state"] for g in lines if g["kind"] == "gradient"} == \
+        {k: "present" for k in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    assert not [o for o in lines if o["kind"] == "op" and o["op_name"] == "aten::sub_"]
 
 
 def clean_env(**extra: str) -> Dict[str, str]:
@@ -214,19 +254,26 @@ def test_cnn_with_dataloader_workers(tmp_path, start):
     assert any(s["kind"] == "span_start" and s["name"] == "SGD.step" for s in lines)
 
 
-@pytest.mark.parametrize("kind", ["globals", "class"])
-def test_a_model_of_raw_tensors_unmodified(tmp_path, kind):
-    """makemore's shape: no nn.Module (or one LayerNorm among a class's tensors); the
-    parameters are named where the script holds them, their gradients the program's."""
+@pytest.mark.parametrize("kind, optimizer", [("globals", "sgd"), ("class", "sgd"),
+                                             ("globals", "none"), ("class", "none")])
+def test_a_model_of_raw_tensors_unmodified(tmp_path, kind, optimizer):
+    """makemore's shape: no nn.Module (or one LayerNorm among a class's tensors), and its
+    parameters updated by hand or by SGD; they are named where the script holds them,
+    their gradients the program's."""
     norms = tmp_path / "norms.jsonl"
-    r = run(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "4", "--model", kind],
-            env=clean_env(RAW_MLP_GRAD_NORMS=str(norms)))
+    r = run(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "4", "--model", kind,
+                       "--optimizer", optimizer], env=clean_env(RAW_MLP_GRAD_NORMS=str(norms)))
     assert r.returncode == 0, r.stderr
     assert "valid, complete" in verdict_line(r)
     [trace] = traces(tmp_path)
     lines = judged(trace, tmp_path)
     assert lines[0]["capture_step"] == 3
     want = norms_at(norms, 3)
+    spare = "spare" if kind == "globals" else "model.spare"
+    if optimizer == "none":
+        # by hand, the model is what the backwards reach: a tensor they never do is
+        # not known to be the model's
+        assert want.pop(spare) is None
     grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
     assert set(grads) == set(want)
     assert {g["root"] for g in grads.values()} == {"model"}
@@ -235,26 +282,35 @@ def test_a_model_of_raw_tensors_unmodified(tmp_path, kind):
             assert grads[key]["state"] == "missing" and key.endswith("spare"), key
         else:
             assert math.isclose(grads[key]["norm"], norm, rel_tol=1e-5), (key, grads[key], norm)
-    spare = "spare" if kind == "globals" else "model.spare"
-    assert want[spare] is None
-    assert any(o["kind"] == "op" and o["op_name"] == "aten::mm" for o in lines)
-    assert any(s["kind"] == "span_start" and s["name"] == "SGD.step" for s in lines)
+    assert optimizer == "none" or want[spare] is None
+    ops = [o["op_name"] for o in lines if o["kind"] == "op"]
+    assert "aten::mm" in ops and "aten::index" in ops, ops
+    spans = [s["name"] for s in lines if s["kind"] == "span_start"]
+    assert "backward" in spans and ("SGD.step" in spans) == (optimizer == "sgd"), spans
+    if optimizer == "none":
+        # the update runs from the return of one backward to that of the next: the
+        # parameters' update by hand (a mul and an add_ per tensor) comes first in it
+        assert ops.count("aten::add_") >= 7 and ops.index("aten::add_") < ops.index("aten::mm")
     assert forward_span_names(lines) == ([] if kind == "globals" else ["LayerNorm"])
 
 
-def test_a_watched_raw_tensor_model_keeps_the_update_whose_loss_turns_nan(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "none"])
+def test_a_watched_raw_tensor_model_keeps_the_update_whose_loss_turns_nan(tmp_path, optimizer):
     r = run_watched(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "8",
-                               "--lr-spike-at", "4"])
+                               "--lr-spike-at", "4", "--optimizer", optimizer])
     assert r.returncode == 0, r.stderr
     assert watched(tmp_path, r) == ["update-000005-non_finite.jsonl",
                                     "update-000006-after-non_finite.jsonl"]
-    assert "candle-trace: watched 8 updates; " in r.stderr, r.stderr
+    # by hand, the first backward is what finds the model: its update is not watched,
+    # and the next is the loop's second
+    watched_n = 8 if optimizer == "sgd" else 7
+    assert f"candle-trace: watched {watched_n} updates; " in r.stderr, r.stderr
     fired = fired_lines(r)
     assert fired[0] == "update 5: non_finite (value nan; loss nan) -> trace " \
                        "update-000005-non_finite.jsonl", r.stderr
     # the raw tensors are named where the script holds them
     assert fired[1].startswith("update 6: non_finite_grad (value nan; non-finite gradient norm "
-                               "in C, W1, b1, bngain, bnbias, W2, b2 (7 of 8)) -> trace "), fired
+                               "in C, W1, b1, bngain, bnbias, W2, b2 (7 of "), fired
 
 
 def test_fewer_updates_than_the_capture_step_is_a_failed_trace(tmp_path):

@@ -8,12 +8,15 @@ it is.
 
 ``--model class`` holds the same tensors in a plain class (``MLP``, no
 ``nn.Module``) with an ``nn.LayerNorm`` among them, as hand-written models often mix
-the two; ``--lr-spike-at N`` sets the learning rate to 1e30 in update N's step, so
-that update N+1's loss is not finite. With RAW_MLP_GRAD_NORMS=FILE set, each update
+the two; ``--optimizer none`` updates the parameters by hand, as the tutorial does
+(``p.grad = None``, backward, ``p.data += -lr * p.grad``: no torch optimizer at all);
+``--lr-spike-at N`` sets the learning rate to 1e30 in update N's step, so that update
+N+1's loss is not finite. With RAW_MLP_GRAD_NORMS=FILE set, each update
 appends ``{"update": n, "norms": {parameter: |grad|}}`` to FILE, read after backward,
 named as the trace names them.
 
-    python raw_mlp.py [--updates N] [--model globals|class] [--lr-spike-at N]
+    python raw_mlp.py [--updates N] [--model globals|class] [--optimizer sgd|none]
+                      [--lr-spike-at N]
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--model", choices=["globals", "class"], default="globals")
+    ap.add_argument("--optimizer", choices=["sgd", "none"], default="sgd")
     ap.add_argument("--lr-spike-at", type=int, default=0)
     args = ap.parse_args()
     g = torch.Generator().manual_seed(2147483647)
@@ -94,25 +98,28 @@ def main() -> None:
                 (hpre.std(0, keepdim=True) + 1e-5) + bnbias
             return torch.tanh(hpre) @ W2 + b2
 
-    opt = torch.optim.SGD(parameters, lr=0.1)
+    opt = torch.optim.SGD(parameters, lr=0.1) if args.optimizer == "sgd" else None
     norms_path: Optional[str] = os.environ.get("RAW_MLP_GRAD_NORMS")
     for update in range(1, args.updates + 1):
         ix = torch.randint(0, X.shape[0], (BATCH,), generator=g)
         loss = F.cross_entropy(model(X[ix]), Y[ix])
-        opt.zero_grad(set_to_none=True)
+        for p in parameters:
+            p.grad = None
         loss.backward()
         if norms_path:
             norms: Dict[str, Optional[float]] = {
                 n: None if t.grad is None else float(t.grad.norm()) for n, t in names}
             with open(norms_path, "a") as f:
                 f.write(json.dumps({"update": update, "norms": norms}) + "\n")
-        if update == args.lr_spike_at:
+        lr = 1e30 if update == args.lr_spike_at else 0.1
+        if opt is None:
+            for p in parameters:
+                if p.grad is not None:
+                    p.data += -lr * p.grad
+        else:
             for group in opt.param_groups:
-                group["lr"] = 1e30
-        opt.step()
-        if update == args.lr_spike_at:
-            for group in opt.param_groups:
-                group["lr"] = 0.1
+                group["lr"] = lr
+            opt.step()
         print(f"update {update}: loss {loss.item():.4f}")
 
 

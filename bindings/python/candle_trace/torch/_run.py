@@ -11,8 +11,14 @@ once ``import torch`` has run, in the one process that traces. From then on:
   collector's list; a parameter no module holds -- a model written with raw tensors --
   is one of the model's tensors, named after the ``__main__`` global that holds it),
   and each step of any optimizer is a ``profile.step()``;
-- until an optimizer exists, module forward hooks (torch's global ones) count the
-  calls of outermost modules. When ``capture_step - 1`` of them have run with no
+- until an optimizer exists, each backward that returns is counted: after
+  ``capture_step - 1`` of them with no optimizer (or, watched, the first), the program
+  is taken for a loop that updates its parameters by hand (``p.data -= lr * p.grad``):
+  the model is what that backward trained (:func:`trained_leaves`: the outermost
+  modules holding those tensors, and the tensors none holds), and each backward's
+  return ends an update -- so the update by hand comes first in the next one;
+- until an optimizer exists or a backward has run, module forward hooks (torch's global
+  ones) count the calls of outermost modules. When ``capture_step - 1`` of them have run with no
   optimizer, the program is taken for an inference loop: those hooks go, the module
   last called is the model, each of its calls is a step and the capture is phase
   ``infer`` (at the earliest the second call: the first is what finds the model);
@@ -36,6 +42,7 @@ hook checks the pid first: there they only call through.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import signal
@@ -44,7 +51,7 @@ import threading
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -123,12 +130,15 @@ class Terminated(BaseException):
 
 
 def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module],
-                  main: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
+                  main: Optional[Dict[str, Any]] = None,
+                  in_main_order: bool = False) -> Dict[str, torch.Tensor]:
     """The parameters no module in ``tops`` holds, named after where ``__main__``'s
     globals (or ``main``) hold each: an attribute of a global object -- a model class
     that is no nn.Module -- (``model.W1``, ``model.head.0``), a global tensor (``W1``), a
     global list or tuple of them (``params.3``), in that order of preference; else
-    ``param<i>``, its place in ``params``."""
+    ``param<i>``, its place in ``params``. In the order of ``params``, or with
+    ``in_main_order`` (``params`` in no order of the program's: a graph's leaves) in the
+    order the program bound what names them, those named by nothing last."""
     held = {id(p) for m in tops for p in m.parameters()}
     want = {id(p) for p in params} - held
     if main is None:
@@ -137,28 +147,35 @@ def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module
     objects = [(k, vars(v)) for k, v in found if hasattr(v, "__dict__") and not isinstance(
         v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))]
     names: Dict[int, str] = {}
+    place: Dict[int, Tuple[int, int]] = {}  # the naming global's index, the place in it
+    index = {k: i for i, (k, _) in enumerate(found)}
 
-    def name(where: str, v: Any, lists: bool) -> None:
+    def name(where: str, v: Any, lists: bool, sub: int = 0) -> None:
         if isinstance(v, torch.Tensor):
-            if id(v) in want:
-                names.setdefault(id(v), where)
+            if id(v) in want and id(v) not in names:
+                names[id(v)] = where
+                place[id(v)] = (index[where.split(".", 1)[0]], sub)
         elif lists and isinstance(v, (list, tuple)):
             for i, t in enumerate(v):
-                name(f"{where}.{i}", t, False)
+                name(f"{where}.{i}", t, False, sub + i)
 
     # A model object's attribute first (a global tensor may be a loop variable left
     # bound to one: ``for p in model.parameters()``), then a global tensor (the first
     # bound), then a place in a global list (``parameters = [C, W1, ...]`` names nothing)
     for k, attrs in objects:
-        for a, v in list(attrs.items()):
-            name(f"{k}.{a}", v, True)
+        for j, (a, v) in enumerate(list(attrs.items())):
+            name(f"{k}.{a}", v, True, j * 1000)
     for k, v in found:
         name(k, v, False)
     for k, v in found:
         if isinstance(v, (list, tuple)):
             name(k, v, True)
     out: Dict[str, torch.Tensor] = {}
-    for i, p in enumerate(params):
+    order = list(enumerate(params))
+    if in_main_order:
+        last = (len(found), 0)
+        order.sort(key=lambda ip: place.get(id(ip[1]), last))
+    for i, p in order:
         if id(p) not in want or any(t is p for t in out.values()):
             continue
         n = names.get(id(p), f"param{i}")
@@ -183,6 +200,68 @@ def _model(tops: Sequence[torch.nn.Module], loose: Dict[str, torch.Tensor]) -> A
     return holder
 
 
+def trained_leaves(tensors: Any) -> List[torch.Tensor]:
+    """The leaf tensors a backward from ``tensors`` accumulates gradients into (its
+    graph's AccumulateGrad nodes), in the order first reached; walked before the
+    backward frees the graph."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    out: List[torch.Tensor] = [t for t in roots if isinstance(t, torch.Tensor) and
+                               t.grad_fn is None and t.requires_grad]
+    seen: set = set()
+    walked: List[Any] = []  # a node's Python object may be made afresh at each access:
+    while todo:             # the walked ones stay alive so that no id is reused
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        walked.append(node)
+        leaf = getattr(node, "variable", None)
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        todo.extend(reversed([n for n, _ in node.next_functions]))
+    return out
+
+
+class Backwards:
+    """Calls ``before(tensors)`` and ``after(tensors)`` around each call of
+    ``torch.autograd.backward`` (``Tensor.backward`` calls it too). Kept outermost
+    (:meth:`keep_on_top`, after anything of ours may have wrapped it: a capture arming):
+    an update that ends at a backward's return ends after every wrapper inside it -- a
+    capture's backward span -- has closed. A layer left beneath calls straight through."""
+
+    def __init__(self, before: Any, after: Any) -> None:
+        self._before, self._after = before, after
+        self._layer: Optional[Any] = None  # the wrapper installed last
+        self._live: Optional[List[bool]] = None  # its switch
+
+    def keep_on_top(self) -> None:
+        if self._layer is not None and torch.autograd.backward is self._layer:
+            return
+        self.remove()
+        inner, live, owner = torch.autograd.backward, [True], self
+
+        @functools.wraps(inner)
+        def backward(tensors: Any, *a: Any, **k: Any) -> Any:
+            if not live[0]:
+                return inner(tensors, *a, **k)
+            owner._before(tensors)
+            out = inner(tensors, *a, **k)
+            if live[0]:
+                owner._after(tensors)
+            return out
+
+        torch.autograd.backward = backward
+        self._layer, self._live = backward, live
+
+    def remove(self) -> None:
+        layer, live, self._layer, self._live = self._layer, self._live, None, None
+        if live is not None:
+            live[0] = False
+        if layer is not None and torch.autograd.backward is layer:
+            torch.autograd.backward = layer.__wrapped__  # what it wrapped (functools.wraps)
+
+
 class Autorun:
     """The integration's state in the traced process (see the module's doc)."""
 
@@ -195,6 +274,12 @@ class Autorun:
         self.prof: Optional[profile] = None
         self.watch: Optional[watch] = None  # a watched run's (settings.watch)
         self.forwards = 0  # outermost module calls while no optimizer exists
+        self.backwards = 0  # backward calls returned while no optimizer exists
+        #: a loop with no optimizer (parameters updated by hand): updates end when a
+        #: backward returns, the model is what that backward trains
+        self._backwards = Backwards(self._before_backward, self._after_backward)
+        self._by_backward = False
+        self._trained: Optional[List[torch.Tensor]] = None  # the deciding backward's leaves
         self._depth = threading.local()
         self._hooks: List[Any] = []
         self._exc: Any = (None, None)  # what an uncaught exception ended the program with
@@ -205,6 +290,7 @@ class Autorun:
         self._patch_optimizer()
         if self.settings.watch is None:
             self._watch_forwards()
+        self._backwards.keep_on_top()
         previous = sys.excepthook
 
         def excepthook(tp: Any, value: Any, tb: Any) -> None:
@@ -304,7 +390,7 @@ class Autorun:
         n = self._depth.n = max(getattr(self._depth, "n", 1) - 1, 0)
         # A module with parameters: a loss module called at the top is no model.
         if n == 0 and self.here and self.prof is None and self._hooks and \
-                next(module.parameters(), None) is not None:
+                self.backwards == 0 and next(module.parameters(), None) is not None:
             self.forwards += 1
             if self.forwards >= max(self.settings.capture_step - 1, 1):
                 self._start_infer(module)
@@ -313,7 +399,8 @@ class Autorun:
 
     def _profile(self, model: Any, optimizer: Optional[torch.optim.Optimizer], phase: str,
                  capture_step: int, counted: Any, attr: str) -> Optional[profile]:
-        """Starts the profile, then counts the calls of ``counted.<attr>`` as updates."""
+        """Starts the profile, then counts the calls of ``counted.<attr>`` as updates
+        (``counted`` None: the backwards' returns are counted)."""
         s = self.settings
         try:
             prof = profile(model, optimizer, self.path, capture_step, phase=phase,
@@ -325,34 +412,41 @@ class Autorun:
             print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
             return None
         self.prof = prof
-        self._count(counted, attr)
+        if counted is not None:
+            self._count(counted, attr)
         atexit.register(self.stop)  # after the session's own exit hook: runs before it
         return prof
 
-    def _watch(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
-        """Starts the watch of a watched run, then counts each step of ``optimizer``."""
+    def _watch(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
+               first_update: int = 1) -> None:
+        """Starts the watch of a watched run, then counts each step of ``optimizer``
+        (None: the backwards' returns are counted)."""
         s = self.settings
         try:
             w = watch(model, optimizer, s.watch or "", max_traces=s.max_traces,
                       flight_recorder=s.flight_recorder,
                       tags={"mode": "candle-trace run --watch",
                             "command": os.path.basename(sys.argv[0] or "python")},
-                      aggregate_path=self.aggregate)
+                      aggregate_path=self.aggregate, first_update=first_update)
             w.recorder_cost.way_out = "candle-trace run --watch ... --no-flight-recorder"
             w.start()
         except Exception as e:  # noqa: BLE001 - the program runs on, unwatched
             print(f"candle-trace run: not watched: {type(e).__name__}: {e}", file=sys.stderr)
             return
         self.watch = w
-        self._count(optimizer, "step")
+        if optimizer is not None:
+            self._count(optimizer, "step")
         atexit.register(self.stop)
 
     def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
         """The first optimizer starts the capture over the models it trains; every
         optimizer's step ends an update."""
+        if self._by_backward:
+            return  # a loop whose updates end at backward: counted there
         if self.prof is not None or self.watch is not None:
             self._count(opt, "step")
             return
+        self._backwards.remove()
         self._unwatch_forwards()
         params = [p for g in opt.param_groups for p in g["params"]]
         tops = models_of(params)
@@ -372,8 +466,60 @@ class Autorun:
             for _ in range(self.forwards):  # the calls that ran before it existed
                 prof.step()
 
+    def _first_backwards(self) -> int:
+        """How many backwards find the model of a loop with no optimizer: as many as
+        run before the captured update (at least one); a watch's first."""
+        return 1 if self.settings.watch is not None else max(self.settings.capture_step - 1, 1)
+
+    def _before_backward(self, tensors: Any) -> None:
+        if self.here and not self._by_backward and self.prof is None and \
+                self.watch is None and self.backwards + 1 >= self._first_backwards():
+            try:
+                self._trained = trained_leaves(tensors)
+            except Exception as e:  # noqa: BLE001 - the program runs on, untraced
+                print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
+                self._backwards.remove()
+
+    def _after_backward(self, tensors: Any) -> None:
+        if not self.here:
+            return
+        if self._by_backward:
+            self.stepped()
+            return
+        if self.prof is not None or self.watch is not None:
+            return
+        self.backwards += 1
+        trained, self._trained = self._trained, None
+        if trained:
+            self._start_by_backward(trained)
+
+    def _start_by_backward(self, trained: List[torch.Tensor]) -> None:
+        """A training loop with no optimizer (its parameters updated by hand) after
+        its first backwards: the model is what they train -- the outermost modules
+        holding those tensors, and those no module holds (:func:`loose_tensors`) -- and
+        each backward's return ends an update."""
+        self._unwatch_forwards()
+        self._by_backward = True
+        tops = models_of(trained)
+        model = _model(tops, loose_tensors(trained, tops, in_main_order=True))
+        if self.settings.watch is not None:
+            self._watch(model, None, first_update=self.backwards + 1)
+        else:
+            prof = self._profile(model, None, "train", self.settings.capture_step, None, "")
+            for _ in range(self.backwards if prof is not None else 0):
+                prof.step()  # the updates that ran before it existed
+        self._backwards.keep_on_top()  # over what the profile's start wrapped
+
     def stepped(self) -> None:
-        """An update (an optimizer step, or a call of the inference model) ended."""
+        """An update (an optimizer step, a backward of a loop with no optimizer, a call
+        of the inference model) ended."""
+        try:
+            self._stepped()
+        finally:
+            if self._by_backward:
+                self._backwards.keep_on_top()  # over what a capture arming wrapped
+
+    def _stepped(self) -> None:
         if self.watch is not None:
             self.watch.step()
             return
@@ -390,6 +536,8 @@ class Autorun:
             self._stop(*self._exc)
 
     def _stop(self, exc_type: Any, exc: Any) -> None:
+        self._backwards.remove()
+        self._by_backward = False  # nothing counts a backward from here on
         w, self.watch = self.watch, None
         if w is not None:
             w.stop(exc_type, exc)
@@ -407,7 +555,8 @@ def watch_summary(w: watch) -> str:
     """What a watched run says at its end: the updates it watched and each trigger that
     fired, with its trace or why none was written (the runner's verdicts follow)."""
     rank = f"rank {w.rank}: " if w.world_size > 1 else ""  # torchrun: each rank says its own
-    lines = [f"candle-trace: {rank}watched {w.updates} update{'s' if w.updates != 1 else ''}; "
+    n = w.updates - w.first_update + 1
+    lines = [f"candle-trace: {rank}watched {n} update{'s' if n != 1 else ''}; "
              f"{len(w.fired) or 'no'} trigger{'s' if len(w.fired) != 1 else ''} fired"]
     for f in w.fired:
         what = f"value {f.value:.6g}" + (f" > threshold {f.threshold:.6g}" if f.threshold else "")

@@ -137,15 +137,18 @@ class _LossTap:
 class watch:
     """Keeps the updates that go wrong (see the module's doc).
 
-    Arguments: ``model`` (an nn.Module or an object holding modules), ``optimizer``
-    (or None), ``folder`` for the traces. Keywords: ``triggers`` (a :class:`Triggers`),
+    Arguments: ``model`` (an nn.Module, or what ``profile`` takes: an object, mapping or
+    list holding modules and trainable tensors), ``optimizer`` (or None), ``folder`` for
+    the traces. Keywords: ``triggers`` (a :class:`Triggers`),
     ``max_traces`` (default 3), ``flight_recorder`` (default True; False keeps only the
     capture of the update after a trigger), ``recorder_bytes`` (the flight recorder's
     bound, default 64 MiB), ``capture_next`` (default True), ``name``, ``device``,
     ``tags``, ``gradient_families``, ``enabled``; ``aggregate_path`` (and
     ``aggregate_interval_ms``, ``aggregate_prefix``) keeps whole-run statistics beside it,
     as ``profile`` does, with each trigger that fires as a scalar ``trigger/<name>`` (its
-    value) of the summary.
+    value) of the summary; ``first_update`` (default 1), the loop's number of the first
+    update watched, for a watch started part way into a loop (its traces and triggers
+    say the loop's numbers).
     """
 
     def __init__(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
@@ -157,7 +160,11 @@ class watch:
                  gradient_families: Optional[Mapping[str, Tuple[str, int]]] = None,
                  enabled: bool = True, aggregate_path: Optional[Union[str, os.PathLike]] = None,
                  aggregate_interval_ms: Optional[int] = None,
-                 aggregate_prefix: str = "train") -> None:
+                 aggregate_prefix: str = "train", first_update: int = 1) -> None:
+        if not isinstance(first_update, int) or isinstance(first_update, bool) or \
+                first_update < 1:
+            raise CandleTraceError(1, f"candle_trace.torch.watch: first_update must be an "
+                                      f"integer >= 1, got {first_update!r}")
         if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 0:
             raise CandleTraceError(1, f"candle_trace.torch.watch: max_traces must be an integer "
                                       f">= 0, got {max_traces!r}")
@@ -191,7 +198,9 @@ class watch:
         #: the triggers that fired, in order, each with the trace written for it
         self.fired: List[Fired] = []
         self.traces: List[str] = []  #: the traces written, in order
-        self.updates = 0  #: step() calls so far
+        #: the number of the last update ended (step() calls so far, from first_update)
+        self.updates = first_update - 1
+        self.first_update = first_update
         self._cap: Optional[Capture] = None
         self._cap_kind = ""  # "flight" or "after"
         #: the flight recorder's capture of an update just dropped, kept (hooks
