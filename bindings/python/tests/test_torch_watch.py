@@ -593,6 +593,8 @@ def test_the_programs_own_trigger_and_the_cap(tmp_path):
     ({"recorder_bytes": 0}, "recorder_bytes must be an integer >= 1"),
     ({"triggers": Triggers(slow=0.5)}, "triggers.slow must be a factor > 1"),
     ({"triggers": Triggers(window=0)}, "triggers.window must be an integer >= 1"),
+    ({"first_update": 0}, "first_update must be an integer >= 1, got 0"),
+    ({"first_update": True}, "first_update must be an integer >= 1, got True"),
 ])
 def test_bad_options_are_refused(kw, msg):
     with pytest.raises(ctt.CandleTraceError, match=msg.replace(".", r"\.")):
@@ -660,3 +662,21 @@ def test_a_loop_that_ends_just_after_a_trigger_leaves_no_trace_of_the_update_aft
     assert [(f.update, f.trigger) for f in w.fired] == [(4, "user")]
     assert sorted(os.listdir(folder)) == ["update-000004-user.jsonl"]
     assert w.traces == [str(folder / "update-000004-user.jsonl")]
+
+
+def test_a_watch_started_part_way_says_the_loops_numbers(tmp_path):
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctt.watch(model, opt, str(tmp_path / "w"), first_update=11) as w:
+        for i in range(11, 14):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            if i == 12:
+                w.trigger("the program's own reason")
+            w.step()
+    assert w.updates == 13
+    assert [(f.update, f.trigger) for f in w.fired] == [(12, "user")]
+    assert sorted(os.listdir(tmp_path / "w")) == ["update-000012-user.jsonl",
+                                                  "update-000013-after-user.jsonl"]
+    lines = judged(tmp_path / "w" / "update-000012-user.jsonl", tmp_path)
+    assert lines[0]["capture_step"] == 12
