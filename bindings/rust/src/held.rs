@@ -196,13 +196,18 @@ pub(crate) struct Held {
 
 impl Held {
     /// Holds up to `limit` bytes of records from now on (0: none; what is
-    /// held stays until [`Held::take`]).
+    /// held stays until [`Held::take`]: see [`Held::over_limit`]).
     pub(crate) fn set_limit(&mut self, limit: usize) {
         self.limit = limit;
     }
 
     pub(crate) fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// Something is held beyond the bound (any record, with a bound of 0).
+    pub(crate) fn over_limit(&self) -> bool {
+        !self.records.is_empty() && (self.limit == 0 || self.bytes > self.limit)
     }
 
     /// Keeps `r`, or gives it back when the session holds nothing. Past the

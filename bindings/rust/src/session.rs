@@ -650,10 +650,21 @@ impl SessionRef {
     /// the library refuses is found when they are sent, and reported by
     /// `finish` (as [`Error::Deferred`]) rather than by the call; past
     /// `limit_bytes`, what is held is sent at once. 0 holds nothing from now on.
+    /// A bound below what is held already (0 included) sends that first, so
+    /// that the records after it stay in the order they were made.
     pub fn hold_records(&self, limit_bytes: usize) {
-        if let Ok(mut h) = self.0.held.lock() {
-            h.set_limit(limit_bytes);
-        }
+        let records = match self.0.held.lock() {
+            Ok(mut h) => {
+                h.set_limit(limit_bytes);
+                if h.over_limit() {
+                    h.take()
+                } else {
+                    return;
+                }
+            }
+            Err(_) => return,
+        };
+        self.send_all(records);
     }
 
     /// How many records the session holds now (see [`hold_records`](Self::hold_records)).

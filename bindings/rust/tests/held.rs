@@ -149,6 +149,33 @@ fn past_the_bound_held_records_go_to_the_library_at_once() {
     assert_eq!(of_kind(&lines(&path), "op").len(), 1);
 }
 
+#[test]
+fn holding_less_sends_what_is_held_first_so_records_stay_in_order() {
+    let dir = fresh_dir("held-less");
+    for (then, name) in [(0usize, "none"), (1, "one-byte")] {
+        let path = dir.path().join(format!("{name}.jsonl"));
+        let s = Session::open(&path, buffered_run()).unwrap();
+        s.hold_records(1 << 20);
+        {
+            let _m = s.measure("update").unwrap();
+            let fwd = s.span_with("forward", SpanKind::Module, Step::Forward);
+            for (i, op) in ["first", "second"].into_iter().enumerate() {
+                if i == 1 {
+                    assert_eq!(s.held_records(), 1);
+                    s.hold_records(then); // the held "first" goes now, before "second"
+                    assert_eq!(s.held_records(), 0, "{name}");
+                }
+                s.op(&fwd, &Op { name: op, dtype: "f32", device: "cpu", shape: &[1], duration_ns: 1, ..Default::default() }).unwrap();
+            }
+        }
+        assert_eq!(s.held_records(), 0, "{name}: held past its bound, or not at all");
+        s.finish().unwrap();
+        assert_valid_complete(&path);
+        let names: Vec<String> = of_kind(&lines(&path), "op").iter().map(|o| o["op_name"].as_str().unwrap().to_owned()).collect();
+        assert_eq!(names, ["first", "second"], "{name}");
+    }
+}
+
 fn listing(folder: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();

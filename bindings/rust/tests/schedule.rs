@@ -102,9 +102,7 @@ fn a_failed_capture_is_returned_and_the_summary_still_written() {
         if let Some(t) = update.capture() {
             let _s = t.span("train/forward");
         }
-        let r = update.end();
-        if r.is_err() {
-            let e = r.unwrap_err();
+        if let Err(e) = update.end() {
             assert_eq!(e.status(), Some(Status::State));
             assert!(e.message().contains("no measured region"), "{e}");
         }
