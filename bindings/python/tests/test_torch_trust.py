@@ -479,6 +479,63 @@ def test_gradient_accumulation_records_the_accumulated_gradients(tmp_path):
     assert [s["name"] for s in spans.values()].count("backward") == 4
 
 
+def lbfgs_loop(prof, model, opt, x, y, updates, fail_at=None):
+    """LBFGS: each step() evaluates the model in a closure, several times. The gradient
+    norms after each update's step."""
+    norms = []
+    for update in range(1, updates + 1):
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            if update == fail_at:
+                raise RuntimeError("closure failed")
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        norms.append({n: p.grad.norm().item() for n, p in model.named_parameters()})
+        prof.step()
+    return norms
+
+
+def test_an_optimizer_step_that_evaluates_the_model_holds_the_update(tmp_path):
+    """The captured update begins at a forward inside the step (a closure's): the step's
+    span opens with it, and every forward and backward of the closure is inside."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    path = tmp_path / "lbfgs.jsonl"
+    with ctt.profile(model, opt, path, capture_step=2) as prof:
+        norms = lbfgs_loop(prof, model, opt, x, y, 3)
+    lines = judged(path, tmp_path)
+    spans = spans_of(lines)
+    [step] = [s for s in spans.values() if s["name"] == "LBFGS.step"]
+    assert step["step"] == "optimizer" and spans[step["parent_id"]]["name"] == "update"
+    inside = [s for s in spans.values() if s.get("parent_id") == step["id"]]
+    fwd = [s for s in inside if s["step"] == "forward"]
+    bwd = [s for s in inside if s["step"] == "backward"]
+    assert len(fwd) == len(bwd) >= 2, inside  # the closure ran more than once in the step
+    update = next(s for s in spans.values() if s["name"] == "update")
+    assert step["duration_ns"] <= update["duration_ns"]
+    # the gradients are the step's last closure's, read once the step returned
+    grads = {g["key"]: g for g in by_kind(lines, "gradient")}
+    assert set(grads) == set(norms[1])
+    for n, v in norms[1].items():
+        assert grads[n]["norm"] == pytest.approx(v, rel=1e-6), n
+
+    # a closure that raises inside the captured step fails the capture, with the step's
+    # span and the forward that ran before it
+    path = tmp_path / "lbfgs-fail.jsonl"
+    with pytest.raises(RuntimeError, match="closure failed"):
+        with ctt.profile(model, opt, path, capture_step=2) as prof:
+            lbfgs_loop(prof, model, opt, x, y, 3, fail_at=2)
+    lines = judged(path, tmp_path, complete=False)
+    assert lines[-1]["reason"] == "RuntimeError: closure failed"
+    names = [s["name"] for s in spans_of(lines).values()]
+    assert "LBFGS.step" in names and "Sequential" in names, names
+
+
 class Pipeline:
     """A model that is no nn.Module: an object holding an encoder and a head."""
 

@@ -107,6 +107,10 @@ class Capture:
         self.violations: List[str] = []
         self._grads_done = False
         self._stepped = False  # the optimizer's step has run in the update
+        #: the optimizer's step under way while armed (its name): a closure it calls
+        #: (LBFGS) begins the update inside it, and its span opens then (:meth:`begin`)
+        self._step_pending: Optional[str] = None
+        self._step_sid = 0  # that span
         self._undo: List[Callable[[], None]] = []
         self._measured = 0
         self._module_spans: Optional[ModuleSpans] = None
@@ -243,6 +247,9 @@ class Capture:
         assert s is not None
         self.state = "capturing"
         self._measured = self.spans.push_measured("update")
+        if self._step_pending is not None:
+            self._step_sid = self.spans.push("optimizer", self._step_pending, "function",
+                                             "optimizer")
         self.device.sample(s)
         if self.ops is not None:
             try:
@@ -378,6 +385,7 @@ class Capture:
         self.grad_norms = {}
         self.violations = []
         self._grads_done = self._stepped = False
+        self._step_pending, self._step_sid = None, 0
         self._measured = 0
         self.state = "armed"
         self.spans.pause()
@@ -476,6 +484,8 @@ class Capture:
 
         @functools.wraps(orig)
         def step(*a: Any, **k: Any) -> Any:
+            if self.state == "armed":
+                return closure_step(*a, **k)
             if self.state != "capturing":
                 return orig(*a, **k)
             sid = self.guard_call(self.spans.push, "optimizer", name, "function", "optimizer")
@@ -488,6 +498,25 @@ class Capture:
                 if sid:
                     self.guard_call(self.spans.close_until, sid)
             self._stepped = True
+            return out
+
+        def closure_step(*a: Any, **k: Any) -> Any:
+            """A step that begins while armed: the update begins inside it, at a forward
+            its closure makes (LBFGS evaluates the model there), and the step's span
+            with it."""
+            self._step_pending = name
+            try:
+                out = orig(*a, **k)
+            except BaseException as e:
+                self.failing(e)
+                raise
+            finally:
+                self._step_pending = None
+                sid, self._step_sid = self._step_sid, 0
+                if sid:
+                    self.guard_call(self.spans.close_until, sid)
+            if self.state == "capturing":
+                self._stepped = True
             return out
 
         prev = patch(opt, "step", outside_dynamo(step))
