@@ -485,26 +485,14 @@ class Capture:
         @functools.wraps(orig)
         def step(*a: Any, **k: Any) -> Any:
             if self.state == "armed":
-                return closure_step(*a, **k)
-            if self.state != "capturing":
+                # A closure (LBFGS) may evaluate the model inside the step: the update
+                # then begins at its first forward, and this span with it (begin()).
+                self._step_pending = name
+            elif self.state == "capturing":
+                self._step_sid = self.guard_call(self.spans.push, "optimizer", name,
+                                                 "function", "optimizer") or 0
+            else:
                 return orig(*a, **k)
-            sid = self.guard_call(self.spans.push, "optimizer", name, "function", "optimizer")
-            try:
-                out = orig(*a, **k)
-            except BaseException as e:
-                self.failing(e)
-                raise
-            finally:
-                if sid:
-                    self.guard_call(self.spans.close_until, sid)
-            self._stepped = True
-            return out
-
-        def closure_step(*a: Any, **k: Any) -> Any:
-            """A step that begins while armed: the update begins inside it, at a forward
-            its closure makes (LBFGS evaluates the model there), and the step's span
-            with it."""
-            self._step_pending = name
             try:
                 out = orig(*a, **k)
             except BaseException as e:
