@@ -56,15 +56,21 @@ SHIM = r"""
 #include <valgrind/callgrind.h>
 typedef int (*b0_fn)(uint64_t);
 typedef int (*be_fn)(uint64_t, uint64_t);
+typedef int (*bat_fn)(uint64_t, uint64_t, uint64_t *);
 static b0_fn real_b, real_e;
-static be_fn real_be;
+static be_fn real_be, real_ex;
+static bat_fn real_bat;
 static int depth, in_update, mode; /* 0: the whole update, 1: outside intervals, 2: inside */
 void shim_init(void *b, void *be, void *e, int m) { real_b = b; real_be = be; real_e = e; mode = m; }
+void shim_init_at(void *bat, void *ex) { real_bat = bat; real_ex = ex; }
 static void opened(void) { if (in_update && depth++ == 0 && mode) CALLGRIND_TOGGLE_COLLECT; }
 static void closing(void) { if (in_update && --depth == 0 && mode) CALLGRIND_TOGGLE_COLLECT; }
 int shim_begin(uint64_t h) { int r = real_b(h); opened(); return r; }
 int shim_begin_earlier(uint64_t h, uint64_t e) { int r = real_be(h, e); opened(); return r; }
 int shim_end(uint64_t h) { int r = real_e(h); closing(); return r; }
+int shim_begin_at(uint64_t h, uint64_t e, uint64_t *now) { int r = real_bat(h, e, now); opened(); return r; }
+/* an interval opened and closed in one call: counted where the caller is */
+int shim_exclude_earlier(uint64_t h, uint64_t e) { return real_ex(h, e); }
 void shim_update(int on) {
     if (on) {
         CALLGRIND_START_INSTRUMENTATION;
@@ -104,7 +110,15 @@ def _child(name: str, mode: str, shim_path: str) -> None:
     # the binding's intervals and the observer's through the shim
     lib.raw.ct_tracer_begin, lib.raw.ct_tracer_end = shim.shim_begin, shim.shim_end
     obs = _observer.get()
-    if obs is not None:
+    if obs is not None and len(obs._dll.ct_obs_set_abi.argtypes or ()) == 8:
+        # the observer's intervals open with their clock read (ct_tracer_begin_at)
+        shim.shim_init_at(ctypes.c_void_p(addr(c.ct_tracer_begin_at)),
+                          ctypes.c_void_p(addr(c.ct_tracer_exclude_earlier)))
+        obs._dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(shim.shim_begin_at),
+                                addr(shim.shim_exclude_earlier), addr(shim.shim_end),
+                                addr(c.ct_record_op), addr(c.ct_record_memory),
+                                addr(c.ct_record_data_edge), addr(c.ct_last_error))
+    elif obs is not None:  # a checkout before ct_tracer_begin_at (--repo)
         obs._dll.ct_obs_set_abi(addr(c.ct_now_ns), addr(shim.shim_begin_earlier),
                                 addr(shim.shim_end), addr(c.ct_record_op),
                                 addr(c.ct_record_memory), addr(c.ct_record_data_edge),
