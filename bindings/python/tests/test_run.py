@@ -294,6 +294,16 @@ def test_a_model_of_raw_tensors_unmodified(tmp_path, kind, optimizer):
     assert forward_span_names(lines) == ([] if kind == "globals" else ["LayerNorm"])
 
 
+def test_a_loop_by_hand_asked_for_its_first_update_captures_its_second(tmp_path):
+    # the first backward is what finds the model: as for an inference loop, update 2
+    r = run(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "3", "--optimizer", "none"],
+            "--capture-step", "1")
+    assert r.returncode == 0, r.stderr
+    assert "valid, complete" in verdict_line(r)
+    [trace] = traces(tmp_path)
+    assert judged(trace, tmp_path)[0]["capture_step"] == 2
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "none"])
 def test_a_watched_raw_tensor_model_keeps_the_update_whose_loss_turns_nan(tmp_path, optimizer):
     r = run_watched(tmp_path, [str(PROGRAMS / "raw_mlp.py"), "--updates", "8",

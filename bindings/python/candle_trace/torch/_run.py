@@ -505,7 +505,9 @@ class Autorun:
         if self.settings.watch is not None:
             self._watch(model, None, first_update=self.backwards + 1)
         else:
-            prof = self._profile(model, None, "train", self.settings.capture_step, None, "")
+            # at the earliest the second update: the first backward is what finds the model
+            prof = self._profile(model, None, "train", max(self.settings.capture_step, 2),
+                                 None, "")
             for _ in range(self.backwards if prof is not None else 0):
                 prof.step()  # the updates that ran before it existed
         self._backwards.keep_on_top()  # over what the profile's start wrapped
