@@ -136,6 +136,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--capture-step", type=int, default=3)
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--whole-step", action="store_true",
+                    help="compile the whole update (zero_grad, forward, backward, the "
+                         "optimizer's step), not the model: the capture's wrappers of "
+                         "backward and the step are then called from compiled code")
     ap.add_argument("--rf-names", action="store_true",
                     help="after the loop, list every RecordFunction of one more update "
                          "(torch.profiler, all scopes)")
@@ -153,7 +157,7 @@ def main() -> int:
         inductor_config.cpp.enable_kernel_profile = True
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if not args.no_compile:
+    if not args.no_compile and not args.whole_step:
         model = torch.compile(model, backend=args.backend)
     trace = args.trace or os.path.join(tempfile.mkdtemp(prefix="compile-repro-"), "gpt.jsonl")
 
@@ -163,13 +167,17 @@ def main() -> int:
     out = {"torch": torch.__version__, "backend": args.backend,
            "profile": not args.no_profile, "compiled": not args.no_compile}
 
-    def update(i: int) -> None:
-        idx = torch.randint(0, 128, (8, 32))
-        tgt = torch.randint(0, 128, (8, 32))
+    def train_step(idx: torch.Tensor, tgt: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
         loss.backward()
         opt.step()
+
+    if args.whole_step and not args.no_compile:
+        train_step = torch.compile(train_step, backend=args.backend)
+
+    def update(i: int) -> None:
+        train_step(torch.randint(0, 128, (8, 32)), torch.randint(0, 128, (8, 32)))
 
     try:
         if args.no_profile:
@@ -219,7 +227,7 @@ def main() -> int:
             "ops": len(ops),
             "op_names": dict(names.most_common(40)),
             "spans": collections.Counter(f'{s.get("step")}:{s["name"]}' for s in spans.values()
-                                         ).most_common(30),
+                                         ).most_common(),
             "gradients": collections.Counter(e["state"] for e in lines
                                              if e["kind"] == "gradient"),
         }

@@ -58,3 +58,21 @@ def test_profile_of_a_compiled_model(tmp_path, backend, capture_step):
         assert out["op_mechanism"] == "observer"
         ops = out["trace"]["op_names"]
         assert "aten::addmm" in ops and "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+
+
+def test_profile_of_a_compiled_training_step(tmp_path):
+    """The whole update compiled (``torch.compile(train_step)``, its zero_grad, backward and
+    optimizer step inside): the capture's wrappers of those are called from compiled code,
+    and dynamo must break its graph there, never trace into them (the tracer's state is
+    no graph's). The trace keeps the backward and the optimizer's span."""
+    out = repro(tmp_path, "--backend", "eager", "--whole-step")
+    assert out["outcome"] == "ok", out
+    assert out["candle_trace_functions_traced_by_dynamo"] == {}, out
+    t = out["trace"]
+    assert t["outcome"] == "complete"
+    spans = dict((k, v) for k, v in t["spans"])
+    assert spans.get("forward:GPT") == 1 and spans.get("backward:backward") == 1, spans
+    assert spans.get("optimizer:AdamW.step") == 1, spans
+    assert t["gradients"] == {"present": 30}
+    candle_graph(t["path"], tmp_path)
+    assert "OK" in validate(t["path"])

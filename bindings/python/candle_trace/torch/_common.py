@@ -3,6 +3,7 @@ attribute patches and one-time warnings."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import warnings
@@ -120,12 +121,45 @@ _disable = getattr(getattr(torch, "compiler", None), "disable", None) or getattr
     getattr(torch, "_dynamo", None), "disable", None)
 
 
+def _eval_frame_hooks() -> Any:
+    """(dynamo's current frame callback getter, skip_code), where this torch has both."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+        from torch._dynamo.eval_frame import skip_code
+    except Exception:  # noqa: BLE001 - a torch without them: the plain wrapper
+        return None
+    return get_eval_frame_callback, skip_code
+
+
 def outside_dynamo(fn: Any) -> Any:
     """``fn`` as torch.compile must see what the tracer hands to torch (a wrapper, a
     hook): never traced into a graph (torch.compiler.disable), so the tracer's calls
     split no graph and its state is never a graph's. Identity on a torch without
-    dynamo."""
-    return _disable(fn) if _disable is not None else fn
+    dynamo.
+
+    torch.compiler.disable's wrapper switches dynamo's frame callback off and on around
+    every call (~0.45 µs, Python frames the session clock counts as the model's: a
+    captured update passes through several). Here the call goes straight to ``fn`` while
+    no callback is set -- no compiled code is running, and nothing would compile ``fn``'s
+    frames -- and through that wrapper otherwise; dynamo, tracing a call to it, finds it
+    disabled (a graph break), and never compiles its own frame (skip_code)."""
+    if _disable is None:
+        return fn
+    guarded = _disable(fn)
+    hooks = _eval_frame_hooks()
+    if hooks is None:
+        return guarded
+    callback, skip_code = hooks
+
+    @functools.wraps(fn)
+    def run(*a: Any, **k: Any) -> Any:
+        if callback() is None:
+            return fn(*a, **k)
+        return guarded(*a, **k)
+
+    run._torchdynamo_disable = True  # type: ignore[attr-defined]
+    skip_code(run.__code__)
+    return run
 
 
 def compiled_autograd_on() -> bool:
