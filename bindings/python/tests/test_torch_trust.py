@@ -698,14 +698,15 @@ def test_a_calibration_that_resolves_nothing_measures_more_rounds(monkeypatch):
 
     def slow_ends() -> int:
         # Every unobserved batch of the planned rounds: +1 s. Those of the rounds after
-        # them read 100 us short (their start is read late), so that the extra rounds
+        # them read 2 ms short (their start is read late), so that the extra rounds
         # resolve whatever this machine's noise does to two minimums three batches each
-        # (left to it, they came out 0 once in a full suite on torch 2.15): what is
-        # tested is that more rounds run and are taken, not this machine's figure.
+        # (left to it, they came out 0 once in a full suite on torch 2.15; with 100 us
+        # short, 10 ns per record function once in a clean-clone CI): what is tested is
+        # that more rounds run and are taken, not this machine's figure.
         calls[0] += 1
         if calls[0] <= planned:
             return real() + (10**9 if calls[0] % 2 == 0 else 0)
-        return real() + (100_000 if calls[0] % 2 == 1 else 0)
+        return real() + (2_000_000 if calls[0] % 2 == 1 else 0)
 
     try:
         monkeypatch.setattr(_observer.time, "perf_counter_ns", slow_ends)
@@ -714,7 +715,8 @@ def test_a_calibration_that_resolves_nothing_measures_more_rounds(monkeypatch):
         monkeypatch.undo()
         obs.per_op_ns = saved
     assert calls[0] > planned, "rounds beyond the planned ones ran"
-    assert 10 < got < 20_000
+    # taken: the planned rounds alone give 0 (every difference negative)
+    assert got > 0
 
 
 @pytest.mark.skipif(not observer_expected(), reason="no C++ compiler, ninja or torch headers")
