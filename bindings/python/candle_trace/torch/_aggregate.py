@@ -57,7 +57,6 @@ class WholeRun:
         orig_backward = torch.autograd.backward
         spanned_backward = self._bwd(orig_backward)
         want_loss = self._want_loss
-        open_ = self._open
         begins = model is None
 
         @functools.wraps(orig_backward)
@@ -66,8 +65,8 @@ class WholeRun:
                 return orig_backward(tensors, *args, **kw)
             if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
                 self._loss = tensors.detach()
-            if begins and (not open_ or open_[-1] is not None):
-                self._begin_update()
+            if begins:
+                self._begin_update_unless_open()
             return spanned_backward(tensors, *args, **kw)
 
         # Tensor.backward calls it too
@@ -90,14 +89,12 @@ class WholeRun:
     def _install_forward(self, model: torch.nn.Module) -> None:
         orig_forward = model.forward
         spanned_forward = self._fwd(orig_forward)  # a Span per call, closed on exceptions too
-        open_ = self._open
 
         @functools.wraps(spanned_forward)
         def forward(*args: Any, **kw: Any) -> Any:
             if self._closed:
                 return orig_forward(*args, **kw)
-            if not open_ or open_[-1] is not None:  # data span open (or none): an update starts
-                self._begin_update()
+            self._begin_update_unless_open()
             return spanned_forward(*args, **kw)
 
         prev = patch(model, "forward", forward)
@@ -114,8 +111,11 @@ class WholeRun:
         data.__enter__()
         self._open.append(data)  # a data span is not None: see forward()
 
-    def _begin_update(self) -> None:
-        """Closes the data span (if open) and opens the update span."""
+    def _begin_update_unless_open(self) -> None:
+        """Closes the data span (if open) and opens the update span, unless the update
+        is open already (a later forward of it, its backward)."""
+        if self._open and self._open[-1] is None:
+            return
         if self._open:
             self._open.pop().__exit__(None, None, None)
         upd = self._span(self._step_span)
@@ -125,8 +125,7 @@ class WholeRun:
 
     def step(self) -> None:
         """The end of one update (the profile's ``step()``)."""
-        if not self._open or self._open[-1] is not None:  # no forward in this update
-            self._begin_update()
+        self._begin_update_unless_open()  # no forward (or backward) began it
         self._open.pop()
         self._update.__exit__(None, None, None)
         self._update = None

@@ -55,6 +55,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._common import Patched, patch, restore
 from ._profile import profile
 from ._watch import watch
 
@@ -147,37 +148,39 @@ def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module
     objects = [(k, vars(v)) for k, v in found if hasattr(v, "__dict__") and not isinstance(
         v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))]
     names: Dict[int, str] = {}
-    place: Dict[int, Tuple[int, int]] = {}  # the naming global's index, the place in it
+    #: where the name was bound: the global's index, then the place inside it
+    place: Dict[int, Tuple[int, ...]] = {}
     index = {k: i for i, (k, _) in enumerate(found)}
 
-    def name(where: str, v: Any, lists: bool, sub: int = 0) -> None:
+    def name(where: str, v: Any, lists: bool, at: Tuple[int, ...]) -> None:
         if isinstance(v, torch.Tensor):
             if id(v) in want and id(v) not in names:
                 names[id(v)] = where
-                place[id(v)] = (index[where.split(".", 1)[0]], sub)
+                place[id(v)] = at
         elif lists and isinstance(v, (list, tuple)):
             for i, t in enumerate(v):
-                name(f"{where}.{i}", t, False, sub + i)
+                name(f"{where}.{i}", t, False, at + (i,))
 
     # A model object's attribute first (a global tensor may be a loop variable left
     # bound to one: ``for p in model.parameters()``), then a global tensor (the first
     # bound), then a place in a global list (``parameters = [C, W1, ...]`` names nothing)
     for k, attrs in objects:
         for j, (a, v) in enumerate(list(attrs.items())):
-            name(f"{k}.{a}", v, True, j * 1000)
+            name(f"{k}.{a}", v, True, (index[k], j))
     for k, v in found:
-        name(k, v, False)
+        name(k, v, False, (index[k],))
     for k, v in found:
         if isinstance(v, (list, tuple)):
-            name(k, v, True)
+            name(k, v, True, (index[k],))
     out: Dict[str, torch.Tensor] = {}
     order = list(enumerate(params))
     if in_main_order:
-        last = (len(found), 0)
+        last = (len(found),)
         order.sort(key=lambda ip: place.get(id(ip[1]), last))
     for i, p in order:
-        if id(p) not in want or any(t is p for t in out.values()):
+        if id(p) not in want:
             continue
+        want.discard(id(p))  # a tensor given twice is named once
         n = names.get(id(p), f"param{i}")
         while n in out:
             n += "_"
@@ -232,11 +235,11 @@ class Backwards:
 
     def __init__(self, before: Any, after: Any) -> None:
         self._before, self._after = before, after
-        self._layer: Optional[Any] = None  # the wrapper installed last
+        self._patched: Optional[Patched] = None  # the wrapper installed last
         self._live: Optional[List[bool]] = None  # its switch
 
     def keep_on_top(self) -> None:
-        if self._layer is not None and torch.autograd.backward is self._layer:
+        if self._patched is not None and torch.autograd.backward is self._patched.value:
             return
         self.remove()
         inner, live, owner = torch.autograd.backward, [True], self
@@ -251,15 +254,14 @@ class Backwards:
                 owner._after(tensors)
             return out
 
-        torch.autograd.backward = backward
-        self._layer, self._live = backward, live
+        self._patched, self._live = patch(torch.autograd, "backward", backward), live
 
     def remove(self) -> None:
-        layer, live, self._layer, self._live = self._layer, self._live, None, None
+        patched, live, self._patched, self._live = self._patched, self._live, None, None
         if live is not None:
             live[0] = False
-        if layer is not None and torch.autograd.backward is layer:
-            torch.autograd.backward = layer.__wrapped__  # what it wrapped (functools.wraps)
+        if patched is not None:
+            restore(torch.autograd, "backward", patched)
 
 
 class Autorun:
