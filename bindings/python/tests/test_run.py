@@ -92,6 +92,74 @@ def test_loose_tensors_are_named_where_main_holds_them():
         ["W1", "b1", "model.head.0", "model.head.1", "model.gain", "parameters.2", "param0"]
 
 
+def test_several_models_are_named_where_main_holds_them():
+    from candle_trace.torch._run import _model  # noqa: PLC0415
+
+    netG, netD, other = (torch.nn.Sequential(torch.nn.Linear(2, 2)) for _ in range(3))
+    holder = type("Trainer", (), {})()  # a trainer object that is no nn.Module
+    holder.critic = torch.nn.Linear(2, 1)
+    W = torch.zeros(2, requires_grad=True)
+    main = {"netG": netG, "netD": netD, "trainer": holder, "__name__": "__main__"}
+    model = _model([netG, netD, holder.critic, other], {"W": W}, main)
+    # a global, an object's attribute, else the class (twice: numbered), then the tensors
+    assert list(model) == ["netG", "netD", "trainer.critic", "Sequential", "W"]
+    assert [id(v) for v in model.values()] == [id(netG), id(netD), id(holder.critic),
+                                                id(other), id(W)]
+    assert _model([netG], {}, main) is netG  # one module: the model itself
+
+
+@pytest.mark.parametrize("steps, ends", [
+    # one optimizer: each step ends an update
+    ("A A A", "1 1 1"),
+    # a GAN: the discriminator's step, then the generator's
+    ("D G D G D G", "0 1 0 1 0 1"),
+    # a WGAN's critic steps three times a generator step
+    ("D D D G D D D G", "0 0 0 1 0 0 0 1"),
+    # the generator's first: the order is the loop's, not the creation's
+    ("G D G D", "0 1 0 1"),
+])
+def test_an_update_ends_once_each_optimizer_has_stepped(steps, ends):
+    from candle_trace.torch._cycle import StepCycle  # noqa: PLC0415
+
+    opts = {n: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+            for n in sorted(set(steps.split()))}
+    cycle = StepCycle()
+    for opt in opts.values():
+        cycle.join(opt)
+    got = [cycle.ends(opts[n]) for n in steps.split()]
+    assert got == [e == "1" for e in ends.split()]
+    assert cycle.steps == len(got)
+
+
+def test_an_optimizer_that_stops_stepping_leaves_the_round():
+    import gc  # noqa: PLC0415
+
+    from candle_trace.torch._cycle import STALL, StepCycle  # noqa: PLC0415
+
+    def sgd() -> torch.optim.Optimizer:
+        return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+    cycle = StepCycle()
+    first, kept = sgd(), sgd()
+    cycle.join(first)
+    cycle.join(kept)
+    assert [cycle.ends(first), cycle.ends(kept)] == [False, True]
+    # the program makes a new optimizer in first's place and drops first: it leaves
+    # the round with its last reference
+    del first
+    gc.collect()
+    second = sgd()
+    cycle.join(second)
+    assert [cycle.ends(kept), cycle.ends(second), cycle.ends(kept)] == [False, True, False]
+    assert cycle.ends(second)
+    # one kept alive that never steps again holds the round open for STALL steps only
+    idle = sgd()
+    cycle.join(idle)
+    got = [cycle.ends(o) for _ in range(STALL) for o in (kept, second)]
+    assert got.index(True) == STALL - 1 and all(got[STALL:][1::2])
+    assert cycle.optimizers() == [kept, second]
+
+
 def test_trained_leaves_are_each_tensor_a_backward_accumulates_into():
     from candle_trace.torch._run import trained_leaves  # noqa: PLC0415
 
@@ -291,7 +359,40 @@ def test_a_model_of_raw_tensors_unmodified(tmp_path, kind, optimizer):
         # the update runs from the return of one backward to that of the next: the
         # parameters' update by hand (a mul and an add_ per tensor) comes first in it
         assert ops.count("aten::add_") >= 7 and ops.index("aten::add_") < ops.index("aten::mm")
-    assert forward_span_names(lines) == ([] if kind == "globals" else ["LayerNorm"])
+    assert forward_span_names(lines) == ([] if kind == "globals" else ["model.norm"])
+
+
+@pytest.mark.parametrize("flags, d_steps", [([], 1), (["--critic", "3"], 3),
+                                             (["--generator-first"], 1)])
+def test_a_gan_unmodified(tmp_path, flags, d_steps):
+    """Two models, each with its optimizer: the update is the iteration -- every
+    discriminator step and the generator's after them -- over both models, whichever
+    optimizer was made first; the gradients are the program's once the generator
+    stepped (the discriminator's then hold the generator loss's too, as p.grad does)."""
+    norms = tmp_path / "norms.jsonl"
+    r = run(tmp_path, [str(PROGRAMS / "gan.py"), "--updates", "4", *flags],
+            env=clean_env(GAN_GRAD_NORMS=str(norms)))
+    assert r.returncode == 0, r.stderr
+    assert "valid, complete" in verdict_line(r)
+    [trace] = traces(tmp_path)  # the capture started again over both: one trace
+    lines = judged(trace, tmp_path)
+    assert lines[0]["capture_step"] == 3 and lines[0]["entrypoint"] == "model::train"
+    want = norms_at(norms, 3)
+    grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
+    assert set(grads) == set(want) and len(want) == 8
+    for key, norm in want.items():
+        assert grads[key]["state"] == "present", key
+        assert math.isclose(grads[key]["norm"], norm, rel_tol=1e-5), (key, grads[key], norm)
+    spans = [s["name"] for s in lines if s["kind"] == "span_start"]
+    # the update opens at the iteration's first forward (the generator's) and closes
+    # after the generator's step: each critic step and the generator's inside it
+    assert spans[spans.index("update") + 1] == "netG"
+    assert spans.count("Adam.step") == d_steps + 1 and spans[-1] == "Adam.step"
+    assert spans.count("backward") == d_steps + 1
+    fwd = forward_span_names(lines)
+    assert (fwd.count("netG"), fwd.count("netD")) == (d_steps, 2 * d_steps + 1)
+    params = [t for t in lines if t["kind"] == "tensor" and t.get("category") == "parameter"]
+    assert {t["label"].split(".")[0] for t in params} == {"netG", "netD"}
 
 
 def test_a_loop_by_hand_asked_for_its_first_update_captures_its_second(tmp_path):

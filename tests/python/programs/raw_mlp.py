@@ -76,7 +76,7 @@ def main() -> None:
     if args.model == "class":
         model = MLP(g)
         parameters = model.parameters()
-        names = model.tensors() + [(f"LayerNorm.{n}", p)
+        names = model.tensors() + [(f"model.norm.{n}", p)
                                    for n, p in model.norm.named_parameters()]
     else:
         C = torch.randn((VOCAB, EMBED), generator=g)

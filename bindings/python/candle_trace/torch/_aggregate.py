@@ -6,7 +6,7 @@ step) and the profile's ``step()``."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -46,18 +46,18 @@ class WholeRun:
         self._update: Any = None
         self._open_data()
 
-    def install(self, model: Optional[torch.nn.Module],
-                optimizer: Optional[torch.optim.Optimizer]) -> None:
-        """Wraps the model's forward (an update starts at its first call), backward and
-        the optimizer's step. A model of tensors alone (``model`` None) has no forward:
-        its updates start at their backward."""
-        if model is not None:
-            self._install_forward(model)
+    def install(self, modules: Sequence[torch.nn.Module],
+                optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Wraps the modules' forwards (an update starts at the first call of any),
+        backward and each optimizer's step. A model of tensors alone (no ``modules``)
+        has no forward: its updates start at their backward."""
+        for m in modules:
+            self._install_forward(m)
 
         orig_backward = torch.autograd.backward
         spanned_backward = self._bwd(orig_backward)
         want_loss = self._want_loss
-        begins = model is None
+        begins = not modules
 
         @functools.wraps(orig_backward)
         def backward(tensors: Any, *args: Any, **kw: Any) -> Any:
@@ -73,18 +73,21 @@ class WholeRun:
         prev_backward = patch(torch.autograd, "backward", backward)
         self._undo.append(lambda: restore(torch.autograd, "backward", prev_backward))
 
-        if optimizer is not None:
-            orig_step = optimizer.step
-            spanned_step = self._opt(orig_step)
+        for opt in optimizers:
+            self._install_step(opt)
 
-            @functools.wraps(orig_step)
-            def step(*args: Any, **kw: Any) -> Any:
-                if self._closed:
-                    return orig_step(*args, **kw)
-                return spanned_step(*args, **kw)
+    def _install_step(self, optimizer: torch.optim.Optimizer) -> None:
+        orig_step = optimizer.step
+        spanned_step = self._opt(orig_step)
 
-            prev_step = patch(optimizer, "step", step)
-            self._undo.append(lambda: restore(optimizer, "step", prev_step))
+        @functools.wraps(orig_step)
+        def step(*args: Any, **kw: Any) -> Any:
+            if self._closed:
+                return orig_step(*args, **kw)
+            return spanned_step(*args, **kw)
+
+        prev_step = patch(optimizer, "step", step)
+        self._undo.append(lambda: restore(optimizer, "step", prev_step))
 
     def _install_forward(self, model: torch.nn.Module) -> None:
         orig_forward = model.forward

@@ -80,12 +80,13 @@ class Capture:
     """The capture of one update: see the module's doc."""
 
     def __init__(self, cfg: Config, parts: Union[Parts, Layout],
-                 optimizer: Optional[torch.optim.Optimizer]) -> None:
+                 optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.cfg = cfg
         #: the path a warning names: the trace's final one where it is renamed once
         #: written (a flight recorder's working file); cfg.path otherwise
         self.shown_path: Optional[str] = None
-        self.optimizer = optimizer
+        #: the update's optimizers: it has stepped once each of them has
+        self.optimizers = list(optimizers)
         layout = parts if isinstance(parts, Layout) else Layout(parts, cfg)
         self._tops = layout.tops
         self.modules = layout.modules
@@ -106,7 +107,7 @@ class Capture:
         #: the contract's violations found at the end (also warned)
         self.violations: List[str] = []
         self._grads_done = False
-        self._stepped = False  # the optimizer's step has run in the update
+        self._stepped: set = set()  # id() of each optimizer whose step ran in the update
         #: the optimizer's step under way while armed (its name): a closure it calls
         #: (LBFGS) begins the update inside it, and its span opens then (:meth:`begin`)
         self._step_pending: Optional[str] = None
@@ -216,8 +217,10 @@ class Capture:
             self._module_spans.install()
             if self.cfg.phase == "train":
                 self._wrap_backward()
-                if self.optimizer is not None:
-                    self._wrap_optimizer(self.optimizer)
+                for opt in self.optimizers:
+                    self._wrap_optimizer(opt)
+                for m in self._tops if self.optimizers else ():
+                    self._wrap_zero_grad(m)
         finally:
             self.spans.resume()
 
@@ -384,7 +387,8 @@ class Capture:
         self.gradients = {}
         self.grad_norms = {}
         self.violations = []
-        self._grads_done = self._stepped = False
+        self._grads_done = False
+        self._stepped = set()
         self._step_pending, self._step_sid = None, 0
         self._measured = 0
         self.state = "armed"
@@ -504,25 +508,29 @@ class Capture:
                 if sid:
                     self.guard_call(self.spans.close_until, sid)
             if self.state == "capturing":
-                self._stepped = True
+                self._stepped.add(id(opt))
             return out
 
         prev = patch(opt, "step", outside_dynamo(step))
         self._undo.append(lambda: restore(opt, "step", prev))
         self._wrap_zero_grad(opt)
-        for m in self._tops:
-            self._wrap_zero_grad(m)
+
+    @property
+    def stepped(self) -> bool:
+        """Every optimizer of the update has stepped in it."""
+        return bool(self.optimizers) and len(self._stepped) == len(self.optimizers)
 
     def _wrap_zero_grad(self, obj: Any) -> None:
-        """The gradients are read once the optimizer has stepped (it reads them and
-        leaves them be), so that their reduction's memory traffic is not in the
-        optimizer's span: at the first ``zero_grad`` after the step -- which would
-        clear them -- or else at ``prof.step()``."""
+        """The gradients are read once the optimizers have stepped (they read them and
+        leave them be), so that their reduction's memory traffic is not in an
+        optimizer's span: at the first ``zero_grad`` after the last step -- which would
+        clear them -- or else at ``prof.step()``. With several optimizers (a GAN's), a
+        ``zero_grad`` between their steps is the loop's, not the update's end."""
         orig = obj.zero_grad
 
         @functools.wraps(orig)
         def zero_grad(*a: Any, **k: Any) -> Any:
-            if self.state == "capturing" and self._stepped and not self._grads_done:
+            if self.state == "capturing" and self.stepped and not self._grads_done:
                 self.guard_call(self._record_gradients)
             return orig(*a, **k)
 

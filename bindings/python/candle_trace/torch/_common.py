@@ -7,7 +7,7 @@ import functools
 import gc
 import sys
 import warnings
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -47,6 +47,26 @@ def collect_ahead() -> int:
         gen += 1
     gc.collect(gen)
     return gen
+
+
+Optimizers = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
+
+
+def optimizers_of(optimizer: Optimizers, caller: str) -> List[torch.optim.Optimizer]:
+    """The update's optimizers, however given: one, a list or tuple of them (a GAN's
+    generator and discriminator, a sparse embedding's SparseAdam beside a dense Adam,
+    Muon beside AdamW), or None. A TypeError naming ``caller`` for anything with no
+    ``step``; each optimizer once."""
+    given = [] if optimizer is None else list(optimizer) if isinstance(
+        optimizer, (list, tuple)) else [optimizer]
+    out: List[torch.optim.Optimizer] = []
+    for opt in given:
+        if not callable(getattr(opt, "step", None)) or isinstance(opt, torch.nn.Module):
+            raise TypeError(f"{caller}: optimizer must be a torch optimizer, a list of "
+                            f"them or None; got {type(opt).__name__}")
+        if not any(o is opt for o in out):
+            out.append(opt)
+    return out
 
 
 def dtype_name(t: torch.Tensor) -> str:

@@ -40,12 +40,13 @@ class Parts:
         embedding lookup, a matmul) is the update's too."""
         return bool(self.tops) and not self.tensors
 
-    def first_module(self) -> Optional[torch.nn.Module]:
-        """The module whose forward starts an update for the whole-run statistics (None:
-        no forward does)."""
+    def forward_modules(self) -> List[torch.nn.Module]:
+        """The modules whose first forward in an update starts it for the whole-run
+        statistics (none: no forward does) -- each top, as a GAN's loop may call its
+        generator or its discriminator first."""
         if isinstance(self.model, torch.nn.Module):
-            return self.model
-        return self.tops[0][1] if self.begins_at_forward else None
+            return [self.model]
+        return [m for _, m in self.tops] if self.begins_at_forward else []
 
     def identity(self, name: Optional[str], device: Optional[str]) -> Tuple[str, str]:
         """The model's name (its class's; a compiled module's, the class it compiles; a

@@ -17,7 +17,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config
-from ._common import collect_ahead, exception_reason
+from ._common import Optimizers, collect_ahead, exception_reason, optimizers_of
 from ._distributed import StepAgreement, rank_path, rank_tags, rank_world
 from ._model import parts_of
 
@@ -33,7 +33,9 @@ class profile:
     the modules, or trainable tensors; a list of tensors: see _model -- a model of
     tensors alone has no forward to mark its update's start, which opens at the
     ``step()`` before it),
-    ``optimizer`` (or None), ``path`` of the trace (under torchrun ``{rank}`` or ``%r`` in
+    ``optimizer`` (or a list of the optimizers that step in each update -- a GAN's
+    generator's and discriminator's: the update has stepped once each has -- or None),
+    ``path`` of the trace (under torchrun ``{rank}`` or ``%r`` in
     it is the rank, else a job of several ranks gets ``-rank<N>`` before the extension;
     see _distributed), ``capture_step`` (1-based, the same on every rank).
     Keywords: ``phase`` ("train", or "infer" for an inference loop: no backward or
@@ -55,7 +57,7 @@ class profile:
     def __init__(
         self,
         model: Any,
-        optimizer: Optional[torch.optim.Optimizer],
+        optimizer: Optimizers,
         path: str,
         capture_step: int = 3,
         *,
@@ -85,6 +87,8 @@ class profile:
         parts = self._parts = parts_of(model, "candle_trace.torch.profile")
         self.model = model
         self.optimizer = optimizer
+        #: the update's optimizers (``optimizer`` may be a list: a GAN's two)
+        self.optimizers = optimizers_of(optimizer, "candle_trace.torch.profile")
         #: this process's rank and the job's world size (RANK/WORLD_SIZE; see _distributed)
         self.rank, self.world_size = rank_world()
         self.path = rank_path(str(path), self.rank, self.world_size)
@@ -106,7 +110,7 @@ class profile:
             gradient_families=gradient_families, device_collect=list(device_collect or []),
             begin_at_arm=not parts.begins_at_forward)
         try:
-            self.capture = Capture(self.cfg, parts, optimizer)
+            self.capture = Capture(self.cfg, parts, self.optimizers)
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.profile: {e}") from None
         self.steps = 0  #: step() calls so far
@@ -184,7 +188,7 @@ class profile:
                 self.whole_run = WholeRun(str(path), self.cfg.entrypoint, self.phase,
                                           self.capture_step, self.device, self.cfg.tags,
                                           interval, prefix, loss)
-                self.whole_run.install(self._parts.first_module(), self.optimizer)
+                self.whole_run.install(self._parts.forward_modules(), self.optimizers)
             except BaseException as e:
                 self.capture.fail(f"the aggregate session could not open: {e}")
                 raise

@@ -5,12 +5,15 @@ program that knows nothing of candle_trace.
 once ``import torch`` has run, in the one process that traces. From then on:
 
 - every ``torch.optim.Optimizer`` created gets an instance ``step`` that, once the
-  real step returns, ends an update. The first optimizer starts the capture:
+  real step returns, ends an update -- with several optimizers, the step that completes
+  their round (:class:`~candle_trace.torch._cycle.StepCycle`: a GAN's discriminator and
+  generator steps are one update). The first optimizer starts the capture:
   :class:`~candle_trace.torch.profile` over the models whose parameters it holds
   (the outermost ``nn.Module`` objects that hold them, found once on the garbage
   collector's list; a parameter no module holds -- a model written with raw tensors --
-  is one of the model's tensors, named after the ``__main__`` global that holds it),
-  and each step of any optimizer is a ``profile.step()``;
+  is one of the model's tensors, named after the ``__main__`` global that holds it); one
+  made before any optimizer has stepped starts it again over the models of all of them,
+  and each update's end is a ``profile.step()``;
 - until an optimizer exists, each backward that returns is counted: after
   ``capture_step - 1`` of them with no optimizer (or, watched, the first), the program
   is taken for a loop that updates its parameters by hand (``p.data -= lr * p.grad``):
@@ -27,9 +30,9 @@ once ``import torch`` has run, in the one process that traces. From then on:
   program fails a capture it interrupted, with its type and message.
 
 With ``--watch FOLDER`` (``Settings.watch``) there is no capture step: the first
-optimizer starts :class:`~candle_trace.torch.watch` over its models instead, each step
-of any optimizer is a ``watch.step()``, and the updates its triggers pick are written
-into the folder; at exit the watch stops (an exception that ended the program is the
+optimizer starts :class:`~candle_trace.torch.watch` over its models instead (again
+over all of them, as above), each update's end is a ``watch.step()``, and the updates
+its triggers pick are written into the folder; at exit the watch stops (an exception that ended the program is the
 update's, a failed ``update-N-exception`` trace) and says on stderr how many updates
 it watched and what fired. A watched run needs an optimizer: no inference loop is
 looked for.
@@ -56,6 +59,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ._common import Patched, patch, restore
+from ._cycle import StepCycle
 from ._profile import profile
 from ._watch import watch
 
@@ -142,40 +146,11 @@ def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module
     order the program bound what names them, those named by nothing last."""
     held = {id(p) for m in tops for p in m.parameters()}
     want = {id(p) for p in params} - held
-    if main is None:
-        main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
-    found = [(k, v) for k, v in list(main.items()) if not k.startswith("__")]
-    objects = [(k, vars(v)) for k, v in found if hasattr(v, "__dict__") and not isinstance(
-        v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))]
-    names: Dict[int, str] = {}
-    #: where the name was bound: the global's index, then the place inside it
-    place: Dict[int, Tuple[int, ...]] = {}
-    index = {k: i for i, (k, _) in enumerate(found)}
-
-    def name(where: str, v: Any, lists: bool, at: Tuple[int, ...]) -> None:
-        if isinstance(v, torch.Tensor):
-            if id(v) in want and id(v) not in names:
-                names[id(v)] = where
-                place[id(v)] = at
-        elif lists and isinstance(v, (list, tuple)):
-            for i, t in enumerate(v):
-                name(f"{where}.{i}", t, False, at + (i,))
-
-    # A model object's attribute first (a global tensor may be a loop variable left
-    # bound to one: ``for p in model.parameters()``), then a global tensor (the first
-    # bound), then a place in a global list (``parameters = [C, W1, ...]`` names nothing)
-    for k, attrs in objects:
-        for j, (a, v) in enumerate(list(attrs.items())):
-            name(f"{k}.{a}", v, True, (index[k], j))
-    for k, v in found:
-        name(k, v, False, (index[k],))
-    for k, v in found:
-        if isinstance(v, (list, tuple)):
-            name(k, v, True, (index[k],))
+    names, place = main_names(want, main)
     out: Dict[str, torch.Tensor] = {}
     order = list(enumerate(params))
     if in_main_order:
-        last = (len(found),)
+        last = (1 << 30,)  # named by nothing: after every global
         order.sort(key=lambda ip: place.get(id(ip[1]), last))
     for i, p in order:
         if id(p) not in want:
@@ -188,16 +163,59 @@ def loose_tensors(params: Sequence[torch.Tensor], tops: Sequence[torch.nn.Module
     return out
 
 
-def _model(tops: Sequence[torch.nn.Module], loose: Dict[str, torch.Tensor]) -> Any:
-    """What profile takes: the module, or a mapping holding each module (named after its
-    class) and each loose tensor (named after its global)."""
+def main_names(want: set, main: Optional[Dict[str, Any]] = None
+               ) -> Tuple[Dict[int, str], Dict[int, Tuple[int, ...]]]:
+    """Names for the objects whose id() is in ``want`` (tensors, modules) after where
+    ``__main__``'s globals (or ``main``) hold them -- an attribute of a global object
+    (``model.W1``, ``model.norm``), a global (``W1``, ``netG``), a place in a global list
+    (``params.3``), in that order of preference -- and where each name was bound (the
+    global's index, then the place inside it). Objects nothing names are left out."""
+    if main is None:
+        main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    found = [(k, v) for k, v in list(main.items()) if not k.startswith("__")]
+    objects = [(k, vars(v)) for k, v in found if hasattr(v, "__dict__") and not isinstance(
+        v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))]
+    names: Dict[int, str] = {}
+    place: Dict[int, Tuple[int, ...]] = {}
+    index = {k: i for i, (k, _) in enumerate(found)}
+
+    def name(where: str, v: Any, lists: bool, at: Tuple[int, ...]) -> None:
+        if isinstance(v, (torch.Tensor, torch.nn.Module)):
+            if id(v) in want and id(v) not in names:
+                names[id(v)] = where
+                place[id(v)] = at
+        elif lists and isinstance(v, (list, tuple)):
+            for i, t in enumerate(v):
+                name(f"{where}.{i}", t, False, at + (i,))
+
+    # A model object's attribute first (a global tensor may be a loop variable left
+    # bound to one: ``for p in model.parameters()``), then a global (the first bound),
+    # then a place in a global list (``parameters = [C, W1, ...]`` names nothing)
+    for k, attrs in objects:
+        for j, (a, v) in enumerate(list(attrs.items())):
+            name(f"{k}.{a}", v, True, (index[k], j))
+    for k, v in found:
+        name(k, v, False, (index[k],))
+    for k, v in found:
+        if isinstance(v, (list, tuple)):
+            name(k, v, True, (index[k],))
+    return names, place
+
+
+def _model(tops: Sequence[torch.nn.Module], loose: Dict[str, torch.Tensor],
+           main: Optional[Dict[str, Any]] = None) -> Any:
+    """What profile takes: the module, or a mapping holding each module and each loose
+    tensor -- a module named where ``__main__`` holds it (``netG``, ``model.norm``; see
+    :func:`main_names`), else after its class."""
     if len(tops) == 1 and not loose:
         return tops[0]
+    names, _ = main_names({id(m) for m in tops}, main)
     holder: Dict[str, Any] = {}
     for m in tops:
-        name, n = type(m).__name__, 2
+        base = names.get(id(m), type(m).__name__)
+        name, n = base, 2
         while name in holder or name in loose:
-            name, n = f"{type(m).__name__}_{n}", n + 1
+            name, n = f"{base}_{n}", n + 1
         holder[name] = m
     holder.update(loose)
     return holder
@@ -264,6 +282,14 @@ class Backwards:
             restore(torch.autograd, "backward", patched)
 
 
+class _Counter:
+    """A counting wrapper's switch, and what takes it out (:func:`restore`'s arguments):
+    a wrapper something else went over since stays beneath, switched off."""
+
+    live = True
+    undo: Tuple[Any, str, Patched]
+
+
 class Autorun:
     """The integration's state in the traced process (see the module's doc)."""
 
@@ -284,6 +310,9 @@ class Autorun:
         self._trained: Optional[List[torch.Tensor]] = None  # the deciding backward's leaves
         self._depth = threading.local()
         self._hooks: List[Any] = []
+        self._cycle = StepCycle()  # the loop's optimizers: which step ends an update
+        self._counters: List[_Counter] = []  # the counting wrappers installed
+        self._at_exit = False
         self._exc: Any = (None, None)  # what an uncaught exception ended the program with
 
     # -- installing -------------------------------------------------------------------
@@ -360,14 +389,16 @@ class Autorun:
         ``__func__``)."""
         inner = getattr(obj, attr)
         run = self
+        counter = _Counter()
 
         def counted(_: Any, *a: Any, **k: Any) -> Any:
             out = inner(*a, **k)
-            if run.here:
-                run.stepped()
+            if counter.live and run.here:
+                run.stepped(obj)
             return out
 
-        setattr(obj, attr, types.MethodType(counted, obj))
+        counter.undo = (obj, attr, patch(obj, attr, types.MethodType(counted, obj)))
+        self._counters.append(counter)
 
     def _watch_forwards(self) -> None:
         hooks = torch.nn.modules.module
@@ -416,16 +447,21 @@ class Autorun:
         self.prof = prof
         if counted is not None:
             self._count(counted, attr)
-        atexit.register(self.stop)  # after the session's own exit hook: runs before it
+        self._stop_at_exit()
         return prof
 
-    def _watch(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
+    def _stop_at_exit(self) -> None:
+        if not self._at_exit:
+            self._at_exit = True
+            atexit.register(self.stop)  # after the session's own exit hook: runs before it
+
+    def _watch(self, model: Any, optimizers: List[torch.optim.Optimizer],
                first_update: int = 1) -> None:
-        """Starts the watch of a watched run, then counts each step of ``optimizer``
-        (None: the backwards' returns are counted)."""
+        """Starts the watch of a watched run, then counts each step of ``optimizers``
+        (none: the backwards' returns are counted)."""
         s = self.settings
         try:
-            w = watch(model, optimizer, s.watch or "", max_traces=s.max_traces,
+            w = watch(model, optimizers or None, s.watch or "", max_traces=s.max_traces,
                       flight_recorder=s.flight_recorder,
                       tags={"mode": "candle-trace run --watch",
                             "command": os.path.basename(sys.argv[0] or "python")},
@@ -436,27 +472,61 @@ class Autorun:
             print(f"candle-trace run: not watched: {type(e).__name__}: {e}", file=sys.stderr)
             return
         self.watch = w
-        if optimizer is not None:
-            self._count(optimizer, "step")
-        atexit.register(self.stop)
+        for opt in optimizers:
+            self._count(opt, "step")
+        self._stop_at_exit()
 
     def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
-        """The first optimizer starts the capture over the models it trains; every
-        optimizer's step ends an update."""
+        """The first optimizer starts the capture over the models it trains. One created
+        before the loop has stepped (a GAN's second) starts it again over the models of
+        all of them; one created later only joins the round (:class:`StepCycle`: an
+        update ends once each optimizer of the loop has stepped)."""
         if self._by_backward:
             return  # a loop whose updates end at backward: counted there
+        self._cycle.join(opt)
         if self.prof is not None or self.watch is not None:
-            self._count(opt, "step")
+            if self._cycle.steps == 0 and not self._in_update():
+                self._start_over()
+            else:
+                self._count(opt, "step")
             return
         self._backwards.remove()
         self._unwatch_forwards()
-        params = [p for g in opt.param_groups for p in g["params"]]
+        self._start_over()
+
+    def _in_update(self) -> bool:
+        """The profile's or the watch's capture is recording an update."""
+        if self.prof is not None:
+            return self.prof.state not in ("waiting", "armed")
+        return self.watch is not None and self.watch.in_update
+
+    def _start_over(self) -> None:
+        """(Re)starts the profile or the watch over the models the loop's optimizers
+        train, and counts their steps. A profile or watch already started over fewer of
+        them has recorded no update: it ends (its trace is replaced by the new one's,
+        a watch's records dropped) and its counting stops."""
+        old_prof, old_watch, self.prof, self.watch = self.prof, self.watch, None, None
+        for counter in self._counters:
+            counter.live = False
+            restore(*counter.undo)
+        self._counters.clear()
+        with warnings.catch_warnings():  # "never came": it is superseded, not ended
+            warnings.simplefilter("ignore", RuntimeWarning)
+            if old_prof is not None:
+                old_prof.stop()
+            if old_watch is not None:
+                old_watch.stop()
+        opts = self._cycle.optimizers()
+        params = [p for opt in opts for g in opt.param_groups for p in g["params"]]
         tops = models_of(params)
         model = _model(tops, loose_tensors(params, tops))
         if self.settings.watch is not None:
-            self._watch(model, opt)
+            self._watch(model, opts)
             return
-        self._profile(model, opt, "train", self.settings.capture_step, opt, "step")
+        self._profile(model, opts[0] if len(opts) == 1 else opts, "train",
+                      self.settings.capture_step, None, "")
+        for opt in opts if self.prof is not None else ():
+            self._count(opt, "step")
 
     def _start_infer(self, module: torch.nn.Module) -> None:
         """No optimizer after capture_step - 1 outermost calls: an inference loop whose
@@ -505,7 +575,7 @@ class Autorun:
         tops = models_of(trained)
         model = _model(tops, loose_tensors(trained, tops, in_main_order=True))
         if self.settings.watch is not None:
-            self._watch(model, None, first_update=self.backwards + 1)
+            self._watch(model, [], first_update=self.backwards + 1)
         else:
             # at the earliest the second update: the first backward is what finds the model
             prof = self._profile(model, None, "train", max(self.settings.capture_step, 2),
@@ -514,9 +584,11 @@ class Autorun:
                 prof.step()  # the updates that ran before it existed
         self._backwards.keep_on_top()  # over what the profile's start wrapped
 
-    def stepped(self) -> None:
-        """An update (an optimizer step, a backward of a loop with no optimizer, a call
-        of the inference model) ended."""
+    def stepped(self, source: Any = None) -> None:
+        """An update (an optimizer step that completes the round, a backward of a loop
+        with no optimizer, a call of the inference model) ended."""
+        if isinstance(source, torch.optim.Optimizer) and not self._cycle.ends(source):
+            return
         try:
             self._stepped()
         finally:

@@ -35,7 +35,8 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
-from ._common import Patched, collect_ahead, exception_reason, patch, restore, warn_once
+from ._common import (Optimizers, Patched, collect_ahead, exception_reason, optimizers_of, patch,
+                      restore, warn_once)
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._model import parts_of
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
@@ -138,7 +139,8 @@ class watch:
     """Keeps the updates that go wrong (see the module's doc).
 
     Arguments: ``model`` (an nn.Module, or what ``profile`` takes: an object, mapping or
-    list holding modules and trainable tensors), ``optimizer`` (or None), ``folder`` for
+    list holding modules and trainable tensors), ``optimizer`` (or a list of them, as
+    ``profile`` takes, or None), ``folder`` for
     the traces. Keywords: ``triggers`` (a :class:`Triggers`),
     ``max_traces`` (default 3), ``flight_recorder`` (default True; False keeps only the
     capture of the update after a trigger), ``recorder_bytes`` (the flight recorder's
@@ -151,7 +153,7 @@ class watch:
     say the loop's numbers).
     """
 
-    def __init__(self, model: Any, optimizer: Optional[torch.optim.Optimizer],
+    def __init__(self, model: Any, optimizer: Optimizers,
                  folder: Union[str, os.PathLike], *, triggers: Optional[Triggers] = None,
                  max_traces: int = 3, flight_recorder: bool = True,
                  recorder_bytes: int = DEFAULT_RECORDER_BYTES, capture_next: bool = True,
@@ -177,6 +179,7 @@ class watch:
         except ValueError as e:
             raise CandleTraceError(1, f"candle_trace.torch.watch: {e}") from None
         self.model, self.optimizer = model, optimizer
+        self.optimizers = optimizers_of(optimizer, "candle_trace.torch.watch")
         self._parts = parts_of(model, "candle_trace.torch.watch")
         # Under torchrun every rank watches: {rank}/%r in the folder, else -rank<N> in
         # each file's name, keeps them apart (see _distributed).
@@ -223,6 +226,11 @@ class watch:
         self._tracer_base = 0.0
         self._started = False
 
+    @property
+    def in_update(self) -> bool:
+        """An update is being recorded: its capture has begun."""
+        return self._cap is not None and self._cap.state == "capturing"
+
     # -- the run ------------------------------------------------------------------------
 
     def start(self) -> "watch":
@@ -236,7 +244,7 @@ class watch:
         if path is not None:
             self.whole_run = WholeRun(os.fspath(path), f"{self.name}::train", "train", 1,
                                       self.device, self.tags, interval, prefix, want_loss=False)
-            self.whole_run.install(self._parts.first_module(), self.optimizer)
+            self.whole_run.install(self._parts.forward_modules(), self.optimizers)
         self._tap.install()
         self._arm_next()
         self._mark()
@@ -452,7 +460,7 @@ class watch:
                       begin_at_arm=not full or not self._parts.begins_at_forward)
 
     def _capture(self, n: int, full: bool, path: str) -> Capture:
-        return Capture(self._capture_cfg(n, full, path), self._layout, self.optimizer)
+        return Capture(self._capture_cfg(n, full, path), self._layout, self.optimizers)
 
     def _path(self, n: int, what: str) -> str:
         path = os.path.join(self.folder, f"update-{n:06d}-{what}.jsonl")
