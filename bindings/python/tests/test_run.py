@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 from conftest import REPO, candle_graph, judged, read_trace
@@ -393,6 +393,71 @@ def test_a_gan_unmodified(tmp_path, flags, d_steps):
     assert (fwd.count("netG"), fwd.count("netD")) == (d_steps, 2 * d_steps + 1)
     params = [t for t in lines if t["kind"] == "tensor" and t.get("category") == "parameter"]
     assert {t["label"].split(".")[0] for t in params} == {"netG", "netD"}
+
+
+needs_cpu_grad_scaler = pytest.mark.skipif(
+    not hasattr(getattr(torch, "amp", None), "GradScaler"),
+    reason=f"torch {torch.__version__} has no torch.amp.GradScaler (a CPU one: torch >= 2.3)")
+
+
+def amp_losses(stdout: str) -> List[Tuple[float, bool]]:
+    """(loss, skipped) of each iteration amp_mlp.py printed."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("update "):
+            words = line.split()
+            out.append((float(words[3]), words[-1] == "skipped"))
+    return out
+
+
+@needs_cpu_grad_scaler
+@pytest.mark.parametrize("capture_step", [3, 5])
+def test_a_step_the_grad_scaler_skips_still_ends_the_iteration(tmp_path, capture_step):
+    """Mixed precision: the first three iterations overflow and their optimizer step is
+    skipped. Update N is still iteration N -- with no optimizer span and the
+    overflowed gradients when it was skipped, with AdamW's step when not -- not the
+    Nth optimizer step, three iterations later."""
+    r = run(tmp_path, [str(PROGRAMS / "amp_mlp.py"), "--updates", "6"],
+            "--capture-step", str(capture_step))
+    assert r.returncode == 0, r.stderr
+    assert [s for _, s in amp_losses(r.stdout)] == [True] * 3 + [False] * 3
+    [trace] = traces(tmp_path)
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    summary = candle_graph(trace, tmp_path, require_valid=False)
+    assert summary["health"]["capture_complete"]
+    spans = [s["name"] for s in lines if s["kind"] == "span_start"]
+    assert forward_span_names(lines).count("Sequential") == 1
+    grads = [g["state"] for g in lines if g["kind"] == "gradient"]
+    if capture_step == 3:  # skipped: its gradients are the overflow's
+        assert "AdamW.step" not in spans
+        assert "non_finite" in grads, grads
+        assert "NON-FINITE GRADIENTS" in verdict_line(r)
+    else:
+        assert "AdamW.step" in spans and set(grads) == {"present"}
+        assert "valid, complete" in verdict_line(r)
+
+
+@needs_cpu_grad_scaler
+def test_a_watched_mixed_precision_run_judges_the_loss_not_its_scaled_product(tmp_path):
+    """The overflow of the scaled loss and its gradients, and the steps the scaler
+    skips for them, are mixed precision at work: nothing fires for them. The loss
+    turning NaN in update 6 fires, and the whole-run loss is the program's, unscaled."""
+    agg = tmp_path / "agg.json"
+    r = run_watched(tmp_path, [str(PROGRAMS / "amp_mlp.py"), "--updates", "8", "--nan-at", "6"],
+                    "--aggregate", str(agg))
+    assert r.returncode == 0, r.stderr
+    losses = amp_losses(r.stdout)
+    assert [s for _, s in losses] == [True] * 3 + [False] * 2 + [True] + [False] * 2
+    assert "candle-trace: watched 8 updates; 1 trigger fired" in r.stderr, r.stderr
+    assert fired_lines(r) == ["update 6: non_finite (value nan; loss nan) -> trace "
+                              "update-000006-non_finite.jsonl"]
+    assert watched(tmp_path, r) == ["update-000006-non_finite.jsonl",
+                                    "update-000007-after-non_finite.jsonl"]
+    [loss] = [s for s in json.loads(agg.read_text())["scalars"] if s["label"] == "loss"]
+    finite = [v for v, _ in losses if math.isfinite(v)]
+    assert (loss["count"], loss["non_finite"]) == (len(finite), 1)
+    assert math.isclose(loss["mean"], sum(finite) / len(finite), rel_tol=1e-4)
+    assert (loss["min"], loss["max"]) == pytest.approx((min(finite), max(finite)), rel=1e-4)
 
 
 def test_a_loop_by_hand_asked_for_its_first_update_captures_its_second(tmp_path):

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..session import CandleTraceError, Session
+from ._amp import ScaledLosses, unscaled
 from ._common import exception_reason, patch, restore
 
 __all__ = ["WholeRun"]
@@ -64,7 +65,7 @@ class WholeRun:
             if self._closed:
                 return orig_backward(tensors, *args, **kw)
             if want_loss and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-                self._loss = tensors.detach()
+                self._loss = unscaled(tensors).detach()  # not GradScaler's product
             if begins:
                 self._begin_update_unless_open()
             return spanned_backward(tensors, *args, **kw)
@@ -72,6 +73,9 @@ class WholeRun:
         # Tensor.backward calls it too
         prev_backward = patch(torch.autograd, "backward", backward)
         self._undo.append(lambda: restore(torch.autograd, "backward", prev_backward))
+        if want_loss:
+            ScaledLosses.install()
+            self._undo.append(ScaledLosses.remove)
 
         for opt in optimizers:
             self._install_step(opt)

@@ -568,8 +568,12 @@ class Capture:
         self.violations = _gradients.violations(self.cfg.name, self.gradients,
                                                 self.cfg.gradient_families)
         if self.violations:
+            # Mixed precision's overflow: a GradScaler found the inf and skipped the step
+            skipped = " (no optimizer stepped in it: a GradScaler skips the step of " \
+                "gradients that hold an inf or a NaN)" if self.optimizers and \
+                not self._stepped else ""
             warnings.warn("candle_trace.torch: the captured update breaks the gradient "
-                          f"contract ({self.shown_path or self.cfg.path}): " +
+                          f"contract ({self.shown_path or self.cfg.path}){skipped}: " +
                           "; ".join(self.violations),
                           RuntimeWarning, stacklevel=4)
 

@@ -58,6 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._amp import GRAD_SCALER
 from ._common import Patched, patch, restore
 from ._cycle import StepCycle
 from ._profile import profile
@@ -313,12 +314,14 @@ class Autorun:
         self._cycle = StepCycle()  # the loop's optimizers: which step ends an update
         self._counters: List[_Counter] = []  # the counting wrappers installed
         self._at_exit = False
+        self.optimizer_steps = 0  # steps of the optimizers counted, all together
         self._exc: Any = (None, None)  # what an uncaught exception ended the program with
 
     # -- installing -------------------------------------------------------------------
 
     def install(self) -> None:
         self._patch_optimizer()
+        self._patch_grad_scaler()
         if self.settings.watch is None:
             self._watch_forwards()
         self._backwards.keep_on_top()
@@ -379,6 +382,27 @@ class Autorun:
 
         torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
 
+    def _patch_grad_scaler(self) -> None:
+        """A step a GradScaler skipped (the gradients it unscaled held an inf: mixed
+        precision's overflow, at the start of every fp16 run and whenever the scale has
+        grown too far) is still the end of the optimizer's part of the iteration: with
+        no ``optimizer.step()`` to count, the iteration would run on into the next."""
+        cls = GRAD_SCALER
+        if cls is None or "step" not in cls.__dict__:
+            return
+        orig, run = cls.__dict__["step"], self
+
+        @functools.wraps(orig)
+        def step(scaler: Any, optimizer: Any, *a: Any, **k: Any) -> Any:
+            before = run.optimizer_steps
+            out = orig(scaler, optimizer, *a, **k)
+            if run.here and run.optimizer_steps == before and any(
+                    c.live and c.undo[0] is optimizer for c in run._counters):
+                run.stepped(optimizer)
+            return out
+
+        cls.step = step  # type: ignore[attr-defined]
+
     def _count(self, obj: Any, attr: str) -> None:
         """Makes each call of ``obj.<attr>`` (an optimizer's step, the inference model's
         forward) end an update once it returns. Installed over the wrappers the profile
@@ -390,10 +414,13 @@ class Autorun:
         inner = getattr(obj, attr)
         run = self
         counter = _Counter()
+        is_optimizer = isinstance(obj, torch.optim.Optimizer)
 
         def counted(_: Any, *a: Any, **k: Any) -> Any:
             out = inner(*a, **k)
             if counter.live and run.here:
+                if is_optimizer:
+                    run.optimizer_steps += 1
                 run.stepped(obj)
             return out
 

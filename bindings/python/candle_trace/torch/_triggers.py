@@ -41,10 +41,13 @@ with the run.
   run on that machine (``tests/data/noisy-updates-*.txt.gz``, on which the old rule
   fired): nothing fires, and a 5x stall put into the same series fires at once.
 - ``non_finite``: the loss given to ``backward`` is NaN or infinite, on the update it
-  first turns so (not again until it has been finite).
+  first turns so (not again until it has been finite). Under mixed precision, the loss
+  a ``GradScaler`` scaled, not its product with the scale (which overflows where the
+  loss does not: see _amp).
 - ``non_finite_grad``: a gradient's norm is NaN or infinite, where gradients are read: in
   an update captured in full (after a trigger), whose trace it names, when no other
-  trigger fired for it. The flight recorder does not read them: the norms of every
+  trigger fired for it -- and an optimizer stepped in it (a GradScaler skips the step of
+  gradients its scale made overflow, and backs off: mixed precision at work). The flight recorder does not read them: the norms of every
   gradient cost 0.30 ms of a 86 ms GPT-style update and 0.67 ms of a 171 ms CNN one on
   the machine of BENCHMARKS.md (0.35-0.39%, a third of the 1% the always-on triggers
   may cost), and on CUDA a copy to the host each update; a loss that turns non-finite

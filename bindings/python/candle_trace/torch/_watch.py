@@ -35,6 +35,7 @@ import torch
 from ..session import CandleTraceError
 from ._aggregate import WholeRun
 from ._capture import Capture, Config, Layout
+from ._amp import ScaledLosses, unscaled
 from ._common import (Optimizers, Patched, collect_ahead, exception_reason, optimizers_of, patch,
                       restore, warn_once)
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
@@ -106,7 +107,8 @@ class RecorderCost:
 
 
 class _LossTap:
-    """The 1-element tensor last given to ``torch.autograd.backward`` (the loss)."""
+    """The 1-element tensor last given to ``torch.autograd.backward`` (the loss; the one
+    a GradScaler scaled, not its product: see _amp)."""
 
     def __init__(self) -> None:
         self.loss: Optional[torch.Tensor] = None
@@ -119,10 +121,11 @@ class _LossTap:
         def backward(tensors: Any, *a: Any, **k: Any) -> Any:
             if self._patched is not None and isinstance(tensors, torch.Tensor) and \
                     tensors.numel() == 1:
-                self.loss = tensors.detach()
+                self.loss = unscaled(tensors).detach()
             return orig(tensors, *a, **k)
 
         self._patched = patch(torch.autograd, "backward", backward)
+        ScaledLosses.install()
 
     def take(self) -> Optional[float]:
         loss, self.loss = self.loss, None
@@ -132,6 +135,7 @@ class _LossTap:
         patched, self._patched = self._patched, None
         if patched is not None:
             restore(torch.autograd, "backward", patched)
+            ScaledLosses.remove()
         self.loss = None
 
 
@@ -287,7 +291,10 @@ class watch:
                 closing = time.perf_counter()
                 self._close(cap, kind, fired)
                 closing = time.perf_counter() - closing
-                if kind == "after":  # read in full: its gradients tell too
+                # Read in full, its gradients tell too -- where an optimizer applied
+                # them: a GradScaler skips the step on the inf its overflow makes, and
+                # backs off, as mixed precision means it to.
+                if kind == "after" and (cap.stepped or not cap.optimizers):
                     fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
                     if fired is not None:  # its full capture is its trace
                         fired.trace = cap.cfg.path
