@@ -108,6 +108,7 @@ class Capture:
         self.violations: List[str] = []
         self._grads_done = False
         self._stepped: set = set()  # id() of each optimizer whose step ran in the update
+        self._called: set = set()  # ... whose step was called (and may not have returned)
         #: the optimizer's step under way while armed (its name): a closure it calls
         #: (LBFGS) begins the update inside it, and its span opens then (:meth:`begin`)
         self._step_pending: Optional[str] = None
@@ -388,7 +389,7 @@ class Capture:
         self.grad_norms = {}
         self.violations = []
         self._grads_done = False
-        self._stepped = set()
+        self._stepped, self._called = set(), set()
         self._step_pending, self._step_sid = None, 0
         self._measured = 0
         self.state = "armed"
@@ -488,6 +489,8 @@ class Capture:
 
         @functools.wraps(orig)
         def step(*a: Any, **k: Any) -> Any:
+            if self.state in ("armed", "capturing"):
+                self._called.add(id(opt))
             if self.state == "armed":
                 # A closure (LBFGS) may evaluate the model inside the step: the update
                 # then begins at its first forward, and this span with it (begin()).
@@ -519,6 +522,12 @@ class Capture:
     def stepped(self) -> bool:
         """Every optimizer of the update has stepped in it."""
         return bool(self.optimizers) and len(self._stepped) == len(self.optimizers)
+
+    @property
+    def applied(self) -> bool:
+        """An optimizer's step was called in the update (a GradScaler calls none whose
+        gradients overflowed) -- or the update has no optimizer to call."""
+        return bool(self._called) or not self.optimizers
 
     def _wrap_zero_grad(self, obj: Any) -> None:
         """The gradients are read once the optimizers have stepped (they read them and
@@ -570,8 +579,7 @@ class Capture:
         if self.violations:
             # Mixed precision's overflow: a GradScaler found the inf and skipped the step
             skipped = " (no optimizer stepped in it: a GradScaler skips the step of " \
-                "gradients that hold an inf or a NaN)" if self.optimizers and \
-                not self._stepped else ""
+                "gradients that hold an inf or a NaN)" if not self.applied else ""
             warnings.warn("candle_trace.torch: the captured update breaks the gradient "
                           f"contract ({self.shown_path or self.cfg.path}){skipped}: " +
                           "; ".join(self.violations),

@@ -294,7 +294,7 @@ class watch:
                 # Read in full, its gradients tell too -- where an optimizer applied
                 # them: a GradScaler skips the step on the inf its overflow makes, and
                 # backs off, as mixed precision means it to.
-                if kind == "after" and (cap.stepped or not cap.optimizers):
+                if kind == "after" and cap.applied:
                     fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
                     if fired is not None:  # its full capture is its trace
                         fired.trace = cap.cfg.path
