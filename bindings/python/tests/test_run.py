@@ -131,33 +131,42 @@ def test_an_update_ends_once_each_optimizer_has_stepped(steps, ends):
     assert cycle.steps == len(got)
 
 
-def test_an_optimizer_that_stops_stepping_leaves_the_round():
-    import gc  # noqa: PLC0415
+def sgd() -> "torch.optim.Optimizer":
+    return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
-    from candle_trace.torch._cycle import STALL, StepCycle  # noqa: PLC0415
 
-    def sgd() -> torch.optim.Optimizer:
-        return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+def test_an_optimizer_replaced_leaves_the_round():
+    from candle_trace.torch._cycle import StepCycle  # noqa: PLC0415
 
     cycle = StepCycle()
     first, kept = sgd(), sgd()
     cycle.join(first)
     cycle.join(kept)
     assert [cycle.ends(first), cycle.ends(kept)] == [False, True]
-    # the program makes a new optimizer in first's place and drops first: it leaves
-    # the round with its last reference
-    del first
-    gc.collect()
+    # a new optimizer in first's place (an epoch's), first still referenced: once it
+    # steps, first -- whose last step came before it was made -- is out of the round
     second = sgd()
     cycle.join(second)
-    assert [cycle.ends(kept), cycle.ends(second), cycle.ends(kept)] == [False, True, False]
-    assert cycle.ends(second)
-    # one kept alive that never steps again holds the round open for STALL steps only
-    idle = sgd()
-    cycle.join(idle)
-    got = [cycle.ends(o) for _ in range(STALL) for o in (kept, second)]
-    assert got.index(True) == STALL - 1 and all(got[STALL:][1::2])
+    assert [cycle.ends(kept), cycle.ends(second), cycle.ends(kept), cycle.ends(second)] == \
+        [False, True, False, True]
     assert cycle.optimizers() == [kept, second]
+    # one the program drops leaves with its last reference
+    del second
+    assert cycle.ends(kept)
+    assert cycle.optimizers() == [kept]
+    assert first is not None  # kept alive to the end
+
+
+def test_an_optimizer_that_never_steps_holds_the_round_for_a_while_only():
+    from candle_trace.torch._cycle import STALL, StepCycle  # noqa: PLC0415
+
+    cycle = StepCycle()
+    used, idle = sgd(), sgd()
+    cycle.join(used)
+    cycle.join(idle)
+    got = [cycle.ends(used) for _ in range(STALL + 2)]
+    assert got == [False] * (STALL - 1) + [True] * 3
+    assert cycle.optimizers() == [used]
 
 
 def test_trained_leaves_are_each_tensor_a_backward_accumulates_into():
@@ -509,6 +518,40 @@ TINY = """
 import os, sys, torch
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 """
+
+
+EPOCHS = TINY + """
+made = []  # every epoch's optimizer stays referenced, as a scheduler's list would keep it
+for epoch in range(3):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    made.append(opt)
+    for i in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+print("done", len(made))
+"""
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_an_optimizer_made_anew_each_epoch(tmp_path, watch):
+    """The next epoch's optimizer replaces the last (which the program keeps): each of
+    its steps ends an update from its first on -- the old one, no longer stepping, does
+    not hold them open."""
+    prog = write(tmp_path, "epochs.py", EPOCHS)
+    if watch:
+        r = run_watched(tmp_path, [str(prog)])
+        assert r.returncode == 0, r.stderr
+        assert "candle-trace: watched 9 updates; no triggers fired" in r.stderr, r.stderr
+        return
+    r = run(tmp_path, [str(prog)], "--capture-step", "4")  # the second epoch's first
+    assert r.returncode == 0, r.stderr
+    assert "valid, complete" in verdict_line(r)
+    [trace] = traces(tmp_path)
+    lines = judged(trace, tmp_path)
+    assert forward_span_names(lines).count("Sequential") == 1
+    assert [s["name"] for s in lines if s["kind"] == "span_start"].count("Adam.step") == 1
 
 
 def test_exit_status_and_an_exception_inside_the_capture(tmp_path):

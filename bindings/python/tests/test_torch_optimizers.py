@@ -144,3 +144,29 @@ def test_one_optimizer_given_twice_is_one(tmp_path):
     assert prof.optimizers == [opt]
     with pytest.raises(CandleTraceError):
         ctt.profile(model, opt, str(tmp_path / "t.jsonl"), capture_step=0)
+
+
+def test_an_optimizer_added_after_the_start_is_spanned_and_counted(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    agg = tmp_path / "agg.json"
+    with ctt.profile(model, first, str(tmp_path / "t.jsonl"), capture_step=3,
+                     aggregate_path=str(agg)) as prof:
+        opt = first
+        for update in range(1, 5):
+            if update == 2:  # a second phase's optimizer, made while the profile runs
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+                prof.add_optimizer(opt)
+                prof.add_optimizer(opt)  # once is enough
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+    assert prof.optimizers == [first, opt]
+    lines = judged(tmp_path / "t.jsonl", tmp_path)
+    assert [s["name"] for s in by_kind(lines, "span_start") if s["name"].endswith(".step")] == \
+        ["Adam.step"]
+    spans = {s["name"]: s for s in json.loads(agg.read_text())["spans"]}
+    assert spans["train/optimizer"]["count"] == 4  # SGD's one and Adam's three

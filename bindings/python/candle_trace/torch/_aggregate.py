@@ -80,6 +80,11 @@ class WholeRun:
         for opt in optimizers:
             self._install_step(opt)
 
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer made after install (a new epoch's): its steps are counted too."""
+        if not self._closed:
+            self._install_step(optimizer)
+
     def _install_step(self, optimizer: torch.optim.Optimizer) -> None:
         orig_step = optimizer.step
         spanned_step = self._opt(orig_step)

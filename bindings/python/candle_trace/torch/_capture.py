@@ -518,6 +518,19 @@ class Capture:
         self._undo.append(lambda: restore(opt, "step", prev))
         self._wrap_zero_grad(opt)
 
+    def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """An optimizer made after the capture was (a new epoch's): its steps are spans
+        of the update too."""
+        if any(o is opt for o in self.optimizers):
+            return
+        self.optimizers.append(opt)
+        if self._module_spans is not None and self.cfg.phase == "train":  # hooks are in
+            self.spans.pause()
+            try:
+                self._wrap_optimizer(opt)
+            finally:
+                self.spans.resume()
+
     @property
     def stepped(self) -> bool:
         """Every optimizer of the update has stepped in it."""

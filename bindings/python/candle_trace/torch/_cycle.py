@@ -9,17 +9,19 @@ each of those iterations into pieces -- a trace of half a GAN step, with half it
 
 :class:`StepCycle` ends an update at the step that completes the round: once every
 optimizer of the loop has stepped since the last end (a WGAN's round is its critic's
-five steps and its generator's one). The loop's optimizers are those created and still
-alive; one created later joins when it first steps. One that stops stepping while
-others go on (the first phase's, kept in a variable after the program made a new one)
-leaves the round after :data:`STALL` steps of the others without it, so that updates
-never stop ending.
+five steps and its generator's one). The loop's optimizers are those made (:meth:`join`)
+and still alive; one the runner did not see made joins when it first steps. One that
+has been replaced leaves the round: an optimizer whose last step came before another
+was made, once that other steps (a program that makes a new optimizer each epoch, or
+for a second phase, and keeps the old one referenced). One that never steps while
+others go on leaves it after :data:`STALL` steps of theirs, so that updates never stop
+ending.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 __all__ = ["StepCycle", "STALL"]
 
@@ -27,37 +29,56 @@ __all__ = ["StepCycle", "STALL"]
 STALL = 64
 
 
+class _Member:
+    __slots__ = ("ref", "made", "last")
+
+    def __init__(self, opt: Any, made: Optional[int]) -> None:
+        self.ref = weakref.ref(opt)
+        self.made = made  # the event count when it was made (None: not seen made)
+        self.last: Optional[int] = None  # ... at its last step
+
+
 class StepCycle:
     """Counts the optimizers' steps and says which one ends an update."""
 
     def __init__(self) -> None:
-        self._members: List[weakref.ref] = []
+        self._members: Dict[int, _Member] = {}  # by id() of the optimizer
         self._since: set = set()  # id() of the members that stepped since the last end
         self._waited = 0  # steps since the last end
+        self._events = 0  # joins and steps, in order
         #: steps seen in all (0: the loop has not stepped yet)
         self.steps = 0
 
     def join(self, opt: Any) -> None:
-        """``opt`` is one of the loop's optimizers (created)."""
-        if not any(r() is opt for r in self._members):
-            self._members.append(weakref.ref(opt))
+        """``opt`` was made: it is one of the loop's optimizers."""
+        self._events += 1
+        m = self._members.get(id(opt))
+        if m is None or m.ref() is not opt:
+            self._members[id(opt)] = _Member(opt, self._events)
 
     def optimizers(self) -> List[Any]:
         """The loop's optimizers still alive, in the order they joined."""
-        return [o for o in (r() for r in self._members) if o is not None]
+        return [o for o in (m.ref() for m in self._members.values()) if o is not None]
 
     def ends(self, opt: Any) -> bool:
         """``opt`` has just stepped: True when that step ends an update."""
-        self.join(opt)
+        self._events += 1
         self.steps += 1
         self._waited += 1
+        me = self._members.get(id(opt))
+        if me is None or me.ref() is not opt:
+            me = self._members[id(opt)] = _Member(opt, None)
+        me.last = self._events
         self._since.add(id(opt))
-        live = self.optimizers()
-        self._members = [weakref.ref(o) for o in live]
-        missing = [o for o in live if id(o) not in self._since]
+        for key, m in list(self._members.items()):
+            replaced = m.last is not None and me.made is not None and m.last < me.made
+            if m.ref() is None or replaced:
+                del self._members[key]
+                self._since.discard(key)
+        missing = [k for k in self._members if k not in self._since]
         if missing and self._waited >= STALL:
-            gone = {id(o) for o in missing}
-            self._members = [r for r in self._members if id(r()) not in gone]
+            for k in missing:
+                del self._members[k]
             missing = []
         if missing:
             return False

@@ -208,6 +208,18 @@ class profile:
         self.steps += 1
         self._get_ready()
 
+    def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """An optimizer the loop made after the profile started (a new epoch's, a second
+        phase's): its steps are spans of the captured update and of the whole-run
+        statistics too."""
+        if any(o is opt for o in self.optimizers):
+            return
+        self.optimizers.append(opt)
+        if self.enabled:
+            self.capture.add_optimizer(opt)
+            if self.whole_run is not None:
+                self.whole_run.add_optimizer(opt)
+
     def _get_ready(self) -> None:
         """Before the next update (at start() and after each step()): the capture arms
         when that update is the captured one, and installs its hooks an update before

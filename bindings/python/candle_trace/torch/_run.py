@@ -53,6 +53,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -284,11 +285,21 @@ class Backwards:
 
 
 class _Counter:
-    """A counting wrapper's switch, and what takes it out (:func:`restore`'s arguments):
-    a wrapper something else went over since stays beneath, switched off."""
+    """A counting wrapper's switch, and what takes it out: a wrapper something else went
+    over since stays beneath, switched off. The object is held weakly: an optimizer the
+    program has dropped must be free to go (it would hold its round open)."""
 
-    live = True
-    undo: Tuple[Any, str, Patched]
+    def __init__(self, obj: Any, attr: str) -> None:
+        self.live = True
+        self.ref = weakref.ref(obj)
+        self.attr = attr
+        self.patched: Optional[Patched] = None
+
+    def remove(self) -> None:
+        self.live = False
+        obj = self.ref()
+        if obj is not None and self.patched is not None:
+            restore(obj, self.attr, self.patched)
 
 
 class Autorun:
@@ -397,7 +408,7 @@ class Autorun:
             before = run.optimizer_steps
             out = orig(scaler, optimizer, *a, **k)
             if run.here and run.optimizer_steps == before and any(
-                    c.live and c.undo[0] is optimizer for c in run._counters):
+                    c.live and c.ref() is optimizer for c in run._counters):
                 run.stepped(optimizer)
             return out
 
@@ -413,19 +424,20 @@ class Autorun:
         ``__func__``)."""
         inner = getattr(obj, attr)
         run = self
-        counter = _Counter()
+        counter = _Counter(obj, attr)
         is_optimizer = isinstance(obj, torch.optim.Optimizer)
 
-        def counted(_: Any, *a: Any, **k: Any) -> Any:
+        def counted(this: Any, *a: Any, **k: Any) -> Any:
             out = inner(*a, **k)
             if counter.live and run.here:
                 if is_optimizer:
                     run.optimizer_steps += 1
-                run.stepped(obj)
+                run.stepped(this)
             return out
 
-        counter.undo = (obj, attr, patch(obj, attr, types.MethodType(counted, obj)))
+        counter.patched = patch(obj, attr, types.MethodType(counted, obj))
         self._counters.append(counter)
+        self._counters = [c for c in self._counters if c.ref() is not None]
 
     def _watch_forwards(self) -> None:
         hooks = torch.nn.modules.module
@@ -506,16 +518,21 @@ class Autorun:
     def optimizer_created(self, opt: torch.optim.Optimizer) -> None:
         """The first optimizer starts the capture over the models it trains. One created
         before the loop has stepped (a GAN's second) starts it again over the models of
-        all of them; one created later only joins the round (:class:`StepCycle`: an
-        update ends once each optimizer of the loop has stepped)."""
+        all of them; one created later (a new epoch's) joins the round
+        (:class:`StepCycle`: an update ends once each optimizer of the loop has stepped;
+        one it replaces leaves it) and the capture's spans."""
         if self._by_backward:
             return  # a loop whose updates end at backward: counted there
         self._cycle.join(opt)
         if self.prof is not None or self.watch is not None:
             if self._cycle.steps == 0 and not self._in_update():
                 self._start_over()
-            else:
-                self._count(opt, "step")
+                return
+            if self.prof is not None:
+                self.prof.add_optimizer(opt)
+            if self.watch is not None:
+                self.watch.add_optimizer(opt)
+            self._count(opt, "step")  # over the wrappers those put there
             return
         self._backwards.remove()
         self._unwatch_forwards()
@@ -534,8 +551,7 @@ class Autorun:
         a watch's records dropped) and its counting stops."""
         old_prof, old_watch, self.prof, self.watch = self.prof, self.watch, None, None
         for counter in self._counters:
-            counter.live = False
-            restore(*counter.undo)
+            counter.remove()
         self._counters.clear()
         with warnings.catch_warnings():  # "never came": it is superseded, not ended
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -230,6 +230,17 @@ class watch:
         self._tracer_base = 0.0
         self._started = False
 
+    def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """An optimizer the loop made after the watch started (see profile's)."""
+        if any(o is opt for o in self.optimizers):
+            return
+        self.optimizers.append(opt)
+        for cap in (self._cap, self._spare):
+            if cap is not None:
+                cap.add_optimizer(opt)
+        if self.whole_run is not None:
+            self.whole_run.add_optimizer(opt)
+
     @property
     def in_update(self) -> bool:
         """An update is being recorded: its capture has begun."""
