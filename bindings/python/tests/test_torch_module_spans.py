@@ -5,11 +5,13 @@ errors from the same calls on the stacks, and what the C++ objects refuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import threading
 import warnings
 import weakref
+from typing import Optional
 
 import pytest
 from conftest import REPO, judged, observer_expected, read_trace
@@ -59,6 +61,24 @@ class Pair(nn.Module):
         return self.a(x), {"b": self.b(x)}
 
 
+@dataclasses.dataclass
+class Head:
+    """A model's output record (a dataclass, not a mapping): its first tensor field is
+    what the module's statistics read."""
+
+    note: Optional[str]
+    logits: torch.Tensor
+
+
+class HeadOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 2)
+
+    def forward(self, y):
+        return Head(note=None, logits=self.proj(y))
+
+
 class Mix(nn.Module):
     """Takes a list of tensors."""
 
@@ -67,8 +87,9 @@ class Mix(nn.Module):
 
 
 class Odd(nn.Module):
-    """Module spans' harder cases: tuple and dict outputs, a list input, a module called
-    twice, a forward with gradients off inside the update, an input needing no gradient."""
+    """Module spans' harder cases: tuple, dict and dataclass outputs, a list input, a
+    module called twice, a forward with gradients off inside the update, an input
+    needing no gradient."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +97,7 @@ class Odd(nn.Module):
         self.mix = Mix()
         self.shared = nn.Linear(8, 8)
         self.probe = nn.Linear(8, 2)
-        self.head = nn.Linear(8, 2)
+        self.head = HeadOut()
 
     def forward(self, x):
         a, d = self.pair(x)
@@ -84,7 +105,7 @@ class Odd(nn.Module):
         y = self.shared(torch.relu(self.shared(y)))
         with torch.no_grad():
             self.probe(y)
-        return self.head(y)
+        return self.head(y).logits
 
 
 class Block(nn.Module):
@@ -212,7 +233,8 @@ def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, mon
     spans = {(s["name"], s.get("step")) for s in native_lines
              if s["kind"] == "span_start" and s["span_kind"] == "module"}
     if workload == "odd":
-        assert spans == {(n, st) for n in ("m", "pair", "pair.a", "pair.b", "mix", "shared", "head")
+        assert spans == {(n, st) for n in ("m", "pair", "pair.a", "pair.b", "mix", "shared",
+                                           "head", "head.proj")
                          for st in ("forward", "backward")} | {("probe [no_grad]", None)}
     elif workload == "residual":
         assert spans == {(n, st) for n in RESIDUAL_MODULES for st in ("forward", "backward")}
@@ -225,9 +247,15 @@ def test_native_module_spans_write_the_trace_the_python_ones_write(tmp_path, mon
         assert parents["blocks.1"] == "blocks"
     else:
         assert ("blocks.1.attn.qkv", "backward") in spans and ("head", "forward") in spans
-    label = {"odd": "pair/output", "residual": "blocks.0.norm/output"}.get(workload)
-    assert label is None or any(s["kind"] == "tensor_stats" and s["label"] == label
-                                for s in native_lines)
+    labels = {"odd": ["pair/output", "head/output"],
+              "residual": ["blocks.0.norm/output"]}.get(workload, [])
+    for label in labels:
+        [stats] = [s for s in native_lines if s["kind"] == "tensor_stats" and s["label"] == label]
+    if workload == "odd":  # the dataclass's tensor, the head's projection
+        [proj] = [s for s in native_lines
+                  if s["kind"] == "tensor_stats" and s["label"] == "head.proj/output"]
+        assert {k: v for k, v in stats.items() if k not in VOLATILE | {"label", "span_id"}} == \
+            {k: v for k, v in proj.items() if k not in VOLATILE | {"label", "span_id"}}
 
 
 @pytest.mark.parametrize("workload", ["gpt", "odd", "residual", "checkpointed",
@@ -359,7 +387,7 @@ def test_the_flight_recorder_keeps_module_spans_of_the_update_a_trigger_keeps(tm
     # the backward ops of a module land in its backward span
     bwd = {(spans[o["span_id"]]["name"], o["op_name"]) for o in lines
            if o["kind"] == "op" and spans[o["span_id"]].get("step") == "backward"}
-    assert ("head", "aten::mm") in bwd
+    assert ("head.proj", "aten::mm") in bwd
     assert all("forward" not in m.__dict__ for m in model.modules())  # wrappers removed
 
 

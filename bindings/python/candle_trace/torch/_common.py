@@ -3,6 +3,7 @@ attribute patches and one-time warnings."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import sys
@@ -74,7 +75,8 @@ def dtype_name(t: torch.Tensor) -> str:
 
 
 def first_tensor(out: Any) -> Optional[torch.Tensor]:
-    """The first tensor in a module's output (a tensor, or nested lists/tuples/dicts)."""
+    """The first tensor in a module's output (a tensor, or nested lists/tuples/dicts/
+    dataclasses)."""
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, (list, tuple)):
@@ -85,6 +87,11 @@ def first_tensor(out: Any) -> Optional[torch.Tensor]:
     if isinstance(out, Mapping):
         for o in out.values():
             t = first_tensor(o)
+            if t is not None:
+                return t
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        for f in dataclasses.fields(out):
+            t = first_tensor(getattr(out, f.name, None))
             if t is not None:
                 return t
     return None

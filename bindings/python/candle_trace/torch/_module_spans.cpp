@@ -180,8 +180,36 @@ PyObject *mapping_values(PyObject *o) {
     return v;
 }
 
-// The first tensor in a module's output (a tensor, or nested lists/tuples/mappings): a
-// new reference, null when none (then check PyErr_Occurred).
+// The field values of a dataclass instance (a model's output record, as some models
+// return one), in order: a new list; null when `o` is none (no error set).
+PyObject *dataclass_values(PyObject *o) {
+    if (o == Py_None || PyLong_Check(o) || PyFloat_Check(o) || PyUnicode_Check(o) ||
+        PyBytes_Check(o) || PyType_Check(o))
+        return nullptr;
+    PyObject *fields = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__dataclass_fields__");
+    if (!fields || !PyDict_Check(fields)) {
+        Py_XDECREF(fields);
+        PyErr_Clear();
+        return nullptr;
+    }
+    PyObject *out = PyList_New(0);
+    PyObject *key, *field;
+    Py_ssize_t pos = 0;
+    while (out && PyDict_Next(fields, &pos, &key, &field)) {
+        PyObject *v = PyObject_GetAttr(o, key);
+        if (!v) {
+            PyErr_Clear();  // a field never set (init=False): nothing to read
+            continue;
+        }
+        if (PyList_Append(out, v) < 0) Py_CLEAR(out);
+        Py_DECREF(v);
+    }
+    Py_DECREF(fields);
+    return out;
+}
+
+// The first tensor in a module's output (a tensor, or nested lists/tuples/mappings/
+// dataclasses): a new reference, null when none (then check PyErr_Occurred).
 PyObject *first_tensor(PyObject *o) {
     if (is_tensor(o)) {
         Py_INCREF(o);
@@ -193,8 +221,8 @@ PyObject *first_tensor(PyObject *o) {
         seq = o;
     } else {
         int m = PyDict_Check(o) ? 1 : other_mapping(o);
-        if (m <= 0) return nullptr;
-        seq = mapping_values(o);  // a new list
+        if (m < 0) return nullptr;
+        seq = m ? mapping_values(o) : dataclass_values(o);  // a new list
         if (!seq) return nullptr;
     }
     PyObject *found = nullptr;
