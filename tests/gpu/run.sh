@@ -16,6 +16,10 @@
 #      holding the ops up to the failure and a sample of torch's caching
 #      allocator, valid for candle-graph, and listed in the run's summary
 #      (the same script runs on CPU in test_torch_watch.py, --device cpu);
+#   3d. runs a float16 training loop with a CUDA GradScaler under watch
+#      (tests/gpu/amp_watch.py): the steps the scaler skips for overflow fire
+#      nothing, update 9's NaN loss fires non_finite, the whole-run loss is
+#      unscaled (the same script runs on CPU in test_torch_amp.py);
 #   4. checks: device_memory samples for cuda:0 (used > 0, capacity > 0),
 #      kernel names demangled (at most 1 in 10 still mangled),
 #      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
@@ -181,6 +185,13 @@ timeout 180 "$PYTHON" "$ROOT/tests/gpu/watch_oom.py" "$OUT/watch-oom" --device c
 oom_rc=$?
 set -e
 
+# ---- 3d. mixed precision under watch: float16, a CUDA GradScaler ----------------------
+say "mixed precision: float16 autocast and a GradScaler (candle_trace.torch.watch)"
+set +e
+timeout 120 "$PYTHON" "$ROOT/tests/gpu/amp_watch.py" "$OUT/amp" --device cuda:0
+amp_rc=$?
+set -e
+
 # ---- 4. an uninstrumented script under the drop-in -----------------------------------
 say "uninstrumented script under the drop-in"
 cat >"$OUT/plain.py" <<'PY'
@@ -214,6 +225,9 @@ rc=$?
 set -e
 if [ "$oom_rc" -ne 0 ]; then
     echo "FAIL  the watch's CUDA out-of-memory check (step 3c, exit $oom_rc)"; rc=1
+fi
+if [ "$amp_rc" -ne 0 ]; then
+    echo "FAIL  the watch's mixed-precision check (step 3d, exit $amp_rc)"; rc=1
 fi
 
 if [ -x "$CANDLE_GRAPH" ]; then

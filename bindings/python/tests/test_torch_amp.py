@@ -5,8 +5,11 @@ GradScaler)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -75,3 +78,14 @@ def test_a_step_skipped_for_overflow_in_an_update_captured_in_full_fires_nothing
     assert (tmp_path / "w" / "update-000004-after-user.jsonl").exists()
     assert any("update-000004-after-user.jsonl) (no optimizer stepped in it: a GradScaler "
                "skips the step" in str(m.message) for m in said)
+
+
+def test_the_gpu_check_s_mixed_precision_script_passes_on_the_cpu(tmp_path):
+    """tests/gpu/amp_watch.py, which tests/gpu/run.sh runs on CUDA (float16), here with
+    bfloat16 and a CPU GradScaler: every one of its checks passes."""
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "amp_watch.py"),
+                        str(tmp_path), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    oks = [x for x in r.stdout.splitlines() if x.startswith("ok ")]
+    assert len(oks) == 8 and "FAIL" not in r.stdout, r.stdout
