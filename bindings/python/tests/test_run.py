@@ -554,6 +554,27 @@ def test_an_optimizer_made_anew_each_epoch(tmp_path, watch):
     assert [s["name"] for s in lines if s["kind"] == "span_start"].count("Adam.step") == 1
 
 
+EVERY_UPDATE = TINY + """
+for i in range(20):  # a new SGD each update, as some tutorials write it
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("done")
+"""
+
+
+def test_an_optimizer_made_every_update(tmp_path):
+    """Each replaces the last: one update each. The capture takes in the first 16 made
+    after its start (it holds each for the run), and says so once past them."""
+    r = run_watched(tmp_path, [str(write(tmp_path, "every.py", EVERY_UPDATE))])
+    assert r.returncode == 0, r.stderr
+    assert "candle-trace: watched 20 updates; no triggers fired" in r.stderr, r.stderr
+    note = "candle-trace run: the program has made 17 optimizers since its loop began"
+    assert r.stderr.count(note) == 1, r.stderr
+
+
 def test_exit_status_and_an_exception_inside_the_capture(tmp_path):
     prog = write(tmp_path, "boom.py", TINY + """
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

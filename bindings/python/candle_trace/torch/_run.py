@@ -284,6 +284,12 @@ class Backwards:
             restore(torch.autograd, "backward", patched)
 
 
+#: optimizers made after the loop began that the capture's spans take in (a new epoch's):
+#: the capture holds each for the rest of the run, and a program that makes one every
+#: update (SGD has no state to lose) would pile them up
+MAX_ADDED = 16
+
+
 class _Counter:
     """A counting wrapper's switch, and what takes it out: a wrapper something else went
     over since stays beneath, switched off. The object is held weakly: an optimizer the
@@ -326,6 +332,7 @@ class Autorun:
         self._counters: List[_Counter] = []  # the counting wrappers installed
         self._at_exit = False
         self.optimizer_steps = 0  # steps of the optimizers counted, all together
+        self._added = 0  # optimizers made after the capture started, given to it
         self._exc: Any = (None, None)  # what an uncaught exception ended the program with
 
     # -- installing -------------------------------------------------------------------
@@ -528,10 +535,17 @@ class Autorun:
             if self._cycle.steps == 0 and not self._in_update():
                 self._start_over()
                 return
-            if self.prof is not None:
-                self.prof.add_optimizer(opt)
-            if self.watch is not None:
-                self.watch.add_optimizer(opt)
+            self._added += 1
+            if self._added <= MAX_ADDED:  # each holds its optimizer for the run
+                if self.prof is not None:
+                    self.prof.add_optimizer(opt)
+                if self.watch is not None:
+                    self.watch.add_optimizer(opt)
+            elif self._added == MAX_ADDED + 1:
+                print(f"candle-trace run: the program has made {MAX_ADDED + 1} optimizers "
+                      f"since its loop began (one an update?): the steps of those from now "
+                      f"on still end updates, but are no spans of their own",
+                      file=sys.stderr)
             self._count(opt, "step")  # over the wrappers those put there
             return
         self._backwards.remove()
