@@ -555,13 +555,18 @@ def test_an_optimizer_made_anew_each_epoch(tmp_path, watch):
 
 
 EVERY_UPDATE = TINY + """
+import gc, weakref
+made = []
 for i in range(20):  # a new SGD each update, as some tutorials write it
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    made.append(weakref.ref(opt))
     loss = model(torch.randn(8, 4)).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
-print("done")
+del opt
+gc.collect()
+print("alive", sum(r() is not None for r in made))
 """
 
 
@@ -573,6 +578,8 @@ def test_an_optimizer_made_every_update(tmp_path):
     assert "candle-trace: watched 20 updates; no triggers fired" in r.stderr, r.stderr
     note = "candle-trace run: the program has made 17 optimizers since its loop began"
     assert r.stderr.count(note) == 1, r.stderr
+    # none of those past the capture's 16 is kept alive by the runner
+    assert "alive 17\n" in r.stdout, r.stdout
 
 
 def test_exit_status_and_an_exception_inside_the_capture(tmp_path):

@@ -292,8 +292,9 @@ MAX_ADDED = 16
 
 class _Counter:
     """A counting wrapper's switch, and what takes it out: a wrapper something else went
-    over since stays beneath, switched off. The object is held weakly: an optimizer the
-    program has dropped must be free to go (it would hold its round open)."""
+    over since stays beneath, switched off. Nothing here holds the object once the loop
+    has stepped (``patched`` forgotten: a restart comes only before): the optimizers of
+    a program that makes one an update must be free to go."""
 
     def __init__(self, obj: Any, attr: str) -> None:
         self.live = True
@@ -442,7 +443,8 @@ class Autorun:
                 run.stepped(this)
             return out
 
-        counter.patched = patch(obj, attr, types.MethodType(counted, obj))
+        patched = patch(obj, attr, types.MethodType(counted, obj))
+        counter.patched = patched if self._cycle.steps == 0 else None
         self._counters.append(counter)
         self._counters = [c for c in self._counters if c.ref() is not None]
 
@@ -644,8 +646,12 @@ class Autorun:
     def stepped(self, source: Any = None) -> None:
         """An update (an optimizer step that completes the round, a backward of a loop
         with no optimizer, a call of the inference model) ended."""
-        if isinstance(source, torch.optim.Optimizer) and not self._cycle.ends(source):
-            return
+        if isinstance(source, torch.optim.Optimizer):
+            if self._cycle.steps == 0:  # no restart from here on: nothing to take out
+                for c in self._counters:
+                    c.patched = None
+            if not self._cycle.ends(source):
+                return
         try:
             self._stepped()
         finally:
