@@ -69,6 +69,9 @@ class StepCycle:
         if me is None or me.ref() is not opt:
             me = self._members[id(opt)] = _Member(opt, None)
         me.last = self._events
+        if len(self._members) == 1:  # the usual loop: one optimizer, each step an update
+            self._waited = 0
+            return True
         self._since.add(id(opt))
         for key, m in list(self._members.items()):
             replaced = m.last is not None and me.made is not None and m.last < me.made
