@@ -664,17 +664,22 @@ print("parent", os.getpid())
     assert r.stderr.count("candle-trace: trace ") == 2
 
 
-def test_inference_loop_without_optimizer(tmp_path):
-    prog = write(tmp_path, "infer.py", TINY + """
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_loop_without_optimizer(tmp_path, mode):
+    # torch.inference_mode: the op observer's calibration runs a miniature training step
+    # (its tensors made and its gradient taken outside inference mode); before, its
+    # error went into the program's forward and ended it
+    prog = write(tmp_path, "infer.py", TINY + f"""
 loss = torch.nn.MSELoss()
 model.eval()
-with torch.no_grad():
+with torch.{mode}():
     for _ in range(5):
         y = model(torch.randn(3, 4))
         loss(y, torch.zeros(3, 1))   # a module without parameters is no model
+print("done")
 """)
     r = run(tmp_path, [str(prog)])
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
     [trace] = traces(tmp_path)
     lines = judged(trace, tmp_path)
     assert (lines[0]["phase"], lines[0]["capture_step"]) == ("infer", 3)

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import candle_trace.torch as ctt  # noqa: E402
-from candle_trace.torch import _capture, _stats  # noqa: E402
+from candle_trace.torch import _capture, _common, _ops, _stats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "examples" / "python"))
 import workloads  # noqa: E402
@@ -255,6 +255,29 @@ def test_an_error_inside_the_tracer_fails_the_capture_not_the_loop(tmp_path, mon
     lines = judged(path, tmp_path, complete=False)
     assert lines[-1]["reason"] == "candle_trace internal error: ValueError: stats exploded"
     assert torch.autograd.backward.__module__ == "torch.autograd"
+
+
+@pytest.mark.parametrize("capture_step", [1, 2])  # installed at arm, at the step before
+def test_an_error_installing_the_hooks_fails_the_capture_not_the_loop(tmp_path, monkeypatch,
+                                                                        capture_step):
+    """The op observer's calibration (or anything else the hooks' installation runs)
+    raising: before, the error went out of start() or the step() before the capture --
+    into the program."""
+    def broken(self, session):
+        raise RuntimeError("calibration exploded")
+
+    for cls in (_ops.ObserverOps, _ops.DispatchOps):  # whichever the capture takes
+        monkeypatch.setattr(cls, "prepare", broken)
+    monkeypatch.setattr(_common, "_warned", set())  # warned once a process: here, each time
+    w = workloads.mlp()
+    path = tmp_path / "install.jsonl"
+    with pytest.warns(RuntimeWarning, match="internal error: RuntimeError: calibration exploded"):
+        with ctt.profile(w.model, w.optimizer, path, capture_step=capture_step) as prof:
+            loop(w, prof, 4)
+    assert prof.steps == 4 and prof.state == "failed"
+    lines = judged(path, tmp_path, complete=False)
+    assert lines[-1]["reason"] == "candle_trace internal error: RuntimeError: calibration exploded"
+    assert "forward" not in w.model.__dict__  # nothing of the capture's left on the model
 
 
 # -- 3. a default contract that is true ---------------------------------------------

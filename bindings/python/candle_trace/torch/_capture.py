@@ -194,7 +194,8 @@ class Capture:
         assert self.state == "open", self.state
         if self._module_spans is not None:
             return
-        self._install()
+        if not self._install_or_abort():
+            return
         if self.ops is None:
             return
         self.spans.pause()
@@ -206,6 +207,17 @@ class Capture:
                       f"op observer up ({e}); the captured update runs it cold")
         finally:
             self.spans.resume()
+
+    def _install_or_abort(self) -> bool:
+        """:meth:`_install`; an error inside the tracer (the op observer's calibration,
+        say) fails the capture and never reaches the program, which called in from a
+        hook or step()."""
+        try:
+            self._install()
+            return True
+        except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
+            self.abort(e)
+            return False
 
     def _install(self) -> None:
         if self._module_spans is not None:
@@ -229,7 +241,8 @@ class Capture:
         """The next update is the captured one (the update before has just ended): the
         hooks (:meth:`prepare`, unless done already) start recording."""
         assert self.state == "open", self.state
-        self._install()
+        if not self._install_or_abort():
+            return
         self.state = "armed"
         if self.ops is not None:
             try:

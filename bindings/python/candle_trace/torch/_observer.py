@@ -155,12 +155,16 @@ def build_under_way(folder: Path) -> bool:
 def miniature_step() -> Callable[[], None]:
     """The miniature training step :meth:`Observer.calibrate` times: a linear layer's
     forward, backward and in-place update, with its own weight."""
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(8, 8, generator=gen).requires_grad_()
-    x = torch.randn(4, 8, generator=gen)
+    # The program may be calling from under torch.inference_mode() (an inference loop):
+    # its tensors would take no gradient, and enable_grad alone does not leave it.
+    with torch.inference_mode(False):
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(8, 8, generator=gen).requires_grad_()
+        x = torch.randn(4, 8, generator=gen)
 
     # torch.autograd.grad, not backward(): what wraps the program's backward (a
     # whole-run session, a watch reading the loss, the user's own) must not see it
+    @torch.inference_mode(False)
     @torch.enable_grad()
     def step() -> None:
         (grad,) = torch.autograd.grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
