@@ -360,6 +360,41 @@ def test_an_unknown_family_is_refused_up_front():
         ctt.profile(model, None, "never.jsonl", gradient_families={"encoder": ("active", 1)})
 
 
+class Spectral(nn.Module):
+    """A Fourier layer's complex weight (FNO-style) and a real head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 5, dtype=torch.cfloat) * 0.1)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.fft.irfft(torch.fft.rfft(x) * self.w, n=8))
+
+
+def test_a_complex_parameter_s_gradient_norm_is_p_grad_norm(tmp_path):
+    """Before: linalg.vector_norm was asked for float64 of a complex gradient, which it
+    refuses, and the capture failed (an internal error) with no gradient recorded."""
+    torch.manual_seed(0)
+    model = Spectral()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / "complex.jsonl"
+    with ctt.profile(model, opt, str(path), capture_step=2) as prof:
+        for update in range(1, 4):
+            loss = (model(torch.randn(4, 8, 8)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            if update == 2:
+                want = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
+            opt.step()
+            prof.step()
+    lines = judged(path, tmp_path)
+    grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
+    assert set(grads) == set(want)
+    for key, norm in want.items():
+        assert grads[key]["state"] == "present" and grads[key]["norm"] == pytest.approx(norm, rel=1e-6)
+
+
 # -- 4./5. exact capture boundaries -------------------------------------------------
 
 

@@ -66,7 +66,7 @@ _foreach_norm = getattr(torch, "_foreach_norm", None)
 def norms(params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, Optional[float]]:
     """key -> L2 norm of the parameter's gradient, None when it has none: float32 and
     float64 gradients reduced in their dtype (as ``p.grad.norm()`` is) by one fused call,
-    others in float64; one host copy per (device, dtype)."""
+    complex ones in theirs, others in float64; one host copy per (device, dtype)."""
     with torch.no_grad():
         vals: Dict[str, Optional[float]] = {n: None for n, _ in params}
         groups: Dict[Any, List[Tuple[str, torch.Tensor]]] = {}
@@ -80,8 +80,11 @@ def norms(params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, Optional[floa
             if _foreach_norm is not None and not sparse and dtype in (torch.float32, torch.float64):
                 ns = torch.stack(_foreach_norm(gs)).tolist()
             else:
+                # a complex gradient's norm is real, in its dtype's precision (as
+                # p.grad.norm()); float16/bfloat16 ones in float64
+                wide = {} if dtype.is_complex else {"dtype": torch.float64}
                 ns = torch.stack([torch.linalg.vector_norm(g.coalesce().values() if sparse else g,
-                                                           dtype=torch.float64) for g in gs]).tolist()
+                                                           **wide) for g in gs]).tolist()
             vals.update({n: v for (n, _), v in zip(items, ns)})
     return vals
 
