@@ -13,9 +13,10 @@ five steps and its generator's one). The loop's optimizers are those made (:meth
 and still alive; one the runner did not see made joins when it first steps. One that
 has been replaced leaves the round: an optimizer whose last step came before another
 was made, once that other steps (a program that makes a new optimizer each epoch, or
-for a second phase, and keeps the old one referenced). One that never steps while
+for a second phase, and keeps the old one referenced). One that does not step while
 others go on leaves it after :data:`STALL` steps of theirs, so that updates never stop
-ending.
+ending; if it steps after all (an optimizer stepped every few hundred updates), it is an
+occasional one: its steps fall inside updates and end none.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class StepCycle:
         self._since: set = set()  # id() of the members that stepped since the last end
         self._waited = 0  # steps since the last end
         self._events = 0  # joins and steps, in order
+        #: id() -> weak reference of the optimizers that left the round for not stepping
+        self._occasional: Dict[int, weakref.ref] = {}
         #: steps seen in all (0: the loop has not stepped yet)
         self.steps = 0
 
@@ -67,6 +70,9 @@ class StepCycle:
         self._waited += 1
         me = self._members.get(id(opt))
         if me is None or me.ref() is not opt:
+            gone = self._occasional.get(id(opt))
+            if gone is not None and gone() is opt:
+                return False  # inside the update, as the round goes on without it
             me = self._members[id(opt)] = _Member(opt, None)
         me.last = self._events
         if len(self._members) == 1:  # the usual loop: one optimizer, each step an update
@@ -81,7 +87,7 @@ class StepCycle:
         missing = [k for k in self._members if k not in self._since]
         if missing and self._waited >= STALL:
             for k in missing:
-                del self._members[k]
+                self._occasional[k] = self._members.pop(k).ref
             missing = []
         if missing:
             return False
