@@ -93,7 +93,8 @@ def main() -> int:
 
     check(skipped == [1, 2, 3, 9], f"the scaler skipped updates 1-3 and 9 (got {skipped})")
     fired = [(f.update, f.trigger) for f in w.fired]
-    check(fired == [(9, "non_finite")], f"the watch fired non_finite at update 9 only (got {fired})")
+    check(fired == [(9, "non_finite")],
+          f"the watch fired non_finite at update 9 only (got {fired})")
     check(bool(w.fired) and math.isnan(w.fired[0].value), "its value is the loss, NaN")
     trace = out / "traces" / TRACE
     check(trace.exists(), f"{TRACE} written")

@@ -579,7 +579,9 @@ def test_an_optimizer_made_every_update(tmp_path):
     after its start (it holds each for the run), and says so once past them."""
     r = run_watched(tmp_path, [str(write(tmp_path, "every.py", EVERY_UPDATE))])
     assert r.returncode == 0, r.stderr
-    assert "candle-trace: watched 20 updates; no triggers fired" in r.stderr, r.stderr
+    # 20 updates: past the slow trigger's warm-up, where a host stall may fire it
+    assert "candle-trace: watched 20 updates; " in r.stderr, r.stderr
+    assert fired_lines(r) == [], r.stderr
     note = "candle-trace run: the program has made 17 optimizers since its loop began"
     assert r.stderr.count(note) == 1, r.stderr
     # none of those past the capture's 16 is kept alive by the runner

@@ -392,7 +392,8 @@ def test_a_complex_parameter_s_gradient_norm_is_p_grad_norm(tmp_path):
     grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
     assert set(grads) == set(want)
     for key, norm in want.items():
-        assert grads[key]["state"] == "present" and grads[key]["norm"] == pytest.approx(norm, rel=1e-6)
+        assert grads[key]["state"] == "present"
+        assert grads[key]["norm"] == pytest.approx(norm, rel=1e-6), key
 
 
 # -- 4./5. exact capture boundaries -------------------------------------------------

@@ -32,10 +32,10 @@ once ``import torch`` has run, in the one process that traces. From then on:
 With ``--watch FOLDER`` (``Settings.watch``) there is no capture step: the first
 optimizer starts :class:`~candle_trace.torch.watch` over its models instead (again
 over all of them, as above), each update's end is a ``watch.step()``, and the updates
-its triggers pick are written into the folder; at exit the watch stops (an exception that ended the program is the
-update's, a failed ``update-N-exception`` trace) and says on stderr how many updates
-it watched and what fired. A watched run needs an optimizer: no inference loop is
-looked for.
+its triggers pick are written into the folder; at exit the watch stops (an exception
+that ended the program is the update's, a failed ``update-N-exception`` trace) and says
+on stderr how many updates it watched and what fired. A watched run needs an
+optimizer: no inference loop is looked for.
 
 Options come from the runner in CANDLE_TRACE_RUN_* variables (see :class:`Settings`).
 A process forked after install (a DataLoader worker) inherits the patches, and every

@@ -46,12 +46,13 @@ with the run.
   loss does not: see _amp).
 - ``non_finite_grad``: a gradient's norm is NaN or infinite, where gradients are read: in
   an update captured in full (after a trigger), whose trace it names, when no other
-  trigger fired for it -- and an optimizer stepped in it (a GradScaler skips the step of
-  gradients its scale made overflow, and backs off: mixed precision at work). The flight recorder does not read them: the norms of every
-  gradient cost 0.30 ms of a 86 ms GPT-style update and 0.67 ms of a 171 ms CNN one on
-  the machine of BENCHMARKS.md (0.35-0.39%, a third of the 1% the always-on triggers
-  may cost), and on CUDA a copy to the host each update; a loss that turns non-finite
-  (``non_finite``) is what catches the usual cause, and its update's trace has them.
+  trigger fired for it -- and an optimizer's step was called in it (a GradScaler calls
+  none on gradients its scale made overflow, and backs off: mixed precision at work).
+  The flight recorder does not read them: the norms of every gradient cost 0.30 ms of a
+  86 ms GPT-style update and 0.67 ms of a 171 ms CNN one on the machine of BENCHMARKS.md
+  (0.35-0.39%, a third of the 1% the always-on triggers may cost), and on CUDA a copy to
+  the host each update; a loss that turns non-finite (``non_finite``) is what catches
+  the usual cause, and its update's trace has them.
 - ``exception``: the update raised (an out-of-memory error, say).
 - ``user``: the program called ``trigger(why)``.
 """
