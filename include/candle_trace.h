@@ -496,7 +496,13 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                           work still running then is not traced. One
  *                           CUPTI user per process: with torch.profiler,
  *                           Nsight or another session collecting CUPTI it is
- *                           CT_ERR_UNAVAILABLE.
+ *                           CT_ERR_UNAVAILABLE. CUPTI's first launch on each
+ *                           thread after the start is slower (0.3-0.4 ms
+ *                           more on an H200 VM; the activity buffers it
+ *                           fills are written at the start, so that cost
+ *                           is not in it): launch once from each thread
+ *                           (for PyTorch, one small backward) before the
+ *                           region you measure.
  *                  Default: ["nvml"].
  *   "interval_ms": integer 1..60000, the NVML sampling period. Default 10.
  *                  Each sample costs a few NVML calls per device on a

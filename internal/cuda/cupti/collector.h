@@ -138,6 +138,7 @@ typedef struct ct_cupti_counters {
     uint64_t unattributed;      /* device records whose correlation id was not recorded */
     uint64_t borrowed;          /* launches from a thread with no open span given the main thread's span */
     uint64_t flush_timeouts;    /* forced flushes that gave up waiting for a buffer CUPTI kept */
+    uint64_t buffers_fresh;     /* buffers handed to CUPTI newly allocated, not from the pool */
 } ct_cupti_counters;
 
 CT_CUPTI_HIDDEN void ct_cupti_read_counters(ct_cupti_counters *out);

@@ -159,6 +159,7 @@ type Stats struct {
 	BadRecords     uint64 // cuptiActivityGetNextRecord errors (the rest of that buffer is lost)
 	Buffers        uint64 // buffers completed
 	BuffersRefused uint64 // buffer requests refused (too many outstanding)
+	BuffersFresh   uint64 // buffers handed to CUPTI newly allocated, not from the pool of buffers already written
 	FlushTimeouts  uint64 // forced flushes that gave up waiting for a buffer CUPTI kept (its records may be lost)
 	ClockAnchors   int
 	ClockBoundNs   uint64 // the largest error bound of a written interval's start
@@ -334,6 +335,7 @@ func (c *Collector) statsLocked() Stats {
 	s.BadRecords = uint64(k.bad_records)
 	s.Buffers = uint64(k.buffers)
 	s.BuffersRefused = uint64(k.buffers_refused)
+	s.BuffersFresh = uint64(k.buffers_fresh)
 	s.FlushTimeouts = uint64(k.flush_timeouts)
 	s.ClockAnchors = len(c.clock.anchors)
 	return s
