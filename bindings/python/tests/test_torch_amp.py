@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, judged
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -78,6 +78,34 @@ def test_a_step_skipped_for_overflow_in_an_update_captured_in_full_fires_nothing
     assert (tmp_path / "w" / "update-000004-after-user.jsonl").exists()
     assert any("update-000004-after-user.jsonl) (no optimizer stepped in it: a GradScaler "
                "skips the step" in str(m.message) for m in said)
+
+
+def test_a_captured_update_records_the_program_s_loss_and_the_scale(tmp_path):
+    """Under a GradScaler, backward receives the loss times the scale: the captured
+    update's ``loss`` statistic is the program's loss (it was the scaled product, 1024
+    times it here), and ``grad_scaler/scale`` says by what the scaler multiplied."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    path = tmp_path / "amp.jsonl"
+    with ctt.profile(model, opt, str(path), capture_step=2) as prof:
+        for _ in range(3):
+            x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x).float(), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+            prof.step()
+    assert _amp.ScaledLosses._users == 0  # the capture took its wrapper out
+    stats = {s["label"]: s for s in judged(path, tmp_path) if s["kind"] == "tensor_stats"}
+    assert math.isclose(stats["loss"]["mean"], losses[1], rel_tol=1e-6), (stats["loss"], losses)
+    assert stats["grad_scaler/scale"]["mean"] == 1024.0
+    assert stats["grad_scaler/scale"]["elements"] == 1
 
 
 def test_the_gpu_check_s_mixed_precision_script_passes_on_the_cpu(tmp_path):

@@ -486,6 +486,38 @@ def test_the_span_stacks_answer_alike(stack_session, kind):
 
 
 @pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_the_span_stacks_count_the_spans_other_threads_hold_open(stack_session, kind):
+    """What autograd's device threads leave open on CUDA (a module whose inputs need no
+    gradient): the capture asks after the backward call, and closes them there
+    (_autograd_threads). A thread that opens spans and closes them leaves none."""
+    spans = make_spans(kind, stack_session)
+    spans.push_measured("update")
+    assert spans.open_elsewhere() == 0
+    go, done, seen = threading.Event(), threading.Event(), []
+
+    def device_thread():
+        spans.push("b:model", "model", "module", "backward")
+        spans.push("b:model.0", "model.0", "module", "backward")
+        seen.append(spans.open_elsewhere())  # the main thread's measured region
+        go.set()
+        done.wait(10)
+        while spans.stack:
+            spans.pop_top()
+
+    t = threading.Thread(target=device_thread)
+    t.start()
+    assert go.wait(10)
+    assert seen == [1]
+    assert spans.open_elsewhere() == 2
+    assert len(spans.stack) == 1  # the calling thread's own are not counted
+    done.set()
+    t.join()
+    assert spans.open_elsewhere() == 0
+    spans.reset()
+    assert spans.open_elsewhere() == 0
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
 def test_the_span_stacks_refuse_alike(stack_session, kind):
     spans = make_spans(kind, stack_session)
     spans.push_measured("update")

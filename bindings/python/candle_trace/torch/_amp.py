@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["GRAD_SCALER", "ScaledLosses", "unscaled"]
+__all__ = ["GRAD_SCALER", "ScaledLosses", "scale_of", "unscaled"]
 
 
 def _grad_scaler() -> Optional[type]:
@@ -45,6 +45,7 @@ GRAD_SCALER = _grad_scaler()
 class _Last(threading.local):
     scaled: Optional[weakref.ref] = None
     loss: Optional[torch.Tensor] = None
+    scaler: Optional[weakref.ref] = None
 
 
 class ScaledLosses:
@@ -71,6 +72,7 @@ class ScaledLosses:
             if isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor) and \
                     out is not outputs:
                 last.scaled, last.loss = weakref.ref(out), outputs.detach()
+                last.scaler = weakref.ref(self)
             return out
 
         GRAD_SCALER.scale = scale  # type: ignore[attr-defined]
@@ -83,7 +85,7 @@ class ScaledLosses:
         if cls._users == 0:
             GRAD_SCALER.scale = cls._orig  # type: ignore[attr-defined]
             cls._orig = None
-            cls.last.scaled = cls.last.loss = None
+            cls.last.scaled = cls.last.loss = cls.last.scaler = None
 
 
 def unscaled(t: torch.Tensor) -> torch.Tensor:
@@ -94,3 +96,14 @@ def unscaled(t: torch.Tensor) -> torch.Tensor:
     if ref is not None and ref() is t and last.loss is not None:
         return last.loss
     return t
+
+
+def scale_of(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The scale (a one-element tensor) of the ``GradScaler`` that made ``t`` (while
+    :class:`ScaledLosses` is installed), else None."""
+    last = ScaledLosses.last
+    ref, owner = last.scaled, last.scaler
+    if ref is None or ref() is not t or owner is None:
+        return None
+    scale = getattr(owner(), "_scale", None)  # what GradScaler.scale multiplied by
+    return scale if isinstance(scale, torch.Tensor) else None

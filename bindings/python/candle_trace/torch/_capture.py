@@ -27,6 +27,8 @@ import torch
 
 from ..session import CandleTraceError, Session
 from . import _gradients, _observer, _ops
+from ._amp import ScaledLosses, scale_of, unscaled
+from ._autograd_threads import close_spans_on_device_threads, devices_of
 from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
@@ -116,6 +118,7 @@ class Capture:
         self._undo: List[Callable[[], None]] = []
         self._measured = 0
         self._module_spans: Optional[ModuleSpans] = None
+        self._devices: Optional[List[torch.device]] = None  # the parameters', but the CPU
         #: called with (session, measured span) once the update's records are written,
         #: before the trace completes (the ranks' capture-step check, _distributed)
         self.on_complete: List[Callable[[Session, int], None]] = []
@@ -230,6 +233,8 @@ class Capture:
             self._module_spans.install()
             if self.cfg.phase == "train":
                 self._wrap_backward()
+                ScaledLosses.install()  # the loss behind a GradScaler's product
+                self._undo.append(ScaledLosses.remove)
                 for opt in self.optimizers:
                     self._wrap_optimizer(opt)
                 for m in self._tops if self.optimizers else ():
@@ -253,10 +258,9 @@ class Capture:
         self.spans.pause()
         try:
             self.device.start(self.session)  # type: ignore[arg-type]
-            if self.cfg.begin_at_arm:
-                self.begin()
         finally:
             self.spans.resume()
+        self._warm_and_begin()
 
     def begin(self) -> None:
         """The measured region opens (called as tracer work, from a hook)."""
@@ -277,6 +281,17 @@ class Capture:
                     raise
                 self.ops.begin(s, self.spans, self._measured, self.params)
 
+    def _warm_and_begin(self) -> None:
+        """After the collectors start: CUPTI's warm-up (program time, its own span, before
+        the update), then the measured region where it opens at arming."""
+        self.device.warm(self.session)  # type: ignore[arg-type]
+        if self.cfg.begin_at_arm:
+            self.spans.pause()
+            try:
+                self.begin()
+            finally:
+                self.spans.resume()
+
     def end(self) -> None:
         """The update ended (``step()``): everything closes and the trace is complete."""
         if self.state not in ("armed", "capturing"):
@@ -290,6 +305,7 @@ class Capture:
             self.device.sample(self.session)  # type: ignore[arg-type]
             if self.ops is not None:
                 self.ops.stop()  # before any span closes: every record stays inside one
+            self._close_device_threads()  # a backward not through backward() (autograd.grad)
             self.spans.close_until(self._measured)
             self.device.stop(self.session)  # type: ignore[arg-type]
             self._disarm()
@@ -411,10 +427,9 @@ class Capture:
             if self.ops is not None:
                 self.ops.prepare(self.session)  # type: ignore[arg-type]
             self.device.start(self.session)  # type: ignore[arg-type]
-            if self.cfg.begin_at_arm:
-                self.begin()
         finally:
             self.spans.resume()
+        self._warm_and_begin()
 
     def abort(self, e: BaseException) -> None:
         """An error inside the tracer: the capture fails, the program goes on."""
@@ -489,12 +504,31 @@ class Capture:
         sid = self.spans.push("backward", "backward", "function", "backward")
         if isinstance(tensors, torch.Tensor) and self.stats is not None and \
                 tensors.numel() == 1 and tensors.is_floating_point():
-            self.stats.record(sid, "loss", tensors)
+            # The program's loss, not a GradScaler's product of it (65,536 times it at
+            # first), and the scale beside it.
+            loss = unscaled(tensors)
+            self.stats.record(sid, "loss", loss)
+            scale = scale_of(tensors) if loss is not tensors else None
+            if scale is not None:
+                self.stats.record(sid, "grad_scaler/scale", scale)
         return sid
 
     def _backward_end(self, sid: int) -> None:
         self.spans.close_until(sid)
+        self._close_device_threads()
         self.device.sample(self.session)  # type: ignore[arg-type]
+
+    def _close_device_threads(self) -> None:
+        """Closes the spans autograd's device threads hold open (see _autograd_threads)."""
+        if not self.spans.open_elsewhere():
+            return
+        if self._devices is None:
+            self._devices = devices_of(p for _, p in self.params)
+        self.ops_suspend(True)
+        try:
+            close_spans_on_device_threads(self.spans, self._devices)
+        finally:
+            self.ops_suspend(False)
 
     def _wrap_optimizer(self, opt: torch.optim.Optimizer) -> None:
         orig = opt.step

@@ -213,6 +213,16 @@ PyObject *stack_pause(SpanStack *s, PyObject *) { return PyLong_FromLong(p_trace
 
 PyObject *stack_resume(SpanStack *s, PyObject *) { return PyLong_FromLong(p_tracer_end(*s->handle)); }
 
+// How many spans threads other than the calling one hold open (autograd's device threads
+// run backward hooks on CUDA: _autograd_threads closes what they leave).
+PyObject *stack_open_elsewhere(SpanStack *s, PyObject *) {
+    unsigned long me = PyThread_get_thread_ident();
+    size_t n = 0;
+    for (const ThreadFrames &t : s->st->threads)
+        if (t.thread != me) n += t.frames.size();
+    return PyLong_FromSize_t(n);
+}
+
 PyObject *stack_reset(SpanStack *s, PyObject *) {
     s->st->threads.clear();
     s->st->last = 0;
@@ -266,6 +276,8 @@ PyMethodDef stack_methods[] = {
     {"current", (PyCFunction)stack_current, METH_NOARGS, "this thread's innermost span (1: none)"},
     {"frames", (PyCFunction)stack_frames, METH_NOARGS, "this thread's open spans, innermost last"},
     {"reset", (PyCFunction)stack_reset, METH_NOARGS, "forgets every thread's open spans"},
+    {"open_elsewhere", (PyCFunction)stack_open_elsewhere, METH_NOARGS,
+     "how many spans other threads hold open"},
     {"pause", (PyCFunction)stack_pause, METH_NOARGS,
      "ct_tracer_begin on the session -> status: the tracer's work follows"},
     {"resume", (PyCFunction)stack_resume, METH_NOARGS, "ct_tracer_end on the session -> status"},

@@ -39,8 +39,9 @@ _ENCODED: Dict[str, bytes] = {}
 
 
 class _Thread(threading.local):
-    def __init__(self) -> None:
+    def __init__(self, every: List[List[Tuple[str, int]]]) -> None:
         self.stack: List[Tuple[str, int]] = []
+        every.append(self.stack)  # each thread's, for open_elsewhere
 
 
 class Spans:
@@ -54,14 +55,16 @@ class Spans:
         # The span fast path (no argtypes: ctypes converts nothing), names encoded once.
         self._begin, self._end = raw.ct_span_begin, raw.ct_span_end
         self._names = _ENCODED
-        self._tl = _Thread()
+        self._every: List[List[Tuple[str, int]]] = []
+        self._tl = _Thread(self._every)
         #: told the new innermost span of the calling thread (the op observer's span)
         self.on_innermost: Callable[[int], None] = lambda sid: None
 
     def reset(self) -> None:
         """Forgets every thread's open spans (the session went on as a new one:
         ``Session.reopen``, whose handle this object already follows)."""
-        self._tl = _Thread()
+        self._every = []
+        self._tl = _Thread(self._every)
         self.on_innermost = lambda sid: None
 
     # -- the tracer's own time --------------------------------------------------------
@@ -79,6 +82,13 @@ class Spans:
     def stack(self) -> List[Tuple[str, int]]:
         """The calling thread's open spans, innermost last."""
         return self._tl.stack
+
+    def open_elsewhere(self) -> int:
+        """How many spans threads other than the calling one hold open (autograd's
+        device threads run backward hooks on CUDA: ``_autograd_threads`` closes what
+        they leave)."""
+        mine = self._tl.stack
+        return sum(len(st) for st in self._every if st is not mine)
 
     def current(self) -> int:
         st = self._tl.stack
@@ -185,6 +195,9 @@ class NativeSpans(Spans):
 
     def find(self, owner: str) -> Optional[int]:
         return self.frames.find(owner)
+
+    def open_elsewhere(self) -> int:
+        return self.frames.open_elsewhere()
 
     def pop_top(self) -> None:
         self.frames.pop_top()
