@@ -63,7 +63,9 @@ def train(out: Path, device: str) -> tuple:
             scaler.scale(loss).backward()
             before = model[0].weight.detach().clone()
             scaler.step(opt)
-            scaler.update(2.0 ** 127 if update < 3 else 1024.0)
+            # then 2: at 1024 this loss's float16 gradients overflow on a GPU now and then
+            # (update 7 did on an H200), a skip this check would take for the tracer's
+            scaler.update(2.0 ** 127 if update < 3 else 2.0)
             if torch.equal(before, model[0].weight):
                 skipped.append(update)
             losses.append(float(loss.detach()))

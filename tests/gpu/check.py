@@ -31,8 +31,18 @@ def check_trace(name: str, ev: list[Event], rep: dict[str, Any], check: Callable
         return
     mem = [e for e in ev if e["kind"] == "device_memory" and e["device"] == "cuda:0"]
     check(len(mem) >= 3, f"{name}: {len(mem)} device_memory samples of cuda:0 (>= 3)")
-    check(all(e.get("used_bytes", 0) > 0 and e.get("capacity_bytes", 0) > 0 for e in mem),
-          f"{name}: used and capacity > 0")
+    # Before the process has a CUDA context the device may hold nothing: NVML's v2 "used"
+    # excludes what the driver reserves, and the drop-in samples from the interpreter's
+    # start, seconds before `import torch` ends (0 there, truthfully). From the first
+    # device interval on, the process's context is in it.
+    ivs_all = [e for e in ev if e["kind"] == "device_interval"]
+    since = min((e["start_ns"] for e in ivs_all), default=0)
+    bad = [e for e in mem if not e.get("capacity_bytes", 0) > 0 or
+           (e["timestamp_ns"] >= since and not e.get("used_bytes", 0) > 0)]
+    early = sum(1 for e in mem if e["timestamp_ns"] < since)
+    check(not bad, f"{name}: capacity > 0, used > 0 from the first kernel on "
+          f"({len(mem) - early} samples; {early} before it)" +
+          (f": {len(bad)} not, e.g. {bad[:2]}" if bad else ""))
     q = sorted(e["extra"]["nvml_query_ns"] for e in mem if "nvml_query_ns" in e.get("extra", {}))
     if q:
         print(f"      NVML cost per sample (one device): median {statistics.median(q) / 1000:.1f} us, "
@@ -78,8 +88,13 @@ def check_trace(name: str, ev: list[Event], rep: dict[str, Any], check: Callable
     first = min(e["start_ns"] for e in inside)
     last = max(e["start_ns"] + e["duration_ns"] for e in inside)
     dev_ms = (last - first) / 1e6
-    check(abs(dev_ms - rep["event_ms"]) <= 0.10 * rep["event_ms"],
-          f"step: device time {dev_ms:.3f} ms vs torch.cuda.Event {rep['event_ms']:.3f} ms (±10%)")
+    ev_ms = rep["traced_event_ms"]
+    check(abs(dev_ms - ev_ms) <= 0.10 * ev_ms,
+          f"step: device time {dev_ms:.3f} ms vs torch.cuda.Event {ev_ms:.3f} ms on that step (±10%)")
+    print(f"      step: untraced {rep['event_ms']:.3f} ms, traced {ev_ms:.3f} ms "
+          f"({ev_ms / rep['event_ms']:.2f}x), the first after ct_device_start "
+          f"{rep['first_event_ms']:.3f} ms ({rep['first_event_ms'] / rep['event_ms']:.2f}x: "
+          f"CUPTI's first launch per thread), by CUDA events")
 
 
 def check_profile(ev: list[Event], rep: dict[str, Any], check: Callable[[bool, str], None]) -> None:
@@ -95,6 +110,11 @@ def check_profile(ev: list[Event], rep: dict[str, Any], check: Callable[[bool, s
     for step in ("forward", "backward", "optimizer"):
         n = sum(1 for e in kernels if spans.get(e["span_id"], {}).get("step") == step)
         check(n > 0, f"profile: {n} kernels on {step} spans")
+    warm = [e for e in spans.values() if e.get("name") == "candle_trace/cupti_warmup"]
+    upd = next((e for e in spans.values() if e.get("name") == "update"), None)
+    n_warm = sum(1 for e in kernels if warm and e["span_id"] == warm[0]["id"])
+    check(len(warm) == 1 and n_warm > 0 and upd is not None and warm[0]["start_ns"] < upd["start_ns"],
+          f"profile: CUPTI's warm-up span before the update, {n_warm} kernels on it")
     on_modules = sum(1 for e in kernels if spans.get(e["span_id"], {}).get("span_kind") == "module")
     n_root = sum(1 for e in kernels if e["span_id"] == "s1")
     print(f"      profile: {on_modules} of {len(kernels)} kernels on module spans, {n_root} on the root s1")

@@ -20,7 +20,14 @@
 #      (tests/gpu/amp_watch.py): the steps the scaler skips for overflow fire
 #      nothing, update 9's NaN loss fires non_finite, the whole-run loss is
 #      unscaled (the same script runs on CPU in test_torch_amp.py);
-#   4. checks: device_memory samples for cuda:0 (used > 0, capacity > 0),
+#   3e. real programs (tests/gpu/programs.py): `candle-trace run` on the char
+#      GPT of tests/python/programs on cuda:0 -- complete, valid, gradients
+#      equal to the program's p.grad norms, backward module spans (opened on
+#      autograd's CUDA thread) with kernels, CUPTI's warm-up span before the
+#      update -- and a torch.compile'd model under profile: the loop runs,
+#      the trace is complete and valid, with inductor's Triton kernels;
+#   4. checks: device_memory samples for cuda:0 (capacity > 0; used > 0 once the
+#      process has launched work: before, NVML may truthfully say 0),
 #      kernel names demangled (at most 1 in 10 still mangled),
 #      the NVML cost per sample (extra.nvml_query_ns, printed), candle-graph
 #      --require-valid on every trace; with CUPTI: kernels present with
@@ -30,8 +37,11 @@
 #      backward kernels from its own thread, where none is open, and with
 #      "unspanned_launches":"main_thread" they go to the main thread's
 #      innermost, backward), the dropped-record count
-#      stated (cupti/dropped_records), kernel time within ±10% of
-#      torch.cuda.Event's; the libcandle_trace.so has no undefined cupti
+#      stated (cupti/dropped_records), the device time of the measured
+#      step within ±10% of torch.cuda.Event's on it (printed: it and the first
+#      step after ct_device_start against the untraced step -- CUPTI's first
+#      launch per thread), in the torch.profile trace CUPTI's warm-up span
+#      before the update; the libcandle_trace.so has no undefined cupti
 #      symbol (libcupti is dlopened);
 #   5. when the checks passed with time to spare: tests/gpu/bench.py, the
 #      step's time untraced vs with the collectors vs under torch.profiler
@@ -47,13 +57,14 @@
 # Environment: PYTHON (default python3), CANDLE_GRAPH (default
 # build/tools/bin/candle-graph; its checks are skipped, said so, when absent).
 # Without Go on the GPU machine, carry build/libcandle_trace.so,
-# build/libcandle_trace_preload.so and build/tools/bin/candle-graph from a
-# machine that built them (make lib build/libcandle_trace_preload.so tools).
+# build/libcandle_trace_preload.so, build/candle-trace and
+# build/tools/bin/candle-graph from a machine that built them (make lib cli
+# build/libcandle_trace_preload.so tools).
 # For this project's lent H200 (no Go; PyTorch 2.11+cu130 in a venv that
 # python3 runs unactivated): one device `run` of
 #   PYTHONUNBUFFERED=1 bash tests/gpu/run.sh 2>&1 | tee $OUT/gpu-check.log
 # with carry [build/libcandle_trace.so, build/libcandle_trace_preload.so,
-# build/tools/bin/candle-graph] and timeout_s 540 (under 8 minutes of
+# build/candle-trace, build/tools/bin/candle-graph] and timeout_s 540 (under 8 minutes of
 # checks, and 15 minutes of device time in all, so one rerun at most).
 set -euo pipefail
 
@@ -82,11 +93,11 @@ LIB=$ROOT/build/libcandle_trace.so
 PRELOAD=$ROOT/build/libcandle_trace_preload.so
 if command -v go >/dev/null; then
     say "building"
-    (cd "$ROOT" && timeout 240 make lib build/libcandle_trace_preload.so >/dev/null) || die "make failed"
-elif [ -f "$LIB" ] && [ -f "$PRELOAD" ]; then
-    say "no Go here: using the carried $LIB and $PRELOAD"
+    (cd "$ROOT" && timeout 240 make lib cli build/libcandle_trace_preload.so >/dev/null) || die "make failed"
+elif [ -f "$LIB" ] && [ -f "$PRELOAD" ] && [ -x "$ROOT/build/candle-trace" ]; then
+    say "no Go here: using the carried $LIB, $PRELOAD and build/candle-trace"
 else
-    die "no Go here to build with, and no carried build/libcandle_trace.so and build/libcandle_trace_preload.so" 2
+    die "no Go here to build with, and no carried build/libcandle_trace.so, build/libcandle_trace_preload.so and build/candle-trace" 2
 fi
 if command -v nm >/dev/null; then
     nvml_undefined=$(nm -D --undefined-only "$LIB" | grep -c nvml || true)
@@ -141,19 +152,36 @@ except ct.CandleTraceError as e:
     cupti, cupti_error = False, e.message
     s.device_start({"collect": ["nvml"], "interval_ms": 10})
 time.sleep(0.05)
+# The first step after ct_device_start, as it comes: CUPTI's first launch on each thread
+# is slower (check.py prints what that costs against event_ms).
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+with s.span("first_step"):
+    opt.zero_grad(set_to_none=True)
+    a.record()
+    model(x).square().mean().backward()
+    opt.step()
+    b.record()
+    torch.cuda.synchronize()
+first_event_ms = a.elapsed_time(b)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 with s.measure("update"):
     with s.span("forward", step="forward"):
         opt.zero_grad(set_to_none=True)
+        a.record()  # the GPU idles from here to the first kernel: record it late
         loss = model(x).square().mean()
     with s.span("backward", step="backward"):
         loss.backward()
     with s.span("optimizer", step="optimizer"):
         opt.step()
+    b.record()
     torch.cuda.synchronize()
+traced_event_ms = a.elapsed_time(b)
 time.sleep(0.05)
 s.device_stop()
 s.finish()
-json.dump({"event_ms": event_ms, "cupti": cupti, "cupti_error": cupti_error}, open(report, "w"))
+json.dump({"event_ms": event_ms, "first_event_ms": first_event_ms,
+           "traced_event_ms": traced_event_ms, "cupti": cupti,
+           "cupti_error": cupti_error}, open(report, "w"))
 PY
 
 # ---- 3b. the same model through candle_trace.torch.profile (CUPTI by default on CUDA) ---
@@ -192,6 +220,13 @@ timeout 120 "$PYTHON" "$ROOT/tests/gpu/amp_watch.py" "$OUT/amp" --device cuda:0
 amp_rc=$?
 set -e
 
+# ---- 3e. real programs: candle-trace run on the CUDA char GPT, a compiled model ---------
+say "real programs: candle-trace run on a CUDA GPT, a torch.compile'd model under profile"
+set +e
+timeout 300 "$PYTHON" "$ROOT/tests/gpu/programs.py" "$OUT/programs"
+programs_rc=$?
+set -e
+
 # ---- 4. an uninstrumented script under the drop-in -----------------------------------
 say "uninstrumented script under the drop-in"
 cat >"$OUT/plain.py" <<'PY'
@@ -228,6 +263,9 @@ if [ "$oom_rc" -ne 0 ]; then
 fi
 if [ "$amp_rc" -ne 0 ]; then
     echo "FAIL  the watch's mixed-precision check (step 3d, exit $amp_rc)"; rc=1
+fi
+if [ "$programs_rc" -ne 0 ]; then
+    echo "FAIL  the real programs' check (step 3e, exit $programs_rc)"; rc=1
 fi
 
 if [ -x "$CANDLE_GRAPH" ]; then

@@ -306,6 +306,21 @@ def test_char_gpt_unmodified(tmp_path):
     assert sum(math.prod(t["shape"]) for t in params) == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.skipif(not hasattr(torch, "compile"),
+                    reason=f"torch {torch.__version__} has no torch.compile (the torch 2.x venv runs it)")
+def test_the_gpu_check_s_real_programs_pass_on_the_cpu(tmp_path):
+    """tests/gpu/programs.py, step 3e of tests/gpu/run.sh on CUDA, here on the CPU: the
+    unmodified char GPT under candle-trace run and a torch.compile'd model under profile
+    pass every check that holds without a GPU (a GPU session is rare: a typo in its
+    script must not be what it finds)."""
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "programs.py"), str(tmp_path),
+                        "--device", "cpu"], capture_output=True, text=True, timeout=600, env=clean_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    oks = [x for x in r.stdout.splitlines() if x.startswith("ok ")]
+    assert len(oks) == 9 and "FAIL" not in r.stdout, r.stdout
+    assert "its 32 gradients are the program's p.grad norms of update 3" in r.stdout
+
+
 # fork: the workers inherit the patched torch and check the pid; spawn: they start anew
 # and see the main process's claim
 @pytest.mark.parametrize("start", ["fork", "spawn"])

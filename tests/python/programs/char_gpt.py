@@ -18,8 +18,10 @@ CUDA's out-of-memory RuntimeError (on any device), which ends the program;
 ``--loader-ms MS`` every data step waits MS first (a loader), so that a stall stands
 well above the machine's noise.
 
+``--device`` runs it elsewhere than the CPU (tests/gpu/programs.py: ``cuda:0``).
+
     python char_gpt.py [--updates N] [--eval-every K] [--loader-ms MS]
-                       [--lr-spike-at N] [--oom-at N] [--stall-at N]
+                       [--lr-spike-at N] [--oom-at N] [--stall-at N] [--device D]
 """
 
 from __future__ import annotations
@@ -131,12 +133,13 @@ def main() -> None:
     ap.add_argument("--lr-spike-at", type=int)
     ap.add_argument("--oom-at", type=int)
     ap.add_argument("--stall-at", type=int)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.manual_seed(0)
     chars = sorted(set(TEXT))
     data = torch.tensor([chars.index(c) for c in TEXT])
     context, batch = 16, 8
-    model = CharGPT(len(chars), context)
+    model = CharGPT(len(chars), context).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.updates)
     norms_file = os.environ.get("CHAR_GPT_GRAD_NORMS")
@@ -147,7 +150,7 @@ def main() -> None:
         model.train()
         stall = 5 * sorted(took)[len(took) // 2] if update == args.stall_at and took else 0.0
         time.sleep(args.loader_ms / 1e3 + stall)
-        x, y = next(stream)
+        x, y = (t.to(args.device) for t in next(stream))
         logits = RaisingBackward.apply(model(x, mix=update % 2 == 0))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -164,7 +167,7 @@ def main() -> None:
         if update % args.eval_every == 0:
             model.eval()
             with torch.no_grad():
-                vx, vy = next(stream)
+                vx, vy = (t.to(args.device) for t in next(stream))
                 vlogits = model(vx)
                 vloss = F.cross_entropy(vlogits.reshape(-1, vlogits.shape[-1]), vy.reshape(-1))
             print(f"update {update}: loss {loss.item():.4f}, eval loss {vloss.item():.4f}")
