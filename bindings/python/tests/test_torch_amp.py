@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import warnings
 
 import pytest
-from conftest import REPO, judged
+from conftest import REPO, candle_graph, judged, read_trace
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -80,32 +81,47 @@ def test_a_step_skipped_for_overflow_in_an_update_captured_in_full_fires_nothing
                "skips the step" in str(m.message) for m in said)
 
 
-def test_a_captured_update_records_the_program_s_loss_and_the_scale(tmp_path):
+@pytest.mark.parametrize("overflow", [False, True])
+def test_a_captured_update_records_the_program_s_loss_the_scale_and_a_skipped_step(tmp_path, overflow):
     """Under a GradScaler, backward receives the loss times the scale: the captured
     update's ``loss`` statistic is the program's loss (it was the scaled product, 1024
-    times it here), and ``grad_scaler/scale`` says by what the scaler multiplied."""
+    times it here), ``grad_scaler/scale`` says by what the scaler multiplied, and
+    ``grad_scaler/step_skipped`` whether it skipped the optimizer's step -- 1 where the
+    captured update runs at a scale its gradients overflow at (no optimizer span)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scale = 2.0 ** 127 if overflow else 1024.0
     losses = []
     path = tmp_path / "amp.jsonl"
-    with ctt.profile(model, opt, str(path), capture_step=2) as prof:
-        for _ in range(3):
-            x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x).float(), y)
-            opt.zero_grad()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            losses.append(loss.item())
-            prof.step()
+    with warnings.catch_warnings():  # the overflowing update's gradients break the contract
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with ctt.profile(model, opt, str(path), capture_step=2) as prof:
+            for _ in range(3):
+                x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = F.cross_entropy(model(x).float(), y) * 1e3  # 2 ** 127 times overflows
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update(scale if len(losses) == 0 else 1024.0)
+                losses.append(loss.item())
+                prof.step()
     assert _amp.ScaledLosses._users == 0  # the capture took its wrapper out
-    stats = {s["label"]: s for s in judged(path, tmp_path) if s["kind"] == "tensor_stats"}
+    if overflow:  # valid, its only errors the gradients' inf (what the scaler skipped for)
+        issues = candle_graph(path, tmp_path, require_valid=False)["health"]["issues"]
+        assert {i["code"] for i in issues if i["severity"] == "error"} == {"gradient_family_non_finite"}
+        lines = read_trace(path)
+    else:
+        lines = judged(path, tmp_path)
+    stats = {s["label"]: s for s in lines if s["kind"] == "tensor_stats"}
     assert math.isclose(stats["loss"]["mean"], losses[1], rel_tol=1e-6), (stats["loss"], losses)
-    assert stats["grad_scaler/scale"]["mean"] == 1024.0
+    assert stats["grad_scaler/scale"]["mean"] == scale
     assert stats["grad_scaler/scale"]["elements"] == 1
+    assert stats["grad_scaler/step_skipped"]["mean"] == (1.0 if overflow else 0.0)
+    stepped = [s for s in lines if s["kind"] == "span_start" and s["name"] == "SGD.step"]
+    assert len(stepped) == (0 if overflow else 1)
 
 
 def test_the_gpu_check_s_mixed_precision_script_passes_on_the_cpu(tmp_path):

@@ -65,6 +65,11 @@ class Config:
     begin_at_arm: bool = False
 
 
+#: the scalar a captured update under a GradScaler carries: 1 when the scaler skipped the
+#: optimizer step (the gradients it unscaled held an inf or a NaN), else 0
+SKIPPED_LABEL = "grad_scaler/step_skipped"
+
+
 class Layout:
     """What a capture walks of a model -- its modules and parameters, named -- found once
     for every capture of it (a watch captures every update)."""
@@ -110,6 +115,7 @@ class Capture:
         self.violations: List[str] = []
         self._grads_done = False
         self._stepped: set = set()  # id() of each optimizer whose step ran in the update
+        self._scaled = False  # a GradScaler scaled the update's loss
         self._called: set = set()  # ... whose step was called (and may not have returned)
         #: the optimizer's step under way while armed (its name): a closure it calls
         #: (LBFGS) begins the update inside it, and its span opens then (:meth:`begin`)
@@ -306,6 +312,9 @@ class Capture:
             if self.ops is not None:
                 self.ops.stop()  # before any span closes: every record stays inside one
             self._close_device_threads()  # a backward not through backward() (autograd.grad)
+            if self._scaled:  # whether the GradScaler applied the gradients, in the trace
+                self.session.record_scalar(self._measured, SKIPPED_LABEL,  # type: ignore[union-attr]
+                                           0.0 if self.applied else 1.0)
             self.spans.close_until(self._measured)
             self.device.stop(self.session)  # type: ignore[arg-type]
             self._disarm()
@@ -419,6 +428,7 @@ class Capture:
         self.violations = []
         self._grads_done = False
         self._stepped, self._called = set(), set()
+        self._scaled = False
         self._step_pending, self._step_sid = None, 0
         self._measured = 0
         self.state = "armed"
@@ -510,6 +520,7 @@ class Capture:
             self.stats.record(sid, "loss", loss)
             scale = scale_of(tensors) if loss is not tensors else None
             if scale is not None:
+                self._scaled = True
                 self.stats.record(sid, "grad_scaler/scale", scale)
         return sid
 
