@@ -497,7 +497,7 @@ ct_status ct_record_gradient(ct_session session, const char *root, const char *k
  *                           CUPTI user per process: with torch.profiler,
  *                           Nsight or another session collecting CUPTI it is
  *                           CT_ERR_UNAVAILABLE. CUPTI's first launch on each
- *                           thread after the start is slower (0.3-0.4 ms
+ *                           thread after the start is slower (0.25-0.35 ms
  *                           more on an H200 VM; the activity buffers it
  *                           fills are written at the start, so that cost
  *                           is not in it): launch once from each thread
