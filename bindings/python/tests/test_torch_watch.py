@@ -9,6 +9,7 @@ import gc
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -535,35 +536,55 @@ def test_the_flight_recorder_keeps_one_session_and_its_wrappers_for_the_run(tmp_
 def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
     # Sub-millisecond updates: the full capture after a trigger (statistics, gradient
     # norms) costs the tracer several times the update, and the fresh flight recorder
-    # after it opens a session and wraps the modules. Neither is the program's time:
-    # the slow trigger (on, at its defaults) must not fire for them.
+    # after it opens a session and wraps the modules. Neither is the program's time: the
+    # update captured in full is not timed, and the time the slow rule judges for the
+    # ones after it leaves the tracer's work out.
+    #
+    # Judged on the times the rule receives, not on whether it fires: a stall of this
+    # 2-vCPU VM inside the few updates after a capture fired it in CI (3.2 ms against a
+    # 2.6 ms bar at update 22, nothing held up), and this test failed as often at the
+    # commit before as after under a CPU hog. Six captures in one loop: a leak of the
+    # tracer's work lands on the update after every one of them, a stall on one; the
+    # median over the six against the median of the others tells them apart. The slow
+    # trigger is off, so that a stall writes no trace of its own.
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     folder = tmp_path / "fast"
+    captures = [20, 40, 60, 80, 100, 120]  # the user's triggers: their next update is captured
+    times: dict = {}
     gc.collect()
     gc.disable()  # a full collection is a real pause, but not the one this test makes
     try:
-        with ctt.watch(model, opt, folder, max_traces=10) as w:
-            for i in range(1, 41):
+        with ctt.watch(model, opt, folder, max_traces=2 * len(captures),
+                       triggers=Triggers(slow=None)) as w:
+            evaluate = w._eval.end_of_update
+
+            def spy(update, timed, loss, waited):
+                times[update] = timed
+                return evaluate(update, timed, loss, waited)
+
+            w._eval.end_of_update = spy
+            for i in range(1, 131):
                 opt.zero_grad()
                 model(torch.randn(8, 16)).pow(2).mean().backward()
                 opt.step()
-                if i == 20:
+                if i in captures:
                     w.trigger("look")
                 w.step()
     finally:
         gc.enable()
-    # What the capture and the recorder after it cost is on updates 21-23. A stall of
-    # the machine elsewhere in 40 real updates (a page fault's I/O on a busy machine is
-    # a block, which the slow rule rightly keeps) may fire the slow trigger: it is
-    # allowed there -- before the capture too (13.2 ms at update 11 of one run) -- with
-    # its trace, and nowhere near the capture.
-    fired = [(f.update, f.trigger) for f in w.fired]
-    elsewhere = [(u, t) for u, t in fired if t == "slow" and not 21 <= u <= 23]
-    assert sorted(fired) == sorted([(20, "user")] + elsewhere), [
-        (f.update, f.trigger, f.detail) for f in w.fired]
-    noise = slow_traces(u for u, _ in elsewhere)
-    assert set(os.listdir(folder)) - noise == {"update-000020-user.jsonl", "update-000021-after-user.jsonl"}
+    assert [(f.update, f.trigger) for f in w.fired] == [(u, "user") for u in captures]
+    assert all(times[u + 1] is None for u in captures), "an update captured in full is not timed"
+    after = [times[u + d] for u in captures for d in (2, 3)]  # the fresh recorder's first two
+    others = [t for u, t in times.items() if t is not None and u > 10 and
+              not any(c < u <= c + 3 for c in captures)]
+    assert None not in after
+    base = statistics.median(others)
+    # 0.13 ms over the others' 0.50 ms on this VM (its caches, after the capture's writing)
+    assert statistics.median(after) < base + 1e-3, (statistics.median(after), base, after)
+    expected = {f"update-{u:06d}-user.jsonl" for u in captures} | \
+        {f"update-{u + 1:06d}-after-user.jsonl" for u in captures}
+    assert set(os.listdir(folder)) == expected
 
 
 def test_the_programs_own_trigger_and_the_cap(tmp_path):
