@@ -115,8 +115,8 @@ class Capture:
         self.violations: List[str] = []
         self._grads_done = False
         self._stepped: set = set()  # id() of each optimizer whose step ran in the update
-        self._scaled = False  # a GradScaler scaled the update's loss
         self._called: set = set()  # ... whose step was called (and may not have returned)
+        self._scaled = False  # a GradScaler scaled the update's loss
         #: the optimizer's step under way while armed (its name): a closure it calls
         #: (LBFGS) begins the update inside it, and its span opens then (:meth:`begin`)
         self._step_pending: Optional[str] = None

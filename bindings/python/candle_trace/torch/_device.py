@@ -12,7 +12,7 @@ from ._common import warn_once
 
 __all__ = ["Device", "WARMUP_SPAN"]
 
-#: the span of the tracer's own CUDA work before the update (see Device._warm_cupti)
+#: the span of the tracer's own CUDA work before the update (see Device.warm)
 WARMUP_SPAN = "candle_trace/cupti_warmup"
 
 
