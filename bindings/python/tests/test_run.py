@@ -53,6 +53,30 @@ def test_settings_from_the_runner_s_variables():
     assert Settings.from_env({}) == Settings()
 
 
+def test_a_message_reaches_stderr_with_its_newline_in_one_write(tmp_path, monkeypatch):
+    """torchrun's ranks share one stderr: a line and its newline written apart let another
+    rank's line land between them (a CI run read 'rank1.jsonlcandle-trace: rank 0: ...')."""
+    from candle_trace.torch._run import say  # noqa: PLC0415
+
+    writes: List[Tuple[int, bytes]] = []
+    real = os.write
+
+    def spy(fd: int, data: bytes) -> int:
+        writes.append((fd, bytes(data)))
+        return real(fd, data)
+
+    with open(tmp_path / "stderr", "w", encoding="utf-8") as f:
+        monkeypatch.setattr(sys, "stderr", f)
+        monkeypatch.setattr(os, "write", spy)
+        f.write("before ")  # what the program left in the buffer comes first
+        say("candle-trace: rank 1: watched 4 updates\ncandle-trace:   rank 1: update 3: é")
+        fd = f.fileno()
+    assert writes == [(fd, "candle-trace: rank 1: watched 4 updates\n"
+                           "candle-trace:   rank 1: update 3: é\n".encode())]
+    assert (tmp_path / "stderr").read_text(encoding="utf-8") == \
+        "before candle-trace: rank 1: watched 4 updates\ncandle-trace:   rank 1: update 3: é\n"
+
+
 def test_models_of_finds_the_outermost_holders():
     from candle_trace.torch._run import models_of  # noqa: PLC0415
 

@@ -490,7 +490,7 @@ class Autorun:
                            device_collect=s.device_collect, aggregate_path=self.aggregate)
             prof.start()
         except Exception as e:  # noqa: BLE001 - the program runs on, untraced
-            print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
+            say(f"candle-trace run: no capture: {type(e).__name__}: {e}")
             return None
         self.prof = prof
         if counted is not None:
@@ -517,7 +517,7 @@ class Autorun:
             w.recorder_cost.way_out = "candle-trace run --watch ... --no-flight-recorder"
             w.start()
         except Exception as e:  # noqa: BLE001 - the program runs on, unwatched
-            print(f"candle-trace run: not watched: {type(e).__name__}: {e}", file=sys.stderr)
+            say(f"candle-trace run: not watched: {type(e).__name__}: {e}")
             return
         self.watch = w
         for opt in optimizers:
@@ -544,10 +544,9 @@ class Autorun:
                 if self.watch is not None:
                     self.watch.add_optimizer(opt)
             elif self._added == MAX_ADDED + 1:
-                print(f"candle-trace run: the program has made {MAX_ADDED + 1} optimizers "
-                      f"since its loop began (one an update?): the steps of those from now "
-                      f"on still end updates, but are no spans of their own",
-                      file=sys.stderr)
+                say(f"candle-trace run: the program has made {MAX_ADDED + 1} optimizers "
+                    f"since its loop began (one an update?): the steps of those from now "
+                    f"on still end updates, but are no spans of their own")
             self._count(opt, "step")  # over the wrappers those put there
             return
         self._backwards.remove()
@@ -608,7 +607,7 @@ class Autorun:
             try:
                 self._trained = trained_leaves(tensors)
             except Exception as e:  # noqa: BLE001 - the program runs on, untraced
-                print(f"candle-trace run: no capture: {type(e).__name__}: {e}", file=sys.stderr)
+                say(f"candle-trace run: no capture: {type(e).__name__}: {e}")
                 self._backwards.remove()
 
     def _after_backward(self, tensors: Any) -> None:
@@ -680,7 +679,7 @@ class Autorun:
         w, self.watch = self.watch, None
         if w is not None:
             w.stop(exc_type, exc)
-            print(watch_summary(w), file=sys.stderr)
+            say(watch_summary(w))
         prof = self.prof
         if prof is None:
             return
@@ -688,6 +687,21 @@ class Autorun:
             # A capture that never came warns; the runner's verdict says it already.
             warnings.simplefilter("ignore", RuntimeWarning)
             prof.stop(exc_type, exc)
+
+
+def say(message: str) -> None:
+    """Writes a message and its newline to stderr in one write(2): the ranks of a torchrun
+    job share one stderr, and print() writes the newline apart, so another rank's line could
+    land between a line and its end (atomic on a pipe up to PIPE_BUF, 4096 bytes)."""
+    data = (message + "\n").encode(errors="replace")
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced or closed by the program
+        print(message, file=sys.stderr)
+        return
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def watch_summary(w: watch) -> str:
