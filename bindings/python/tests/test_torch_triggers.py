@@ -27,14 +27,16 @@ def steady(ev, n, seconds=0.25 * MS):
 def test_a_sub_millisecond_update_stalled_by_the_scheduler_is_not_slow():
     ev = Evaluator(Triggers())
     steady(ev, 64)
-    # 4 ms of wall time, 3.8 ms of it runnable but waiting for a CPU: the machine's stall
-    assert ev.end_of_update(65, 4 * MS, 1.0, cpu_wait=3.8 * MS) is None
-    # the same 4 ms spent in the program (a data loader's sleep is no CPU wait): slow
-    fired = ev.end_of_update(66, 4 * MS, 1.0, cpu_wait=0.0)
+    # 6 ms of wall time, 5.8 ms of it runnable but waiting for a CPU: the machine's stall
+    assert ev.end_of_update(65, 6 * MS, 1.0, cpu_wait=5.8 * MS) is None
+    # 4 ms with no wait: under the floor, what a VM's own stall makes of such an update
+    assert ev.end_of_update(66, 4 * MS, 1.0, cpu_wait=0.0) is None
+    # 6 ms spent in the program (a data loader's sleep is no CPU wait): slow
+    fired = ev.end_of_update(67, 6 * MS, 1.0, cpu_wait=0.0)
     assert fired is not None and fired.trigger == "slow"
-    assert fired.value == pytest.approx(4 * MS)
-    assert fired.threshold == pytest.approx(0.25 * MS + 2 * MS)  # median + slow_min_excess_s
-    assert "(median + 2 ms; median 0.2 ms)" in fired.detail
+    assert fired.value == pytest.approx(6 * MS)
+    assert fired.threshold == pytest.approx(0.25 * MS + 5 * MS)  # median + slow_min_excess_s
+    assert "(median + 5 ms; median 0.2 ms)" in fired.detail
 
 
 def test_a_preempted_update_must_exceed_its_wait_too():
@@ -48,8 +50,8 @@ def test_a_preempted_update_must_exceed_its_wait_too():
     # a stall of its own longer than the wait and the floor: slow
     fired = ev.end_of_update(67, 60 * MS, 1.0, cpu_wait=25 * MS)
     assert fired.value == pytest.approx(35 * MS)
-    assert fired.threshold == pytest.approx(0.5 * MS + 2 * MS + 25 * MS)
-    assert "median + 2 ms + 1 x the 25.0 ms the machine held it up" in fired.detail
+    assert fired.threshold == pytest.approx(0.5 * MS + 5 * MS + 25 * MS)
+    assert "median + 5 ms + 1 x the 25.0 ms the machine held it up" in fired.detail
     assert "25.0 ms the machine held it up left out" in fired.detail
 
 
@@ -57,7 +59,7 @@ def test_the_wait_left_out_is_stated_and_bounded_by_the_update():
     ev = Evaluator(Triggers())
     steady(ev, 20, 1 * MS)
     fired = ev.end_of_update(21, 30 * MS, 1.0, cpu_wait=10 * MS)
-    assert fired.value == pytest.approx(20 * MS) and fired.threshold == pytest.approx(13 * MS)
+    assert fired.value == pytest.approx(20 * MS) and fired.threshold == pytest.approx(16 * MS)
     assert "10.0 ms the machine held it up left out" in fired.detail
     # a wait larger than the update (clock granularity) leaves 0, never a negative time
     assert ev.end_of_update(22, 1 * MS, 1.0, cpu_wait=5 * MS) is None
@@ -108,20 +110,28 @@ def old_rule_fired(rows):
     return out
 
 
-@pytest.mark.parametrize("name,old", [("noisy-updates-a.txt.gz", 8), ("noisy-updates-b.txt.gz", 1)])
-def test_a_real_noisy_run_fires_nothing_and_a_stall_in_it_fires_at_once(name, old):
+@pytest.mark.parametrize("name,old,floor_2ms", [
+    ("noisy-updates-a.txt.gz", 8, []),
+    ("noisy-updates-b.txt.gz", 1, []),
+    # a quiet AMD EPYC VM: one update of 3.0 ms in 0.4 ms ones, nothing in the thread's
+    # accounts (no wait, switch, fault or steal); the 2 ms floor before this one fired
+    ("noisy-updates-c.txt.gz", 5, [1125]),
+])
+def test_a_real_noisy_run_fires_nothing_and_a_stall_in_it_fires_at_once(name, old, floor_2ms):
     rows = recorded(name)
     assert len(rows) == 10_000 and len(old_rule_fired(rows)) == old
+    ev = Evaluator(Triggers(slow_min_excess_s=2 * MS))
+    assert [f.update for f in (ev.end_of_update(u, s, 1.0, w) for u, s, w in rows) if f] == floor_2ms
     ev = Evaluator(Triggers())
     assert [f for f in (ev.end_of_update(u, s, 1.0, w) for u, s, w in rows) if f] == []
-    # the same run with a 2.5 ms stall of the program's own (a data loader's sleep: no
-    # CPU wait) at three updates: 5-10x these updates, above the 2 ms floor
+    # the same run with a 6 ms stall of the program's own (a data loader's sleep: no
+    # CPU wait) at three updates: 6-24x these updates, above the 5 ms floor
     for at in (2_500, 5_000, 9_000):
         ev = Evaluator(Triggers())
-        fired = [f for f in (ev.end_of_update(u, s + (2.5 * MS if u == at else 0), 1.0, w)
+        fired = [f for f in (ev.end_of_update(u, s + (6 * MS if u == at else 0), 1.0, w)
                              for u, s, w in rows) if f]
         assert [(f.update, f.trigger) for f in fired] == [(at, "slow")]
-        assert fired[0].value > 5 * (fired[0].threshold - 2 * MS)
+        assert fired[0].value > 5 * (fired[0].threshold - 5 * MS)
 
 
 def test_the_window_holds_the_updates_time_less_the_wait():

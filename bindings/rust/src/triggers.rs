@@ -12,7 +12,8 @@
 //!   median, a data-loader stall or a checkpoint is 2-10x);
 //!   [`Triggers::slow_spread`] (10) times the window's median absolute
 //!   deviation (a workload that varies by nature widens its own bar); and
-//!   [`Triggers::slow_min_excess`] (2 ms) plus [`Triggers::slow_wait_share`]
+//!   [`Triggers::slow_min_excess`] (5 ms: a VM's own stalls of a sub-ms
+//!   update reach 2.5-5 ms with nothing in the thread's accounts) plus [`Triggers::slow_wait_share`]
 //!   (1) times the time the machine held the update up — on Linux the time
 //!   its thread waited, runnable, for a CPU (schedstat) and, when it never
 //!   blocked in the update (no voluntary context switch), all of its time
@@ -54,7 +55,7 @@ pub const DEFAULT_WARMUP: u64 = 10;
 pub const DEFAULT_WINDOW: usize = 64;
 /// The least excess over the median that is slow, before the hold-up's
 /// share: a smaller excess is the machine's hiccup, not a stall worth a trace.
-pub const DEFAULT_SLOW_MIN_EXCESS: Duration = Duration::from_millis(2);
+pub const DEFAULT_SLOW_MIN_EXCESS: Duration = Duration::from_millis(5);
 /// How many median absolute deviations of the window the excess must pass.
 pub const DEFAULT_SLOW_SPREAD: f64 = 10.0;
 /// The share of the time the machine held the update up that is added to
