@@ -512,16 +512,17 @@ class Capture:
 
     def _backward_begin(self, tensors: Any) -> int:
         sid = self.spans.push("backward", "backward", "function", "backward")
-        if isinstance(tensors, torch.Tensor) and self.stats is not None and \
-                tensors.numel() == 1 and tensors.is_floating_point():
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and tensors.is_floating_point():
             # The program's loss, not a GradScaler's product of it (65,536 times it at
-            # first), and the scale beside it.
+            # first), and the scale beside it; whether the scaler skips the step is said
+            # with statistics off too (end()).
             loss = unscaled(tensors)
-            self.stats.record(sid, "loss", loss)
             scale = scale_of(tensors) if loss is not tensors else None
-            if scale is not None:
-                self._scaled = True
-                self.stats.record(sid, "grad_scaler/scale", scale)
+            self._scaled = self._scaled or scale is not None
+            if self.stats is not None:
+                self.stats.record(sid, "loss", loss)
+                if scale is not None:
+                    self.stats.record(sid, "grad_scaler/scale", scale)
         return sid
 
     def _backward_end(self, sid: int) -> None:
