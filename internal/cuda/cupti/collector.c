@@ -237,6 +237,14 @@ static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static held_buf *pool_head;
 static size_t pool_count;
 
+/* A new buffer of n data bytes, aligned as CUPTI wants its records
+ * (ACTIVITY_RECORD_ALIGNMENT, 8); NULL when out of memory. */
+static held_buf *held_new(size_t n) {
+    held_buf *h = aligned_alloc(8, HELD_HDR + n);
+    if (h) h->bytes = n;
+    return h;
+}
+
 /* A buffer of n data bytes: the pool's when it has one of that size, else new
  * (counted: buffers_fresh). NULL when out of memory. */
 static held_buf *pool_take(size_t n) {
@@ -250,11 +258,8 @@ static held_buf *pool_take(size_t n) {
     }
     pthread_mutex_unlock(&pool_mu);
     if (h) return h;
-    h = aligned_alloc(8, HELD_HDR + n); /* CUPTI wants ACTIVITY_RECORD_ALIGNMENT (8) */
-    if (h) {
-        h->bytes = n;
-        ADD(&counters.buffers_fresh, 1);
-    }
+    h = held_new(n);
+    if (h) ADD(&counters.buffers_fresh, 1);
     return h;
 }
 
@@ -284,10 +289,9 @@ static void pool_fill(size_t n) {
     size_t want = POOL_START;
     if (want * n > POOL_MAX_BYTES) want = POOL_MAX_BYTES / n;
     while (pool_count < want) {
-        held_buf *h = aligned_alloc(8, HELD_HDR + n);
+        held_buf *h = held_new(n);
         if (!h) break;
-        memset(h, 0, HELD_HDR + n);
-        h->bytes = n;
+        memset((uint8_t *)h + HELD_HDR, 0, n);
         h->next = pool_head;
         pool_head = h;
         pool_count++;
