@@ -5,6 +5,7 @@ their modules, their parameters and the gradient norms they print themselves."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -75,6 +76,11 @@ def test_a_message_reaches_stderr_with_its_newline_in_one_write(tmp_path, monkey
                            "candle-trace:   rank 1: update 3: é\n".encode())]
     assert (tmp_path / "stderr").read_text(encoding="utf-8") == \
         "before candle-trace: rank 1: watched 4 updates\ncandle-trace:   rank 1: update 3: é\n"
+    # a stderr the program replaced with one that has no descriptor still gets it
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buffer)
+    say("candle-trace: watched 2 updates")
+    assert buffer.getvalue() == "candle-trace: watched 2 updates\n" and len(writes) == 1
 
 
 def test_models_of_finds_the_outermost_holders():
