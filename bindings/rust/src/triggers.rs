@@ -13,8 +13,9 @@
 //!   [`Triggers::slow_spread`] (10) times the window's median absolute
 //!   deviation (a workload that varies by nature widens its own bar); and
 //!   [`Triggers::slow_min_excess`] (5 ms: a VM's own stalls of a sub-ms
-//!   update reach 2.5-5 ms with nothing in the thread's accounts) plus [`Triggers::slow_wait_share`]
-//!   (1) times the time the machine held the update up — on Linux the time
+//!   update reach 2.5-5 ms with nothing in the thread's accounts) plus
+//!   [`Triggers::slow_wait_share`] (1) times the time the machine held the
+//!   update up — on Linux the time
 //!   its thread waited, runnable, for a CPU (schedstat) and, when it never
 //!   blocked in the update (no voluntary context switch), all of its time
 //!   off the CPU (a vCPU the host took away). That hold-up is also left out
