@@ -15,8 +15,8 @@
 //!   [`Triggers::slow_min_excess`] (5 ms: a VM's own stalls of a sub-ms
 //!   update reach 2.5-5 ms with nothing in the thread's accounts) plus
 //!   [`Triggers::slow_wait_share`] (1) times the time the machine held the
-//!   update up — on Linux the time
-//!   its thread waited, runnable, for a CPU (schedstat) and, when it never
+//!   update up — on Linux the time its thread waited, runnable, for a CPU
+//!   (schedstat) and, when it never
 //!   blocked in the update (no voluntary context switch), all of its time
 //!   off the CPU (a vCPU the host took away). That hold-up is also left out
 //!   of the update's time: a stall of the machine, not of the program, which
