@@ -16,12 +16,12 @@
 //!   update reach 2.5-5 ms with nothing in the thread's accounts) plus
 //!   [`Triggers::slow_wait_share`] (1) times the time the machine held the
 //!   update up — on Linux the time its thread waited, runnable, for a CPU
-//!   (schedstat) and, when it never
-//!   blocked in the update (no voluntary context switch), all of its time
-//!   off the CPU (a vCPU the host took away). That hold-up is also left out
-//!   of the update's time: a stall of the machine, not of the program, which
-//!   a trace would not explain; and a thread the machine held up comes back
-//!   to cold caches, an excess up to the hold-up itself.
+//!   (schedstat) and, when it never blocked in the update (no voluntary
+//!   context switch), all of its time off the CPU (a vCPU the host took
+//!   away). That hold-up is also left out of the update's time: a stall of
+//!   the machine, not of the program, which a trace would not explain; and a
+//!   thread the machine held up comes back to cold caches, an excess up to
+//!   the hold-up itself.
 //!   An update's time runs from its beginning (the start of the
 //!   `Schedule::update` closure, or `begin_update`) to its end: the data step
 //!   belongs inside it (Python's runs from one `step()` to the next). It
