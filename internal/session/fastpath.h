@@ -365,6 +365,10 @@ ct_ring *ct__own_ring(void);
 /* How many bytes of r's address space are resident (mincore; tests). */
 uint64_t ct__ring_resident(const ct_ring *r);
 
+/* How much of r's address space stays resident past a wrap back once a
+ * burst has stretched it: what ct__ring_resident comes back to (tests). */
+uint64_t ct__ring_keep(const ct_ring *r);
+
 /* The drainer, about to read r up to head: while the producer has
  * stretched r past its everyday size and is a whole one of it ahead (a
  * burst), faults in the next pages it will write (2 MiB past head), so that

@@ -58,10 +58,10 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	// eighth of it behind wraps back; with no drain at all here it would
 	// wait); and a ring a test left full gives its stretched pages back at
 	// its next wrap. Back at its everyday size, a ring that stretched keeps
-	// three everyday sizes and what was unread at the wrap resident (the
-	// bound this test asserts at its end), not three alone: the set-up took
-	// three and never found it on a thread whose ring this test had
-	// stretched before (go test -count=10: 3 everyday sizes + 24 KiB).
+	// ring_keep and what was unread at the wrap resident (the bound this
+	// test asserts at its end), not ring_keep alone: the set-up took that
+	// and never found it on a thread whose ring this test had stretched
+	// before (go test -count=10: 3 everyday sizes + 24 KiB).
 	setup := 0
 	for p := ownRingProbe(); p.cap == 0 || p.offset >= p.soft/2 || p.resident > wrapBackBound(p); p = ownRingProbe() {
 		require.Less(t, setup, 1_000_000, "the ring never came back to its everyday size: %+v", p)
@@ -99,7 +99,7 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 	}
 	back := ownRingProbe()
 	assert.LessOrEqual(t, after, 5000, "wrapped back within a stretch step or two of the drain")
-	assert.LessOrEqual(t, back.resident, wrapBackBound(back), "stretched pages past three everyday sizes went back to the kernel (%d bytes resident)", back.resident)
+	assert.LessOrEqual(t, back.resident, wrapBackBound(back), "stretched pages past what a wrap back keeps went back to the kernel (%d bytes resident)", back.resident)
 
 	require.NoError(t, s.Finish())
 	starts, ends := countSpanLines(t, path)
@@ -111,8 +111,8 @@ func TestABurstStretchesTheRingAndItsPagesGoBackOnceDrained(t *testing.T) {
 // A ring that stretched only a little past its everyday size, drained with
 // the drainer faulting pages in ahead of it, gives those pages back at its
 // next wrap like a ring that stretched far: what it keeps resident is the
-// bound of a wrap back (three everyday sizes and what was unread), not the
-// 2 MiB the drainer faulted in ahead.
+// bound of a wrap back (ring_keep and what was unread), not the 2 MiB the
+// drainer faulted in ahead.
 func TestPagesFaultedInAheadOfASmallStretchGoBackAtTheWrap(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -136,8 +136,8 @@ func TestPagesFaultedInAheadOfASmallStretchGoBackAtTheWrap(t *testing.T) {
 	require.Less(t, burst.offset, 2*burst.soft, "a small stretch")
 	require.NoError(t, s.Flush())
 	drained := ownRingProbe()
-	require.Greater(t, drained.resident, wrapBackBound(drained),
-		"the drain faulted in pages ahead of the producer (%d bytes resident)", drained.resident)
+	require.Greater(t, ownRingResidentIn(drained.keep, drained.cap), uint64(0),
+		"the drain faulted in pages ahead of the producer, past what a wrap back keeps (%d bytes resident)", drained.resident)
 	for n := 0; ownRingProbe().offset >= before.soft; n += 500 {
 		require.Less(t, n, 200_000, "never wrapped back: %+v", ownRingProbe())
 		require.NoError(t, spanPairsC(s.Handle(), 500))
@@ -146,12 +146,14 @@ func TestPagesFaultedInAheadOfASmallStretchGoBackAtTheWrap(t *testing.T) {
 	back := ownRingProbe()
 	assert.LessOrEqual(t, back.resident, wrapBackBound(back),
 		"pages faulted in ahead went back to the kernel at the wrap (%d bytes resident)", back.resident)
+	assert.Zero(t, ownRingResidentIn(back.keep, back.cap), "nothing past what a wrap back keeps")
 }
 
 // wrapBackBound is what a ring keeps resident once back at its everyday
-// size: three everyday sizes (ring_keep) and what was unread at the wrap,
-// which these tests allow half an everyday size.
-func wrapBackBound(p ringProbe) uint64 { return 3*p.soft + p.soft/2 }
+// size: ring_keep (three everyday sizes, or the everyday size and its first
+// huge page) and what was unread at the wrap, which these tests allow half
+// an everyday size.
+func wrapBackBound(p ringProbe) uint64 { return p.keep + p.soft/2 }
 
 // countSpanLines counts a trace's span_start and span_end lines without
 // decoding them (hundreds of thousands of lines).
@@ -348,3 +350,23 @@ func TestAnEarlyWrapBackKeepsWakingTheDrainer(t *testing.T) {
 	after := ownRingProbe()
 	assert.LessOrEqual(t, after.offset, after.soft+2*(after.soft/16), "the ring did not stretch past a step or two: %+v", after)
 }
+
+// A thread's first span makes its ring with the everyday part in memory
+// already (one step of page faults then, not one every hundred spans of
+// its first lap), and the part a burst stretches into beginning on a huge
+// page's boundary, so that a stretch gets a transparent huge page from its
+// first byte. It began 2 MiB in: four threads' 100k-pair bursts spent 22% of
+// their time faulting in small pages there (BENCHMARKS.md).
+func TestANewRingIsResidentEverydayAndStretchesIntoHugePages(t *testing.T) {
+	s, _ := openT(t, measuredRootRun)
+	defer func() { assert.NoError(t, s.Finish()) }()
+	look, err := lookAtANewRing(s.Handle())
+	require.NoError(t, err)
+	require.NotZero(t, look.soft)
+	require.Greater(t, look.cap, uint64(hugePage), "the default ring stretches past a huge page")
+	assert.Equal(t, look.soft, look.residentEveryday, "the everyday part is resident from the first span")
+	assert.Zero(t, look.stretchFrom%hugePage, "the stretch begins at %#x, not on a huge page's boundary", look.stretchFrom)
+}
+
+// hugePage is the transparent huge page size of x86-64 and arm64 (4 KiB base pages).
+const hugePage = 2 << 20

@@ -4,12 +4,11 @@ package session
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include "fastpath.h"
 
-// Bytes of [from, to) of the calling thread's ring in memory (tests).
-static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
-    const ct_ring *r = ct__own_ring();
-    if (!r || to > r->cap || from >= to) return 0;
+// Bytes of [from, to) of ring r in memory (tests).
+static uint64_t resident_in(const ct_ring *r, uint64_t from, uint64_t to) {
     size_t pages = (to - from) / 4096;
     unsigned char *vec = malloc(pages);
     if (!vec) return 0;
@@ -20,11 +19,57 @@ static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
     return n * 4096;
 }
 
+// The same of the calling thread's ring.
+static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
+    const ct_ring *r = ct__own_ring();
+    if (!r || to > r->cap || from >= to) return 0;
+    return resident_in(r, from, to);
+}
+
 // Gives [from, to) of the calling thread's ring back to the kernel (tests;
 // only where no record is unread).
 static void own_ring_drop(uint64_t from, uint64_t to) {
     const ct_ring *r = ct__own_ring();
     if (r && to <= r->cap && from < to) madvise(r->data + from, to - from, MADV_DONTNEED);
+}
+
+// What a new thread's ring looks like right after its first span (tests):
+// a thread of its own, so that the ring is made by that span.
+typedef struct {
+    ct_status st;
+    uint64_t soft, cap, resident_everyday, stretch_from;
+} new_ring_look;
+
+typedef struct {
+    ct_session h;
+    new_ring_look *look;
+} new_ring_arg;
+
+static void *new_ring_thread(void *p) {
+    new_ring_arg *a = p;
+    ct_span sp;
+    a->look->st = ct__span_begin(a->h, "first/span", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &sp);
+    if (a->look->st == CT_OK) a->look->st = ct__span_end(a->h, sp);
+    const ct_ring *r = ct__own_ring();
+    if (r) {
+        a->look->soft = r->soft;
+        a->look->cap = r->cap;
+        a->look->resident_everyday = resident_in(r, 0, r->soft);
+        a->look->stretch_from = (uint64_t)(uintptr_t)(r->data + r->soft);
+    }
+    return NULL;
+}
+
+static new_ring_look look_at_a_new_ring(ct_session h) {
+    new_ring_look look = {0};
+    new_ring_arg a = {h, &look};
+    pthread_t t;
+    if (pthread_create(&t, NULL, new_ring_thread, &a) != 0) {
+        look.st = CT_ERR_INTERNAL;
+        return look;
+    }
+    pthread_join(t, NULL);
+    return look;
 }
 */
 import "C"
@@ -38,6 +83,7 @@ import (
 // its sizes, how far it stretched and how much of it is resident.
 type ringProbe struct {
 	soft, cap uint64 // everyday size, address space
+	keep      uint64 // what stays resident past a wrap back (ct__ring_keep)
 	offset    uint64 // where the next record goes
 	head      uint64 // bytes written, padding included, since the ring began
 	sinceWake uint64 // bytes written since the producer last woke the drainer
@@ -53,7 +99,7 @@ func ownRingProbe() ringProbe {
 	}
 	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.head)))
 	return ringProbe{
-		soft: uint64(r.soft), cap: uint64(r.cap),
+		soft: uint64(r.soft), cap: uint64(r.cap), keep: uint64(C.ct__ring_keep(r)),
 		offset: head & (uint64(r.cap) - 1),
 		head:   head,
 		// wake_mark is the producer's own: read on its thread, it is exact.
@@ -77,4 +123,22 @@ func ownRingDrop(from, to uint64) { C.own_ring_drop(C.uint64_t(from), C.uint64_t
 // ownRingTail is the drainer's position in the calling thread's ring (tests).
 func ownRingTail() uint64 {
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))
+}
+
+// newRingLook is a new thread's ring right after its first span (tests).
+type newRingLook struct {
+	soft, cap        uint64
+	residentEveryday uint64  // bytes of the everyday part in memory
+	stretchFrom      uintptr // the address where a stretch begins
+}
+
+// lookAtANewRing makes one span on a thread of its own in session h and
+// reports the ring that span made (tests).
+func lookAtANewRing(h uint64) (newRingLook, error) {
+	l := C.look_at_a_new_ring(C.ct_session(h))
+	if l.st != C.CT_OK {
+		return newRingLook{}, &Error{Code: Status(l.st), Msg: lastCError()}
+	}
+	return newRingLook{soft: uint64(l.soft), cap: uint64(l.cap), residentEveryday: uint64(l.resident_everyday),
+		stretchFrom: uintptr(l.stretch_from)}, nil
 }
