@@ -289,6 +289,9 @@ def run_one(system, exe, variant, args, work, lttng):
         session = lttng.session(os.path.join(out, "ctf"))
         env["PEERS_LTTNG_SESSION"] = session
         env["PEERS_LTTNG_PIDS"] = " ".join(str(p) for p in lttng.daemon_pids())
+    # What the run before left to write back (gigabytes after a sustained
+    # run) is written now, not while this system runs.
+    os.sync()
     try:
         p = subprocess.run([exe, variant, out, *args], text=True, capture_output=True, env=env, timeout=1800)
         if p.returncode != 0:
