@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -176,18 +177,36 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 	})
 
 	t.Run("clock", func(t *testing.T) {
-		// Anchors as the collector takes them, 20 ms apart.
+		// Anchors as the collector takes them, 20 ms apart. Without a GPU
+		// the real cuptiGetTimestamp reads the wall clock (CLOCK_REALTIME),
+		// which the machine may adjust while they are taken: a CI run saw it
+		// stepped forward twice by ~0.49 ms within 200 ms (rate 0.9951, four
+		// anchors ±245 µs off). What is checked here is the map, not the
+		// machine's time keeping, so anchors taken while the wall clock was
+		// stepped against the monotonic one are taken again, and a machine
+		// that steps it in each of five tries fails the test.
 		c := &Collector{sink: s}
 		var m clockMap
 		var brackets []uint64
-		for i := 0; i < 11; i++ {
-			a, err := bestAnchor(DefaultClockTries, c.readClock)
-			require.NoError(t, err)
-			m.add(a)
-			brackets = append(brackets, a.bracket)
-			if i < 10 {
-				time.Sleep(20 * time.Millisecond)
+		for try := 1; ; try++ {
+			m, brackets = clockMap{}, nil
+			ref := time.Now()
+			before := wallOffset(ref)
+			for i := 0; i < 11; i++ {
+				a, err := bestAnchor(DefaultClockTries, c.readClock)
+				require.NoError(t, err)
+				m.add(a)
+				brackets = append(brackets, a.bracket)
+				if i < 10 {
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
+			moved := wallOffset(ref) - before
+			if abs64(moved) <= maxWallMove {
+				break
+			}
+			require.Less(t, try, 5, "the wall clock was stepped %d ns against the monotonic clock in 200 ms, five times running", moved)
+			t.Logf("try %d: the wall clock was stepped %d ns against the monotonic clock while the anchors were taken; again", try, moved)
 		}
 		require.Len(t, m.anchors, 11, "CUPTI's clock advances")
 		first, last := m.anchors[0], m.anchors[len(m.anchors)-1]
@@ -217,6 +236,25 @@ func TestRealCUPTIWithoutAGPU(t *testing.T) {
 			DefaultClockTries, brackets[0], brackets[len(brackets)-1], brackets[len(brackets)/2], rate, worst)
 		assert.Less(t, brackets[len(brackets)/2], uint64(20_000), "a best-of-32 bracket is a few hundred ns at most, unless the machine is badly oversubscribed")
 	})
+}
+
+// maxWallMove is how far the wall clock may move against the monotonic one
+// while the clock subtest takes its anchors. Slewing (NTP) moves both alike;
+// only a step moves one against the other, so the bound is the readings' own
+// error, far under a microsecond.
+const maxWallMove = 5_000
+
+// wallOffset is how far the wall clock has moved against the monotonic one
+// since ref: the median of five time.Now readings (each reads both clocks),
+// as a thread preempted between a reading's two clocks skews that one.
+func wallOffset(ref time.Time) int64 {
+	var o [5]int64
+	for i := range o {
+		n := time.Now()
+		o[i] = (n.UnixNano() - ref.UnixNano()) - int64(n.Sub(ref))
+	}
+	slices.Sort(o[:])
+	return o[2]
 }
 
 // kernelName is a C string for the records' name pointer: a global, so the
