@@ -29,7 +29,7 @@ pub enum UnspannedLaunches {
     MainThread,
 }
 
-/// The options of [`Session::start_devices`](crate::Session::start_devices);
+/// The options of [`SessionRef::start_devices`](crate::SessionRef::start_devices);
 /// every field the library's default until set.
 ///
 /// ```

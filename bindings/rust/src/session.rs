@@ -363,7 +363,7 @@ pub struct SessionRef(pub(crate) Arc<Inner>);
 /// End it with [`Session::finish`] (terminal `complete`) or
 /// [`Session::finish_failed`]. A session dropped without either ends with a
 /// `failed` terminal: "session dropped without finish", or, while the thread
-/// panics, "session dropped while panicking: <message>".
+/// panics, `"session dropped while panicking: <message>"`.
 pub struct Session {
     r: SessionRef,
     ended: bool,
