@@ -648,12 +648,13 @@ static void ring_stretch(ct_ring *r, uint64_t limit) {
  * would fault in small pages): a producer a little ahead of the drainer
  * stretches into it now and then, and would otherwise fault it in lap
  * after lap. */
-uint64_t ct__ring_keep(const ct_ring *r) {
+static inline uint64_t ring_keep(const ct_ring *r) {
     uint64_t keep = (uint64_t)r->soft * 3;
     if (r->cap > CT_HUGE && keep < (uint64_t)r->soft + CT_HUGE) keep = (uint64_t)r->soft + CT_HUGE;
     return keep;
 }
-static inline uint64_t ring_keep(const ct_ring *r) { return ct__ring_keep(r); }
+
+uint64_t ct__ring_keep(const ct_ring *r) { return ring_keep(r); }
 
 /* Whether the drainer has caught up well enough for the producer to wrap
  * back: used bytes behind it. The padding record of a wrap back counts as
@@ -779,10 +780,11 @@ static __attribute__((noinline)) uint8_t *ring_reserve_slow(ct_ring *r, uint32_t
 
 ct_ring *ct__own_ring(void) { return hot.ring; }
 
-uint64_t ct__ring_resident(const ct_ring *r) {
-    size_t pages = r->cap / CT_PAGE;
+uint64_t ct__ring_resident_in(const ct_ring *r, uint64_t from, uint64_t to) {
+    if (to > r->cap || from >= to) return 0;
+    size_t pages = (to - from) / CT_PAGE;
     unsigned char *vec = malloc(pages);
-    if (!vec || mincore(r->data, r->cap, vec) != 0) {
+    if (!vec || mincore(r->data + from, to - from, vec) != 0) {
         free(vec);
         return 0;
     }

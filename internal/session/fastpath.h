@@ -362,11 +362,12 @@ void ct__track_main_thread(ct_session h, int on);
 /* The calling thread's ring; NULL before its first span. */
 ct_ring *ct__own_ring(void);
 
-/* How many bytes of r's address space are resident (mincore; tests). */
-uint64_t ct__ring_resident(const ct_ring *r);
+/* How many bytes of [from, to) of r's address space are resident (mincore;
+ * page-aligned bounds; tests). */
+uint64_t ct__ring_resident_in(const ct_ring *r, uint64_t from, uint64_t to);
 
 /* How much of r's address space stays resident past a wrap back once a
- * burst has stretched it: what ct__ring_resident comes back to (tests). */
+ * burst has stretched it: what ct__ring_resident_in comes back to (tests). */
 uint64_t ct__ring_keep(const ct_ring *r);
 
 /* The drainer, about to read r up to head: while the producer has

@@ -2,28 +2,14 @@ package session
 
 /*
 #include <stdint.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <pthread.h>
 #include "fastpath.h"
 
-// Bytes of [from, to) of ring r in memory (tests).
-static uint64_t resident_in(const ct_ring *r, uint64_t from, uint64_t to) {
-    size_t pages = (to - from) / 4096;
-    unsigned char *vec = malloc(pages);
-    if (!vec) return 0;
-    uint64_t n = 0;
-    if (mincore(r->data + from, to - from, vec) == 0)
-        for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
-    free(vec);
-    return n * 4096;
-}
-
-// The same of the calling thread's ring.
+// Bytes of [from, to) of the calling thread's ring in memory (tests).
 static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
     const ct_ring *r = ct__own_ring();
-    if (!r || to > r->cap || from >= to) return 0;
-    return resident_in(r, from, to);
+    return r ? ct__ring_resident_in(r, from, to) : 0;
 }
 
 // Gives [from, to) of the calling thread's ring back to the kernel (tests;
@@ -54,7 +40,7 @@ static void *new_ring_thread(void *p) {
     if (r) {
         a->look->soft = r->soft;
         a->look->cap = r->cap;
-        a->look->resident_everyday = resident_in(r, 0, r->soft);
+        a->look->resident_everyday = ct__ring_resident_in(r, 0, r->soft);
         a->look->stretch_from = (uint64_t)(uintptr_t)(r->data + r->soft);
     }
     return NULL;
@@ -105,7 +91,7 @@ func ownRingProbe() ringProbe {
 		// wake_mark is the producer's own: read on its thread, it is exact.
 		sinceWake: head - uint64(r.wake_mark),
 		waits:     atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.waits))),
-		resident:  uint64(C.ct__ring_resident(r)),
+		resident:  uint64(C.ct__ring_resident_in(r, 0, C.uint64_t(r.cap))),
 	}
 }
 
