@@ -464,45 +464,33 @@ int ct__utf8_len(const char *str, size_t *len, int *blank) {
 /* ---- per-thread state --------------------------------------------------- */
 
 /* A ring's address space: its own mapping, not malloc's, so that pages no
- * burst reached are never touched, so never resident. The everyday part is
- * small pages, faulted in when the ring is made (ring_new); what lies past
- * it, where a burst stretches, asks for transparent huge pages and begins
- * on a huge page's boundary, so that the first stretch already gets one: a
- * 4 KiB page fault costs ~2 us on the VMs we measured, a huge page ~0.2 us
- * per 4 KiB of it. (With the huge pages starting 2 MiB in, four threads'
- * 100k-pair bursts spent 22% of their time faulting in small pages.) */
+ * burst reached are never touched, so never resident. Past its first huge
+ * page it asks for transparent huge pages: a burst stretches into
+ * megabytes, and a 4 KiB page fault costs ~2 us on the VMs we measured, a
+ * huge page ~0.2 us per 4 KiB of it. The everyday part stays in small
+ * pages (resident as far as it is used). */
 #define CT_HUGE (2u << 20)
 
-static uint8_t *ring_map(uint32_t cap, uint32_t soft) {
-    if (cap <= CT_HUGE) {
-        uint8_t *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
-    size_t len = (size_t)cap + 2 * (size_t)CT_HUGE;
+static uint8_t *ring_map(uint32_t cap) {
+    size_t len = (size_t)cap + (cap > CT_HUGE ? CT_HUGE : 0);
     uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    /* data + soft on a huge page's boundary; the excess at either end unmapped. */
-    uintptr_t lead = (CT_HUGE - soft % CT_HUGE) % CT_HUGE;
-    uint8_t *a = (uint8_t *)((((uintptr_t)p + CT_HUGE - 1) & ~(uintptr_t)(CT_HUGE - 1)) + lead);
+    if (cap <= CT_HUGE) return p;
+    /* Aligned to a huge page, the excess at either end unmapped. */
+    uint8_t *a = (uint8_t *)(((uintptr_t)p + CT_HUGE - 1) & ~(uintptr_t)(CT_HUGE - 1));
     if (a > p) munmap(p, (size_t)(a - p));
     if (a + cap < p + len) munmap(a + cap, (size_t)(p + len - (a + cap)));
-    if (cap > soft) madvise(a + soft, cap - soft, MADV_HUGEPAGE);
+    madvise(a + CT_HUGE, cap - CT_HUGE, MADV_HUGEPAGE);
     return a;
 }
-
-/* How much of a new ring's everyday part is faulted in when it is made: all
- * of it at the default size, one step of page faults at the thread's first
- * span instead of a fault every hundred spans of its first lap. */
-#define CT_RING_PREFAULT (1u << 20)
 
 static ct_ring *ring_new(void) {
     ct_ring *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     uint32_t cap = ring_bytes <= CT_RING_MAX / CT_RING_REACH ? ring_bytes * CT_RING_REACH : CT_RING_MAX;
     if (cap < ring_bytes) cap = ring_bytes;
-    uint8_t *data = ring_map(cap, ring_bytes);
+    uint8_t *data = ring_map(cap);
     if (!data) { free(r); return NULL; }
-    madvise(data, ring_bytes < CT_RING_PREFAULT ? ring_bytes : CT_RING_PREFAULT, MADV_POPULATE_WRITE);
     r->data = data;
     r->cap = cap;
     r->soft = ring_bytes;
@@ -643,16 +631,9 @@ static void ring_stretch(ct_ring *r, uint64_t limit) {
 #define CT_RING_AHEAD (2u << 20)
 
 /* What a ring keeps resident past its everyday size when it wraps back
- * (two everyday sizes, and at least the first huge page past it, whole:
- * giving back part of a huge page splits it, and a later stretch into it
- * would fault in small pages): a producer a little ahead of the drainer
- * stretches into it now and then, and would otherwise fault it in lap
- * after lap. */
-static inline uint64_t ring_keep(const ct_ring *r) {
-    uint64_t keep = (uint64_t)r->soft * 3;
-    if (r->cap > CT_HUGE && keep < (uint64_t)r->soft + CT_HUGE) keep = (uint64_t)r->soft + CT_HUGE;
-    return keep;
-}
+ * (two everyday sizes): a producer a little ahead of the drainer stretches
+ * into it now and then, and would otherwise fault it in lap after lap. */
+static inline uint64_t ring_keep(const ct_ring *r) { return (uint64_t)r->soft * 3; }
 
 uint64_t ct__ring_keep(const ct_ring *r) { return ring_keep(r); }
 

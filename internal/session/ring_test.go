@@ -150,9 +150,8 @@ func TestPagesFaultedInAheadOfASmallStretchGoBackAtTheWrap(t *testing.T) {
 }
 
 // wrapBackBound is what a ring keeps resident once back at its everyday
-// size: ring_keep (three everyday sizes, or the everyday size and its first
-// huge page) and what was unread at the wrap, which these tests allow half
-// an everyday size.
+// size: ring_keep (three everyday sizes) and what was unread at the wrap,
+// which these tests allow half an everyday size.
 func wrapBackBound(p ringProbe) uint64 { return p.keep + p.soft/2 }
 
 // countSpanLines counts a trace's span_start and span_end lines without
@@ -350,23 +349,3 @@ func TestAnEarlyWrapBackKeepsWakingTheDrainer(t *testing.T) {
 	after := ownRingProbe()
 	assert.LessOrEqual(t, after.offset, after.soft+2*(after.soft/16), "the ring did not stretch past a step or two: %+v", after)
 }
-
-// A thread's first span makes its ring with the everyday part in memory
-// already (one step of page faults then, not one every hundred spans of
-// its first lap), and the part a burst stretches into beginning on a huge
-// page's boundary, so that a stretch gets a transparent huge page from its
-// first byte. It began 2 MiB in: four threads' 100k-pair bursts spent 22% of
-// their time faulting in small pages there (BENCHMARKS.md).
-func TestANewRingIsResidentEverydayAndStretchesIntoHugePages(t *testing.T) {
-	s, _ := openT(t, measuredRootRun)
-	defer func() { assert.NoError(t, s.Finish()) }()
-	look, err := lookAtANewRing(s.Handle())
-	require.NoError(t, err)
-	require.NotZero(t, look.soft)
-	require.Greater(t, look.cap, uint64(hugePage), "the default ring stretches past a huge page")
-	assert.Equal(t, look.soft, look.residentEveryday, "the everyday part is resident from the first span")
-	assert.Zero(t, look.stretchFrom%hugePage, "the stretch begins at %#x, not on a huge page's boundary", look.stretchFrom)
-}
-
-// hugePage is the transparent huge page size of x86-64 and arm64 (4 KiB base pages).
-const hugePage = 2 << 20

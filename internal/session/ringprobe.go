@@ -3,7 +3,6 @@ package session
 /*
 #include <stdint.h>
 #include <sys/mman.h>
-#include <pthread.h>
 #include "fastpath.h"
 
 // Bytes of [from, to) of the calling thread's ring in memory (tests).
@@ -17,45 +16,6 @@ static uint64_t own_ring_resident_in(uint64_t from, uint64_t to) {
 static void own_ring_drop(uint64_t from, uint64_t to) {
     const ct_ring *r = ct__own_ring();
     if (r && to <= r->cap && from < to) madvise(r->data + from, to - from, MADV_DONTNEED);
-}
-
-// What a new thread's ring looks like right after its first span (tests):
-// a thread of its own, so that the ring is made by that span.
-typedef struct {
-    ct_status st;
-    uint64_t soft, cap, resident_everyday, stretch_from;
-} new_ring_look;
-
-typedef struct {
-    ct_session h;
-    new_ring_look *look;
-} new_ring_arg;
-
-static void *new_ring_thread(void *p) {
-    new_ring_arg *a = p;
-    ct_span sp;
-    a->look->st = ct__span_begin(a->h, "first/span", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &sp);
-    if (a->look->st == CT_OK) a->look->st = ct__span_end(a->h, sp);
-    const ct_ring *r = ct__own_ring();
-    if (r) {
-        a->look->soft = r->soft;
-        a->look->cap = r->cap;
-        a->look->resident_everyday = ct__ring_resident_in(r, 0, r->soft);
-        a->look->stretch_from = (uint64_t)(uintptr_t)(r->data + r->soft);
-    }
-    return NULL;
-}
-
-static new_ring_look look_at_a_new_ring(ct_session h) {
-    new_ring_look look = {0};
-    new_ring_arg a = {h, &look};
-    pthread_t t;
-    if (pthread_create(&t, NULL, new_ring_thread, &a) != 0) {
-        look.st = CT_ERR_INTERNAL;
-        return look;
-    }
-    pthread_join(t, NULL);
-    return look;
 }
 */
 import "C"
@@ -109,22 +69,4 @@ func ownRingDrop(from, to uint64) { C.own_ring_drop(C.uint64_t(from), C.uint64_t
 // ownRingTail is the drainer's position in the calling thread's ring (tests).
 func ownRingTail() uint64 {
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))
-}
-
-// newRingLook is a new thread's ring right after its first span (tests).
-type newRingLook struct {
-	soft, cap        uint64
-	residentEveryday uint64  // bytes of the everyday part in memory
-	stretchFrom      uintptr // the address where a stretch begins
-}
-
-// lookAtANewRing makes one span on a thread of its own in session h and
-// reports the ring that span made (tests).
-func lookAtANewRing(h uint64) (newRingLook, error) {
-	l := C.look_at_a_new_ring(C.ct_session(h))
-	if l.st != C.CT_OK {
-		return newRingLook{}, &Error{Code: Status(l.st), Msg: lastCError()}
-	}
-	return newRingLook{soft: uint64(l.soft), cap: uint64(l.cap), residentEveryday: uint64(l.resident_everyday),
-		stretchFrom: uintptr(l.stretch_from)}, nil
 }
