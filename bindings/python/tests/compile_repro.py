@@ -2,7 +2,8 @@
 """candle_trace.torch.profile around a torch.compile'd GPT-style model (torch >= 2.0).
 
     python compile_repro.py [--no-profile] [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
-        [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile]
+        [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile] [--recompile-at N]
+        [--watch FOLDER]
 
 Trains a 2-block GPT (token embedding, causal self-attention, MLP, LayerNorm) compiled
 with ``torch.compile`` for ``--steps`` AdamW updates under ``candle_trace.torch.profile``
@@ -126,6 +127,31 @@ def watch_dynamo() -> _TraceSourceLog:
     return h
 
 
+def summarize(trace: str) -> dict:
+    """What a test checks of one trace: its outcome, ops, spans, gradients."""
+    lines = [json.loads(ln) for ln in open(trace) if ln.strip()]
+    spans = {e["id"]: e for e in lines if e["kind"] == "span_start"}
+    ends = {e["id"]: e for e in lines if e["kind"] == "span_end"}
+    ops = [e for e in lines if e["kind"] == "op"]
+    names = collections.Counter(e["op_name"] for e in ops)
+    compiles = [s for s in spans.values() if s["name"].startswith("torch.compile")]
+    return {
+        "path": trace,
+        "outcome": lines[-1].get("outcome"),
+        "ops": len(ops),
+        "op_names": dict(names.most_common(40)),
+        "op_counts": dict(names),
+        "op_devices": dict(collections.Counter(e["device"] for e in ops)),
+        # torch.compile's spans: name, duration, the ops recorded inside (ops name their
+        # innermost span)
+        "compiles": [[s["name"], ends[s["id"]]["duration_ns"],
+                      sum(1 for e in ops if e["span_id"] == s["id"])] for s in compiles],
+        "spans": collections.Counter(f'{s.get("step")}:{s["name"]}' for s in spans.values()
+                                     ).most_common(),
+        "gradients": collections.Counter(e["state"] for e in lines if e["kind"] == "gradient"),
+    }
+
+
 # -- the run ---------------------------------------------------------------------------
 
 def main() -> int:
@@ -143,6 +169,12 @@ def main() -> int:
     ap.add_argument("--rf-names", action="store_true",
                     help="after the loop, list every RecordFunction of one more update "
                          "(torch.profiler, all scopes)")
+    ap.add_argument("--recompile-at", type=int, default=0,
+                    help="from this update (1-based) on, batches of 4 instead of 8: dynamo "
+                         "compiles the model again (a smaller last batch's recompilation)")
+    ap.add_argument("--watch", default=None, metavar="FOLDER",
+                    help="run the updates under candle_trace.torch.watch (into FOLDER) "
+                         "instead of a profile")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="torch._inductor.config.cpp.enable_kernel_profile: a "
                          "RecordFunction per inductor C++ kernel")
@@ -177,10 +209,19 @@ def main() -> int:
         train_step = torch.compile(train_step, backend=args.backend)
 
     def update(i: int) -> None:
-        train_step(torch.randint(0, 128, (8, 32)), torch.randint(0, 128, (8, 32)))
+        b = 4 if args.recompile_at and i + 1 >= args.recompile_at else 8
+        train_step(torch.randint(0, 128, (b, 32)), torch.randint(0, 128, (b, 32)))
 
     try:
-        if args.no_profile:
+        if args.watch:
+            with ctt.watch(model, opt, args.watch, max_traces=10) as w:
+                for i in range(args.steps):
+                    update(i)
+                    w.step()
+            out["fired"] = [[f.update, f.trigger] for f in w.fired]
+            out["traces"] = {name: summarize(os.path.join(args.watch, name))
+                             for name in sorted(os.listdir(args.watch))}
+        elif args.no_profile:
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 update(i)
@@ -216,21 +257,8 @@ def main() -> int:
         "recompiles": sum(v for k, v in counters["recompiles"].items()) if "recompiles" in counters else 0,
     }
     out["candle_trace_functions_traced_by_dynamo"] = dict(watch.functions)
-    if out["outcome"] == "ok" and not args.no_profile and os.path.exists(trace):
-        lines = [json.loads(ln) for ln in open(trace) if ln.strip()]
-        spans = {e["id"]: e for e in lines if e["kind"] == "span_start"}
-        ops = [e for e in lines if e["kind"] == "op"]
-        names = collections.Counter(e["op_name"] for e in ops)
-        out["trace"] = {
-            "path": trace,
-            "outcome": lines[-1].get("outcome"),
-            "ops": len(ops),
-            "op_names": dict(names.most_common(40)),
-            "spans": collections.Counter(f'{s.get("step")}:{s["name"]}' for s in spans.values()
-                                         ).most_common(),
-            "gradients": collections.Counter(e["state"] for e in lines
-                                             if e["kind"] == "gradient"),
-        }
+    if out["outcome"] == "ok" and not args.no_profile and not args.watch and os.path.exists(trace):
+        out["trace"] = summarize(trace)
     if args.rf_names and out["outcome"] == "ok":
         from torch.profiler import ProfilerActivity, profile as tprofile
         with tprofile(activities=[ProfilerActivity.CPU]) as tp:

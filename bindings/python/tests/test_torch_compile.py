@@ -54,6 +54,15 @@ def test_profile_of_a_compiled_model(tmp_path, backend, capture_step):
     capture step 1 the compilation itself runs inside the captured update."""
     out = repro(tmp_path, "--backend", backend, "--capture-step", str(capture_step))
     check_compiled_capture(out, tmp_path)
+    t = out["trace"]
+    # dynamo's compilation is a span of its own where it ran in the update, with no op
+    # inside it (its fake tensors' ops are not the model's), and none on "meta"
+    assert "meta" not in t["op_devices"], t["op_devices"]
+    if capture_step == 1:
+        assert [c[0] for c in t["compiles"]] == ["torch.compile"], t["compiles"]
+        assert all(dur > 0 and ops == 0 for _, dur, ops in t["compiles"]), t["compiles"]
+    else:
+        assert t["compiles"] == [], t["compiles"]
     if backend == "inductor" and observer_expected():
         assert out["op_mechanism"] == "observer"
         ops = out["trace"]["op_names"]
@@ -76,3 +85,61 @@ def test_profile_of_a_compiled_training_step(tmp_path):
     assert t["gradients"] == {"present": 30}
     candle_graph(t["path"], tmp_path)
     assert "OK" in validate(t["path"])
+
+
+def test_a_recompilation_in_the_captured_update_is_a_span_of_its_own(tmp_path):
+    """A smaller batch at the captured update (an epoch's last) makes dynamo compile the
+    model again inside it: the trace says so with a ``torch.compile`` span holding the
+    compilation's time, and its ops are the model's alone -- the same ops, as many, as
+    in a capture of an update that compiles nothing; before, the ops dynamo ran on its
+    fake tensors while compiling (63 on "meta" among 133) were recorded as the model's."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "again").mkdir()
+    plain = repro(tmp_path / "plain", "--backend", "eager", "--capture-step", "3")
+    again = repro(tmp_path / "again", "--backend", "eager", "--capture-step", "3",
+                  "--recompile-at", "3")
+    assert plain["outcome"] == again["outcome"] == "ok", (plain, again)
+    assert (plain["dynamo"]["unique_graphs"], again["dynamo"]["unique_graphs"]) == (1, 2)
+    assert again["dynamo"]["graph_breaks"] == 0, again["dynamo"]
+    assert again["candle_trace_functions_traced_by_dynamo"] == {}
+    p, a = plain["trace"], again["trace"]
+    assert p["compiles"] == [], p["compiles"]
+    assert len(a["compiles"]) == 1, a["compiles"]
+    name, dur, ops_inside = a["compiles"][0]
+    assert (name, ops_inside) == ("torch.compile", 0)
+    assert dur > 1_000_000, dur  # a recompilation takes milliseconds at the least
+    assert a["op_counts"] == p["op_counts"]
+    assert "meta" not in a["op_devices"], a["op_devices"]
+    assert a["outcome"] == "complete" and a["gradients"] == {"present": 30}
+    candle_graph(a["path"], tmp_path)
+    assert "OK" in validate(a["path"])
+
+
+def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
+    """Under ``watch`` (no capture step given), the update that compiles the model again
+    (batches of 4 from update 20 on) is slow, and its flight-recorder trace says why: a
+    ``torch.compile`` span holding most of the update, with no op inside. The update after
+    it (captured in full) compiles nothing."""
+    folder = tmp_path / "watched"
+    folder.mkdir()
+    out = repro(tmp_path, "--backend", "eager", "--steps", "24", "--recompile-at", "20",
+                "--watch", str(folder))
+    assert out["outcome"] == "ok", out
+    assert out["dynamo"]["unique_graphs"] == 2, out["dynamo"]
+    assert [20, "slow"] in out["fired"], out["fired"]
+    traces = out["traces"]
+    slow = traces["update-000020-slow.jsonl"]
+    assert [c[0] for c in slow["compiles"]] == ["torch.compile"], slow["compiles"]
+    (_, dur, ops_inside), = slow["compiles"]
+    assert ops_inside == 0 and "meta" not in slow["op_devices"], slow
+    assert slow["outcome"] == "complete" and slow["ops"] > 0, slow
+    after = traces["update-000021-after-slow.jsonl"]
+    assert after["compiles"] == [], after["compiles"]
+    # the same model ops, as many (the recorder's region also holds the batch's making:
+    # it opens at the step() before the update)
+    assert all(slow["op_counts"].get(k) == v for k, v in after["op_counts"].items()), \
+        (slow["op_counts"], after["op_counts"])
+    for name, t in traces.items():
+        if name != "update-000020-slow.jsonl":
+            assert t["compiles"] == [], (name, t["compiles"])
+        candle_graph(t["path"], tmp_path)

@@ -29,6 +29,7 @@ from ..session import CandleTraceError, Session
 from . import _gradients, _observer, _ops
 from ._amp import ScaledLosses, scale_of, unscaled
 from ._autograd_threads import close_spans_on_device_threads, devices_of
+from ._compile import CompileSpans
 from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
@@ -237,6 +238,9 @@ class Capture:
                 self.ops.prepare(self.session)  # type: ignore[arg-type]
             self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
+            compiles = CompileSpans(self._compile_begin, self._compile_end)
+            if compiles.install():
+                self._undo.append(compiles.remove)
             if self.cfg.phase == "train":
                 self._wrap_backward()
                 ScaledLosses.install()  # the loss behind a GradScaler's product
@@ -541,6 +545,21 @@ class Capture:
             close_spans_on_device_threads(self.spans, self._devices)
         finally:
             self.ops_suspend(False)
+
+    def _compile_begin(self, name: str) -> Optional[Tuple[int, Callable[[], None]]]:
+        """torch.compile starts compiling on this thread (_compile): its span, and no op
+        recorded until it ends -- they run on fake tensors."""
+        if self.state != "capturing":
+            return None
+        sid = self.guard_call(self.spans.push, "compile", name, "function", None)
+        if not sid:
+            return None
+        return sid, (self.ops.quiet() if self.ops is not None else lambda: None)
+
+    def _compile_end(self, token: Tuple[int, Callable[[], None]]) -> None:
+        sid, release = token
+        release()  # whatever the capture's state: the quieting is the thread's
+        self.guard_call(self.spans.close_until, sid)
 
     def _wrap_optimizer(self, opt: torch.optim.Optimizer) -> None:
         orig = opt.step

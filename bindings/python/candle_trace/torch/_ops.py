@@ -14,7 +14,7 @@ keeps the ops and memory it saw up to the failure.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -29,6 +29,21 @@ except ImportError:  # pragma: no cover - older torch
     _DispatchBase = None  # type: ignore[assignment,misc]
 
 __all__ = ["OpSource", "ObserverOps", "DispatchOps", "choose"]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, run by the first call only."""
+    left = [fn]
+
+    def run() -> None:
+        if left:
+            left.pop()()
+
+    return run
 
 
 class OpSource:
@@ -55,6 +70,12 @@ class OpSource:
 
     def suspend(self, on: bool) -> None:
         """Suspends recording on this thread (the tracer's own torch ops)."""
+
+    def quiet(self) -> Callable[[], None]:
+        """Suspends recording on this thread until the returned function is called
+        (once; later calls do nothing), whatever happens to the capture meanwhile:
+        torch.compile's compilation (_compile), which may outlive it."""
+        return _nothing
 
     def stop(self) -> None:
         """Stops recording (before the spans close: every record stays inside one)."""
@@ -114,6 +135,13 @@ class ObserverOps(OpSource):
         if self._on:
             self._obs.suspend(1 if on else 0)
 
+    def quiet(self) -> Callable[[], None]:
+        if not self._on:
+            return _nothing
+        suspend = self._obs.suspend
+        suspend(1)
+        return _once(lambda: suspend(0))
+
     def stop(self) -> None:
         if self._on:
             self._spans.publish_to(None)
@@ -171,7 +199,7 @@ class DispatchOps(OpSource):
     def __init__(self, want_memory: bool) -> None:
         self.want_memory = want_memory
         self.on = False
-        self.suspended = False
+        self.suspended = 0  # nested suspensions (stats inside a compilation's quiet)
         self._ops: List[tuple] = []
         self._mem: List[tuple] = []
         self._edges: List[Tuple[str, str]] = []
@@ -194,7 +222,11 @@ class DispatchOps(OpSource):
         self.on = True
 
     def suspend(self, on: bool) -> None:
-        self.suspended = on
+        self.suspended = max(0, self.suspended + (1 if on else -1))
+
+    def quiet(self) -> Callable[[], None]:
+        self.suspend(True)
+        return _once(lambda: self.suspend(False))
 
     def stop(self) -> None:
         self.on = False

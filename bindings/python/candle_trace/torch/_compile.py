@@ -1,0 +1,104 @@
+"""torch.compile's compilations inside a captured update, as spans of their own.
+
+A compiled model compiles again when a guard fails (a smaller last batch, a new dtype, a
+Python attribute the graph depends on): hundreds of milliseconds inside an update that
+otherwise takes a few -- the slow step a user most needs explained. Dynamo traces the
+model with fake tensors meanwhile, and every aten op it runs on them (on the ``meta``
+device, or on a FakeTensor that claims the model's) is compilation, not the model: the
+update's time is dynamo's and inductor's, not any op's.
+
+So while dynamo compiles on the capture's thread (``torch._dynamo.callback``'s start and
+end callbacks), the capture holds a span named ``torch.compile`` (or
+``torch.compile (backward)`` for a backward compiled at its first run) and records no op;
+the span's time is the program's, as it is. Where this torch has no such callbacks, or
+dynamo was never imported (no model is compiled), nothing is installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Dict, Optional
+
+__all__ = ["CompileSpans", "span_name"]
+
+#: dynamo's CallbackTrigger names -> the span's name; a trigger not listed gets
+#: "torch.compile (<trigger>)"
+_NAMES: Dict[str, str] = {"DYNAMO": "torch.compile", "LAZY_BACKWARD": "torch.compile (backward)"}
+
+
+def span_name(args: Any) -> str:
+    """The span's name for a start callback's argument (dynamo's ``CallbackArgs``;
+    torches whose callbacks take none pass None)."""
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+    if trigger is None:
+        return "torch.compile"
+    return _NAMES.get(trigger, f"torch.compile ({trigger.lower().replace('_', ' ')})")
+
+
+def _handler() -> Any:
+    dynamo = sys.modules.get("torch._dynamo")
+    cb = getattr(dynamo, "callback", None) if dynamo is not None else None
+    handler = getattr(cb, "callback_handler", None)
+    if handler is None or not hasattr(handler, "register_start_callback"):
+        return None
+    return handler
+
+
+class CompileSpans:
+    """Opens a span at each compilation's start on a capturing thread and closes it at
+    its end, with the capture's op recording quiet in between.
+
+    ``begin(name)`` opens the span and quiets the ops, returning what ``end`` needs to
+    undo exactly that (or None when the capture is not recording); ``end(token)`` closes
+    it. Both run as tracer work (the capture's guard), on the compiling thread: the
+    quieting is per thread, and is undone at the end even when the capture ended
+    meanwhile, or it would outlive the capture. (Dynamo runs the callbacks once for
+    compilations that overlap on several threads, the end on whichever finishes last; a
+    span that end never reaches stays open, as a failed capture's would.)"""
+
+    def __init__(self, begin: Callable[[str], Optional[Any]],
+                 end: Callable[[Any], None]) -> None:
+        self._begin, self._end = begin, end
+        self._open: Dict[int, Any] = {}  # thread ident -> begin's token
+        self._handler: Any = None
+
+    def install(self) -> bool:
+        """Registers the callbacks with dynamo; False where there is nothing to register
+        with (no dynamo imported, or a torch before the callbacks)."""
+        handler = _handler()
+        if handler is None:
+            return False
+        handler.register_start_callback(self._on_start)
+        handler.register_end_callback(self._on_end)
+        self._handler = handler
+        return True
+
+    def remove(self) -> None:
+        """Unregisters the callbacks and closes what the calling thread still has open
+        (idempotent)."""
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            for name, fn in (("remove_start_callback", self._on_start),
+                             ("remove_end_callback", self._on_end)):
+                try:
+                    getattr(handler, name)(fn)
+                except ValueError:  # torch._dynamo.reset() cleared them already
+                    pass
+        token = self._open.pop(threading.get_ident(), None)
+        self._open.clear()
+        if token is not None:
+            self._end(token)
+
+    def _on_start(self, args: Any = None) -> None:
+        me = threading.get_ident()
+        if me in self._open:  # dynamo counts nested compilations itself; be safe
+            return
+        token = self._begin(span_name(args))
+        if token is not None:
+            self._open[me] = token
+
+    def _on_end(self, args: Any = None) -> None:
+        token = self._open.pop(threading.get_ident(), None)
+        if token is not None:
+            self._end(token)
