@@ -218,7 +218,7 @@ def main() -> int:
                 for i in range(args.steps):
                     update(i)
                     w.step()
-            out["fired"] = [[f.update, f.trigger] for f in w.fired]
+            out["fired"] = [[f.update, f.trigger, f.detail] for f in w.fired]
             out["traces"] = {name: summarize(os.path.join(args.watch, name))
                              for name in sorted(os.listdir(args.watch))}
         elif args.no_profile:

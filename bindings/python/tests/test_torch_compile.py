@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,20 +118,24 @@ def test_a_recompilation_in_the_captured_update_is_a_span_of_its_own(tmp_path):
 
 def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
     """Under ``watch`` (no capture step given), the update that compiles the model again
-    (batches of 4 from update 20 on) is slow, and its flight-recorder trace says why: a
-    ``torch.compile`` span holding most of the update, with no op inside. The update after
-    it (captured in full) compiles nothing."""
+    (batches of 4 from update 20 on) is slow, and says why: the trigger's detail gives the
+    compilation's time, and the flight recorder's trace holds a ``torch.compile`` span of
+    as long, with no op inside. The update after it (captured in full) compiles nothing."""
     folder = tmp_path / "watched"
     folder.mkdir()
     out = repro(tmp_path, "--backend", "eager", "--steps", "24", "--recompile-at", "20",
                 "--watch", str(folder))
     assert out["outcome"] == "ok", out
     assert out["dynamo"]["unique_graphs"] == 2, out["dynamo"]
-    assert [20, "slow"] in out["fired"], out["fired"]
+    detail = next(d for u, t, d in out["fired"] if (u, t) == (20, "slow"))
     traces = out["traces"]
     slow = traces["update-000020-slow.jsonl"]
     assert [c[0] for c in slow["compiles"]] == ["torch.compile"], slow["compiles"]
     (_, dur, ops_inside), = slow["compiles"]
+    said = re.search(r"; torch\.compile ran ([0-9.]+) ms of it$", detail)
+    assert said, detail
+    assert abs(float(said.group(1)) - dur / 1e6) <= 0.1 * dur / 1e6 + 2, (detail, dur)
+    assert not any("torch.compile" in d for u, _, d in out["fired"] if u != 20), out["fired"]
     assert ops_inside == 0 and "meta" not in slow["op_devices"], slow
     assert slow["outcome"] == "complete" and slow["ops"] > 0, slow
     after = traces["update-000021-after-slow.jsonl"]

@@ -29,7 +29,7 @@ from ..session import CandleTraceError, Session
 from . import _gradients, _observer, _ops
 from ._amp import ScaledLosses, scale_of, unscaled
 from ._autograd_threads import close_spans_on_device_threads, devices_of
-from ._compile import CompileSpans
+from ._compile import Compilations
 from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
@@ -238,7 +238,7 @@ class Capture:
                 self.ops.prepare(self.session)  # type: ignore[arg-type]
             self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
-            compiles = CompileSpans(self._compile_begin, self._compile_end)
+            compiles = Compilations(self._compile_begin, self._compile_end)
             if compiles.install():
                 self._undo.append(compiles.remove)
             if self.cfg.phase == "train":

@@ -1,4 +1,5 @@
-"""torch.compile's compilations inside a captured update, as spans of their own.
+"""torch.compile's compilations: spans of their own inside a captured update, and their
+time in an update a watch finds slow.
 
 A compiled model compiles again when a guard fails (a smaller last batch, a new dtype, a
 Python attribute the graph depends on): hundreds of milliseconds inside an update that
@@ -10,8 +11,10 @@ update's time is dynamo's and inductor's, not any op's.
 So while dynamo compiles on the capture's thread (``torch._dynamo.callback``'s start and
 end callbacks), the capture holds a span named ``torch.compile`` (or
 ``torch.compile (backward)`` for a backward compiled at its first run) and records no op;
-the span's time is the program's, as it is. Where this torch has no such callbacks, or
-dynamo was never imported (no model is compiled), nothing is installed.
+the span's time is the program's, as it is. A watch (``_watch``) times them too, for every
+update: a slow trigger's detail says how much of the update compilation took, also with no
+flight recorder. Where this torch has no such callbacks, or dynamo was never imported (no
+model is compiled), nothing is installed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
-__all__ = ["CompileSpans", "span_name"]
+__all__ = ["Compilations", "span_name"]
 
 #: dynamo's CallbackTrigger names -> the span's name; a trigger not listed gets
 #: "torch.compile (<trigger>)"
@@ -45,15 +48,14 @@ def _handler() -> Any:
     return handler
 
 
-class CompileSpans:
-    """Opens a span at each compilation's start on a capturing thread and closes it at
-    its end, with the capture's op recording quiet in between.
+class Compilations:
+    """Calls ``begin(name)`` where a compilation starts, on the compiling thread, and
+    ``end(token)`` with what it returned (unless None) where that thread's compilation
+    ends -- or at :meth:`remove`, called on that thread, if it had not.
 
-    ``begin(name)`` opens the span and quiets the ops, returning what ``end`` needs to
-    undo exactly that (or None when the capture is not recording); ``end(token)`` closes
-    it. Both run as tracer work (the capture's guard), on the compiling thread: the
-    quieting is per thread, and is undone at the end even when the capture ended
-    meanwhile, or it would outlive the capture. (Dynamo runs the callbacks once for
+    A capture's ``begin`` opens the span and quiets its op recording, and its ``end``
+    undoes exactly that, even when the capture ended meanwhile: the quieting is per
+    thread, and would otherwise outlive the capture. (Dynamo runs the callbacks once for
     compilations that overlap on several threads, the end on whichever finishes last; a
     span that end never reaches stays open, as a failed capture's would.)"""
 

@@ -40,6 +40,7 @@ from ._common import (Optimizers, Patched, collect_ahead, exception_reason, opti
                       restore, warn_once)
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._model import parts_of
+from ._compile import Compilations
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
 
 __all__ = ["watch", "Triggers", "Fired"]
@@ -216,6 +217,10 @@ class watch:
         self._after: Optional[Fired] = None  # the trigger the next full capture follows
         self._tap = _LossTap()
         self._cpu_wait = CpuWait()  # the machine's stalls are not the update's
+        #: torch.compile's time in the update under way (seconds), for a slow trigger's
+        #: detail
+        self.compile_s = 0.0
+        self._compiles = Compilations(lambda name: time.perf_counter(), self._compiled)
         #: what the flight recorder adds to the updates it records (``.share``, once
         #: measured over its first 20 updates; warned about from 5%)
         self.recorder_cost = RecorderCost()
@@ -261,6 +266,7 @@ class watch:
                                       self.device, self.tags, interval, prefix, want_loss=False)
             self.whole_run.install(self._parts.forward_modules(), self.optimizers)
         self._tap.install()
+        self._compiles.install()
         self._arm_next()
         self._mark()
         return self
@@ -309,6 +315,9 @@ class watch:
                     fired = fired or self._eval.gradients(self.updates, cap.grad_norms)
                     if fired is not None:  # its full capture is its trace
                         fired.trace = cap.cfg.path
+        if fired is not None and fired.trigger == "slow" and self.compile_s >= 1e-4:
+            # the likeliest cause, where it ran: dynamo compiled inside the update
+            fired.detail += f"; torch.compile ran {self.compile_s * 1e3:.1f} ms of it"
         if fired is not None:
             self._fired(fired, recorded=cap is not None and kind == "flight")
             if self.capture_next and fired.trigger not in ("exception", "non_finite_grad"):
@@ -360,6 +369,9 @@ class watch:
         except CandleTraceError as e:  # the summary's loss, not the program's
             warn_once(f"watch-summary-{e.status}", f"watch: the summary misses the recorder's cost: {e}")
 
+    def _compiled(self, t0: float) -> None:
+        self.compile_s += time.perf_counter() - t0
+
     def _mark(self) -> None:
         """Where the next update's time starts: after step()'s own work (closing one
         capture, arming the next, and the GC collection the next update would run), so
@@ -367,6 +379,7 @@ class watch:
         collect_ahead()
         self._cpu_wait.take()
         self._tracer_base = self._tracer_s()
+        self.compile_s = 0.0
         self._last = time.perf_counter()
 
     def _tracer_s(self) -> float:
@@ -406,6 +419,7 @@ class watch:
                                if self._after else "after")
         finally:
             self._tap.remove()
+            self._compiles.remove()
             self._cpu_wait.close()
             if self.whole_run is not None:
                 wr, self.whole_run = self.whole_run, None
