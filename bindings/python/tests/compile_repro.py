@@ -3,7 +3,7 @@
 
     python compile_repro.py [--no-profile] [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
         [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile] [--recompile-at N]
-        [--watch FOLDER]
+        [--watch FOLDER [--aggregate PATH]]
 
 Trains a 2-block GPT (token embedding, causal self-attention, MLP, LayerNorm) compiled
 with ``torch.compile`` for ``--steps`` AdamW updates under ``candle_trace.torch.profile``
@@ -175,6 +175,8 @@ def main() -> int:
     ap.add_argument("--watch", default=None, metavar="FOLDER",
                     help="run the updates under candle_trace.torch.watch (into FOLDER) "
                          "instead of a profile")
+    ap.add_argument("--aggregate", default=None, metavar="PATH",
+                    help="with --watch: its whole-run summary, written to PATH")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="torch._inductor.config.cpp.enable_kernel_profile: a "
                          "RecordFunction per inductor C++ kernel")
@@ -214,7 +216,8 @@ def main() -> int:
 
     try:
         if args.watch:
-            with ctt.watch(model, opt, args.watch, max_traces=10) as w:
+            with ctt.watch(model, opt, args.watch, max_traces=10,
+                           aggregate_path=args.aggregate) as w:
                 for i in range(args.steps):
                     update(i)
                     w.step()

@@ -123,8 +123,9 @@ def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
     as long, with no op inside. The update after it (captured in full) compiles nothing."""
     folder = tmp_path / "watched"
     folder.mkdir()
+    summary = tmp_path / "summary.json"
     out = repro(tmp_path, "--backend", "eager", "--steps", "24", "--recompile-at", "20",
-                "--watch", str(folder))
+                "--watch", str(folder), "--aggregate", str(summary))
     assert out["outcome"] == "ok", out
     assert out["dynamo"]["unique_graphs"] == 2, out["dynamo"]
     detail = next(d for u, t, d in out["fired"] if (u, t) == (20, "slow"))
@@ -144,6 +145,19 @@ def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
     # it opens at the step() before the update)
     assert all(slow["op_counts"].get(k) == v for k, v in after["op_counts"].items()), \
         (slow["op_counts"], after["op_counts"])
+    # the whole-run statistics count both compilations (the first, and update 20's), and
+    # the report moves their time out of compute
+    spans = {sp["name"]: sp for sp in json.loads(summary.read_text())["spans"]}
+    assert spans["train/compile"]["count"] == 2, spans
+    assert spans["train/compile"]["total_ns"] >= dur, (spans["train/compile"], dur)
+    r = subprocess.run([str(Path(__file__).resolve().parents[3] / "build" / "candle-trace"),
+                        "report", "--json", str(summary)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    cats = {c["category"]: c["total_ns"] for c in json.loads(r.stdout)["overhead"]["categories"]}
+    assert cats["compile"] == spans["train/compile"]["total_ns"], cats
+    assert cats["compute"] == sum(spans[n]["total_ns"] for n in
+                                  ("train/forward", "train/backward", "train/optimizer")) - cats["compile"]
     for name, t in traces.items():
         if name != "update-000020-slow.jsonl":
             assert t["compiles"] == [], (name, t["compiles"])

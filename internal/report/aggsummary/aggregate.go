@@ -32,6 +32,11 @@ const (
 	// CategoryIgnore leaves a span out of the shares: a span that encloses
 	// others (a whole training step) would otherwise count their time twice.
 	CategoryIgnore = "ignore"
+	// CategoryCompile is torch.compile's compilations ("train/compile"),
+	// which run inside a forward or backward span: the analysis moves their
+	// time out of compute into an overhead of its own, so that a run that
+	// recompiled is not called compute-bound for its compiler's time.
+	CategoryCompile = "compile"
 )
 
 // DefaultComputeThreshold is the compute share above which "compute
@@ -61,6 +66,10 @@ var defaultWords = map[string]string{
 var enclosingWords = map[string]bool{
 	"step": true, "update": true, "iteration": true, "iter": true, "epoch": true,
 }
+
+// compileWord names torch.compile's compilations (CategoryCompile), under the
+// same terms as enclosingWords: the last word, no step tag.
+const compileWord = "compile"
 
 // CategoryRule maps span names to a category: Pattern is a name, or a
 // path.Match pattern when it contains * ? or [.
@@ -147,6 +156,9 @@ func (c *Categorizer) Categorize(name, step string) (category, source string) {
 		if cat, ok := defaultWords[words[i]]; ok {
 			return cat, "name"
 		}
+	}
+	if step == "" && len(words) > 0 && words[len(words)-1] == compileWord {
+		return CategoryCompile, "name"
 	}
 	if step == "" && len(words) > 0 && enclosingWords[words[len(words)-1]] {
 		return CategoryIgnore, "name"
@@ -299,7 +311,9 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 			ignored = trace.SatAdd(ignored, sp.TotalNS)
 			continue
 		}
-		r.TotalNS = trace.SatAdd(r.TotalNS, sp.TotalNS)
+		if cat != CategoryCompile { // already in the compute that encloses it
+			r.TotalNS = trace.SatAdd(r.TotalNS, sp.TotalNS)
+		}
 		c := byCat[cat]
 		if c == nil {
 			c = &CategoryShare{Category: cat}
@@ -307,6 +321,18 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 		}
 		c.TotalNS = trace.SatAdd(c.TotalNS, sp.TotalNS)
 		c.Spans++
+	}
+	if cc, ok := byCat[CategoryCompile]; ok {
+		// Out of the compute spans that held it (what a compilation outside
+		// any compute span leaves of this is at most the compute there is).
+		moved := cc.TotalNS
+		if c := byCat[CategoryCompute]; c != nil {
+			moved = min(moved, c.TotalNS)
+			c.TotalNS -= moved
+		} else {
+			moved = 0
+		}
+		r.TotalNS = trace.SatAdd(r.TotalNS, cc.TotalNS-moved)
 	}
 	for i := range r.Spans {
 		if r.Spans[i].Category != CategoryIgnore && r.TotalNS > 0 {
@@ -365,6 +391,8 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 }
 
 var categoryAdvice = map[string]string{
+	CategoryCompile: "torch.compile's compilations: the first one, then one per recompile -- shapes or dtypes that change " +
+		"(a smaller last batch: drop_last, torch._dynamo.mark_dynamic) or guards on Python values; TORCH_LOGS=recompiles says why",
 	CategoryData:     "the input pipeline: more loader workers, prefetching, pinned memory",
 	CategoryTransfer: "host-device copies: pinned memory, non-blocking copies, keeping tensors on the device",
 	CategoryOther:    "spans in no category: map them with --category NAME=CAT, and a span that encloses others to ignore",

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/candle-trace/candle-trace/internal/aggregate"
+	"github.com/candle-trace/candle-trace/internal/events"
 )
 
 func readFixture(t *testing.T, name string) *aggregate.Summary {
@@ -41,6 +42,8 @@ func TestCategorize(t *testing.T) {
 		{"train/step", "", "ignore", "name"}, // encloses the update's other spans
 		{"Trainer.training_step", "", "ignore", "name"},
 		{"epoch", "", "ignore", "name"},
+		{"train/compile", "", "compile", "name"}, // torch.compile's, inside a forward or backward
+		{"compile/forward", "forward", "compute", "name"},
 		{"step/tokenize", "", "other", "default"}, // only the last word encloses
 		{"tokenize", "", "other", "default"},
 		{"total", "", "other", "default"}, // "to" is a word, not a prefix
@@ -118,6 +121,41 @@ func TestAggregateAnalysisIgnore(t *testing.T) {
 	// A higher threshold turns the verdict.
 	r = AnalyzeAggregate("a.json", readFixture(t, "aggregate-a.json"), cats, 0.8)
 	assert.Equal(t, "falsified", r.Analysis.Verdict)
+}
+
+// A compiled model that recompiled: 6 of forward's 8 s were dynamo compiling
+// (train/compile, inside forward). Compute is 8 - 6 + 2 (backward) = 4 s of
+// 4 + 6 + 1 (data) = 11 s, 36.4%: the compiler, not compute, dominates.
+func TestAggregateAnalysisMovesCompilationsOutOfCompute(t *testing.T) {
+	a := aggregate.New()
+	for _, sp := range []struct {
+		name string
+		step events.Step
+		ns   uint64
+	}{
+		{"train/forward", events.StepForward, 2e9}, {"train/forward", events.StepForward, 6e9},
+		{"train/compile", events.StepNone, 5.5e9}, {"train/compile", events.StepNone, 0.5e9},
+		{"train/backward", events.StepBackward, 2e9}, {"train/data", events.StepNone, 1e9},
+		{"train/step", events.StepNone, 10e9},
+	} {
+		require.NoError(t, a.ObserveSpan(sp.name, sp.step, sp.ns))
+	}
+	r := AnalyzeAggregate("c.json", a.Snapshot(), nil, 0)
+	an := r.Analysis
+	assert.Equal(t, uint64(11e9), an.CategorizedNS)
+	assert.Equal(t, uint64(4e9), an.ComputeNS)
+	assert.Equal(t, uint64(7e9), an.OverheadNS)
+	assert.Equal(t, []CategoryShare{{"compile", 6e9, 6.0 / 11, 1}, {"compute", 4e9, 4.0 / 11, 2}, {"data", 1e9, 1.0 / 11, 1}}, an.Categories)
+	assert.Equal(t, "falsified", an.Verdict)
+	assert.Contains(t, an.Explanation, "overhead dominates, led by compile at 54.5% (torch.compile's compilations: the first one, then one per recompile")
+
+	// Without a compute span to hold them, nothing is moved: they count as they are.
+	b := aggregate.New()
+	require.NoError(t, b.ObserveSpan("train/compile", events.StepNone, 3e9))
+	require.NoError(t, b.ObserveSpan("train/data", events.StepNone, 1e9))
+	an = AnalyzeAggregate("d.json", b.Snapshot(), nil, 0).Analysis
+	assert.Equal(t, uint64(4e9), an.CategorizedNS)
+	assert.Equal(t, uint64(0), an.ComputeNS)
 }
 
 func TestAggregateAnalysisEmpty(t *testing.T) {

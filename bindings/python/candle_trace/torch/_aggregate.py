@@ -1,7 +1,8 @@
 """Whole-run statistics beside the capture: an aggregate session (``"mode":
 "aggregate"``) that folds every update's phases into O(1)-memory statistics through
 three cheap wrappers (the model's forward, ``torch.autograd.backward``, the optimizer's
-step) and the profile's ``step()``."""
+step) and the profile's ``step()`` -- and torch.compile's compilations (``<prefix>/compile``,
+from dynamo's callbacks: how often the run compiled, and how long that took)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ..session import CandleTraceError, Session
 from ._amp import ScaledLosses, unscaled
 from ._common import exception_reason, patch, restore
+from ._compile import Compilations
 
 __all__ = ["WholeRun"]
 
@@ -43,6 +45,7 @@ class WholeRun:
         # thread (ct_record_completed_span is not folded by aggregate sessions).
         self._step_span = a.span(f"{prefix}/step")
         self._data_span = a.span(f"{prefix}/data")
+        self._compile_span = a.span(f"{prefix}/compile")
         self._open: List[Any] = []  # the open update (None) or data span (at most one)
         self._update: Any = None
         self._open_data()
@@ -79,6 +82,20 @@ class WholeRun:
 
         for opt in optimizers:
             self._install_step(opt)
+
+        compiles = Compilations(self._compile_begin, self._compile_end)
+        if compiles.install():
+            self._undo.append(compiles.remove)
+
+    def _compile_begin(self, name: str) -> Any:
+        if self._closed:
+            return None
+        span = self._span(self._compile_span)
+        span.__enter__()
+        return span
+
+    def _compile_end(self, span: Any) -> None:
+        span.__exit__(None, None, None)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer made after install (a new epoch's): its steps are counted too."""
