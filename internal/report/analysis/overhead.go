@@ -2,6 +2,8 @@ package analysis
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/candle-trace/candle-trace/internal/report/health"
 	"github.com/candle-trace/candle-trace/internal/report/trace"
@@ -28,8 +30,13 @@ type OverheadAnalysis struct {
 	OverheadNS    uint64  `json:"overhead_ns"`
 	OverheadShare float64 `json:"overhead_share"`
 	Threshold     float64 `json:"threshold"`
-	Verdict       string  `json:"verdict"` // supported | refuted | inconclusive
-	Explanation   string  `json:"explanation"`
+	// CompileNS is what torch.compile's spans ("torch.compile",
+	// "torch.compile (backward)": dynamo compiling, with no op recorded)
+	// took inside the region: overhead, and a first compilation's or a
+	// recompile's, not the steady state's.
+	CompileNS   uint64 `json:"compile_ns"`
+	Verdict     string `json:"verdict"` // supported | refuted | inconclusive
+	Explanation string `json:"explanation"`
 }
 
 func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport) OverheadAnalysis {
@@ -53,7 +60,7 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 		// is compute; the others only add to it in parallel.
 		o.Basis, o.ComputeNS = "device_busy", deviceBusy
 	default:
-		ops := opTimeUnder(a, measured)
+		ops := opTimeUnder(a, inside(a, measured))
 		if ops == 0 {
 			o.Explanation = "no device intervals on the host clock and no op time inside the measured region"
 			return o
@@ -62,6 +69,7 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 	}
 	o.OverheadNS = o.MeasuredNS - min(o.ComputeNS, o.MeasuredNS)
 	o.OverheadShare = float64(o.OverheadNS) / float64(o.MeasuredNS)
+	o.CompileNS = compileTimeUnder(a, inside(a, measured))
 	what := "the busiest device was idle"
 	if o.Basis == "host_op_time" {
 		what = "time was spent outside recorded ops"
@@ -69,24 +77,53 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 			what += " (host-timed ops on an asynchronous device measure launches, not kernels)"
 		}
 	}
-	pct := 100 * o.OverheadShare
-	if o.OverheadShare > OverheadThreshold {
-		o.Verdict = "supported"
-		o.Explanation = fmt.Sprintf("%s for %.1f%% of the measured region (> %.0f%%): overhead-bound; fuse kernels, batch launches or capture a graph", what, pct, 100*OverheadThreshold)
-	} else {
-		o.Verdict = "refuted"
-		o.Explanation = fmt.Sprintf("%s for %.1f%% of the measured region (<= %.0f%%): compute dominates", what, pct, 100*OverheadThreshold)
-	}
+	o.decide(what)
 	return o
 }
 
-// opTimeUnder sums the op durations recorded in root and its descendants.
-func opTimeUnder(a *health.Checker, root *health.Span) uint64 {
+// decide sets the verdict and its explanation from the numbers.
+func (o *OverheadAnalysis) decide(what string) {
+	pct := 100 * o.OverheadShare
+	compiled := ""
+	if o.CompileNS > 0 {
+		compiled = fmt.Sprintf("; torch.compile compiled for %v of it (%.1f%% of the measured region)",
+			roughly(o.CompileNS), 100*float64(o.CompileNS)/float64(o.MeasuredNS))
+	}
+	if o.OverheadShare > OverheadThreshold {
+		o.Verdict = "supported"
+		advice := "fuse kernels, batch launches or capture a graph"
+		if 2*min(o.CompileNS, o.OverheadNS) >= o.OverheadNS {
+			// the overhead is the compiler's: no launch to batch
+			advice = "most of it torch.compile compiling -- a first compilation, or a recompile when shapes, dtypes or " +
+				"the Python values its guards check change (TORCH_LOGS=recompiles says which), not the steady state"
+		}
+		o.Explanation = fmt.Sprintf("%s for %.1f%% of the measured region (> %.0f%%): overhead-bound; %s%s", what, pct, 100*OverheadThreshold, advice, compiled)
+	} else {
+		o.Verdict = "refuted"
+		o.Explanation = fmt.Sprintf("%s for %.1f%% of the measured region (<= %.0f%%): compute dominates%s", what, pct, 100*OverheadThreshold, compiled)
+	}
+}
+
+// roughly is ns as a duration to about five digits ("437.12ms", "1.15µs").
+func roughly(ns uint64) time.Duration {
+	d := time.Duration(min(ns, uint64(1<<63-1)))
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	case d >= time.Microsecond:
+		return d.Round(10 * time.Nanosecond)
+	}
+	return d
+}
+
+// inside tells whether a span is root or one of its descendants.
+func inside(a *health.Checker, root *health.Span) func(*health.Span) bool {
 	// 1: inside, 2: outside; resolved per span along its parent chain.
 	memo := map[*health.Span]int8{root: 1}
-	var total uint64
 	var chain []*health.Span
-	for _, s := range a.Spans {
+	return func(s *health.Span) bool {
 		chain = chain[:0]
 		cur, verdict := s, int8(2)
 		for cur != nil {
@@ -104,8 +141,28 @@ func opTimeUnder(a *health.Checker, root *health.Span) uint64 {
 		for _, c := range chain {
 			memo[c] = verdict
 		}
-		if verdict == 1 {
+		return verdict == 1
+	}
+}
+
+// opTimeUnder sums the op durations recorded in the spans in says are inside.
+func opTimeUnder(a *health.Checker, in func(*health.Span) bool) uint64 {
+	var total uint64
+	for _, s := range a.Spans {
+		if in(s) {
 			total = trace.SatAdd(total, s.OpTime())
+		}
+	}
+	return total
+}
+
+// compileTimeUnder sums the durations of torch.compile's spans inside (the
+// Python binding's names: "torch.compile", "torch.compile (backward)").
+func compileTimeUnder(a *health.Checker, in func(*health.Span) bool) uint64 {
+	var total uint64
+	for _, s := range a.Spans {
+		if s.Closed && (s.Name == "torch.compile" || strings.HasPrefix(s.Name, "torch.compile (")) && in(s) {
+			total = trace.SatAdd(total, s.Dur)
 		}
 	}
 	return total

@@ -188,10 +188,65 @@ func TestOverheadAnalysis(t *testing.T) {
 		assert.Equal(t, uint64(5000), o.ComputeNS, "all four ops lie under the measured span")
 		assert.Equal(t, "refuted", o.Verdict)
 	})
+	t.Run("torch.compile inside the region", func(t *testing.T) {
+		// a compilation in the forward's last 1.15 µs, after its ops
+		var kept []string
+		for _, l := range strings.Split(string(testutil.Corpus(t, "valid-train.jsonl")), "\n") {
+			if strings.HasPrefix(l, `{"kind":"span_end","id":"s3"`) {
+				kept = append(kept, `{"kind":"span_start","id":"s6","parent_id":"s3","name":"torch.compile","start_ns":2000,"span_kind":"function","tid":100}`,
+					`{"kind":"span_end","id":"s6","duration_ns":1150}`)
+			}
+			if !strings.Contains(l, `"kind":"device_interval"`) {
+				kept = append(kept, l)
+			}
+		}
+		res := analyzeBytes(t, []byte(strings.Join(kept, "\n")), Options{Report: true})
+		require.True(t, res.Health.OK(false), "%v", res.Health.Issues)
+		o := res.Report.Overhead
+		assert.Equal(t, uint64(1150), o.CompileNS)
+		assert.Equal(t, "refuted", o.Verdict)
+		assert.Equal(t, "time was spent outside recorded ops for 49.0% of the measured region (<= 50%): compute dominates; "+
+			"torch.compile compiled for 1.15µs of it (11.7% of the measured region)", o.Explanation)
+	})
 	t.Run("no measured region", func(t *testing.T) {
 		res := analyzeBytes(t, testutil.Corpus(t, "bad-measurement_count.jsonl"), Options{Report: true})
 		assert.Equal(t, "inconclusive", res.Report.Overhead.Verdict)
 	})
+}
+
+// The advice follows what the overhead is: the compiler's when torch.compile
+// took at least half of it.
+func TestOverheadVerdictNamesTheCompiler(t *testing.T) {
+	for _, tc := range []struct {
+		name                         string
+		measured, overhead, compiled uint64
+		verdict, want, not           string
+	}{
+		{"no compilation", 100, 80, 0, "supported", "overhead-bound; fuse kernels, batch launches or capture a graph", "torch.compile"},
+		{"a little compilation", 100, 80, 30, "supported",
+			"overhead-bound; fuse kernels, batch launches or capture a graph; torch.compile compiled for 30ns of it (30.0% of the measured region)", "most of it"},
+		{"mostly compilation", 450, 445, 437, "supported",
+			"overhead-bound; most of it torch.compile compiling -- a first compilation, or a recompile", "fuse kernels"},
+		{"compute-bound with a compilation", 100, 40, 20, "refuted", "compute dominates; torch.compile compiled for 20ns of it (20.0% of the measured region)", "most of it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := OverheadAnalysis{MeasuredNS: tc.measured, OverheadNS: tc.overhead, CompileNS: tc.compiled,
+				OverheadShare: float64(tc.overhead) / float64(tc.measured)}
+			o.decide("the busiest device was idle")
+			assert.Equal(t, tc.verdict, o.Verdict)
+			assert.Contains(t, o.Explanation, tc.want)
+			assert.NotContains(t, o.Explanation, tc.not)
+		})
+	}
+}
+
+func TestRoughly(t *testing.T) {
+	for ns, want := range map[uint64]string{
+		20: "20ns", 1150: "1.15µs", 437117300: "437.12ms", 2512345678: "2.512s",
+		1 << 63: "2562047h47m16.854775807s", // the largest Duration, which Round leaves as it is
+	} {
+		assert.Equal(t, want, roughly(ns).String(), ns)
+	}
 }
 
 func ptr[T any](v T) *T { return &v }
