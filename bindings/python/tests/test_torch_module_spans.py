@@ -340,6 +340,44 @@ def backward_spans(lines):
             for s in starts.values() if s["span_kind"] == "module" and s.get("step") == "backward"]
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
+@pytest.mark.parametrize("workload", ["checkpointed", "checkpointed-reentrant"])
+def test_a_checkpointed_forward_run_again_in_the_backward_is_a_recompute_span(
+        tmp_path, implementation, workload):
+    """Activation checkpointing runs a block's forward again inside the backward: each such
+    module span is ``<name> [recompute]``, with no step, inside the backward that holds its
+    time -- not a second forward (before: ``blocks.0`` twice with step forward, the second
+    under a backward span). The reentrant kind's first forward runs without gradients."""
+    profiled(tmp_path / "c.jsonl", workload)
+    lines = judged(tmp_path / "c.jsonl", tmp_path)
+    starts = {s["id"]: s for s in lines if s["kind"] == "span_start"}
+    blocks = [f"blocks.{i}{s}" for i in (0, 1) for s in ("", ".norm", ".a", ".b")]
+
+    def named(suffix, step):
+        return sorted(s["name"][:len(s["name"]) - len(suffix)] for s in starts.values()
+                      if s["span_kind"] == "module" and s["name"].endswith(suffix)
+                      and s.get("step") == step and s["name"][:len(s["name"]) - len(suffix)] in blocks)
+
+    assert named(" [recompute]", None) == sorted(blocks)
+    if workload == "checkpointed":
+        assert named("", "forward") == sorted(blocks)
+    else:
+        assert named("", "forward") == [] and named(" [no_grad]", None) == sorted(blocks)
+
+    def in_backward(s):
+        while s.get("parent_id") in starts:
+            s = starts[s["parent_id"]]
+            if s.get("step") == "backward":
+                return True
+        return False
+
+    recomputed = [s for s in starts.values() if s["name"].endswith(" [recompute]")]
+    assert recomputed and all(in_backward(s) for s in recomputed)
+    # the model's other modules ran once, forward
+    assert {s["name"] for s in starts.values() if s["name"] in ("m", "inp", "head")
+            and s.get("step") == "forward"} == {"m", "inp", "head"}
+
+
 def test_a_capture_gone_before_its_backward_runs_leaves_the_hooks_harmless(tmp_path):
     """The capture ends between the forward and the backward: the tensors' hooks write
     nothing and do not fail the backward; the next capture is whole."""
@@ -554,7 +592,8 @@ def test_the_native_objects_refuse_bad_arguments(stack_session):
     with pytest.raises(IndexError, match="no such module"):
         table.wrapper(0, print)
     with pytest.raises(TypeError, match="bytes or the exception"):
-        table.add(nn.Linear(1, 1), "m", "", "not bytes", b"m [no_grad]", b"m/output", True)
+        table.add(nn.Linear(1, 1), "m", "", "not bytes", b"m [no_grad]", b"m [recompute]",
+                  b"m/output", True)
     with pytest.raises(TypeError):
         type(nat.stats_buffer())()
     with pytest.raises(ValueError, match="filled ct_tensor_stats"):

@@ -72,6 +72,7 @@ struct ModInfo {
     PyObject *module;   // strong: the wrapper is the module's instance attribute anyway
     PyObject *name;     // bytes (the span's name), or null when it could not be encoded
     PyObject *no_grad;  // bytes: "<name> [no_grad]", or null likewise
+    PyObject *recompute;  // bytes: "<name> [recompute]", or null likewise
     PyObject *out_label;  // bytes: "<name>/output", the output's statistics; null: Python's
     PyObject *name_error;  // why not (the binding's argument error), raised at push
     std::string qual;   // the qualified name ("" for the model)
@@ -512,14 +513,17 @@ int node_hook(ModuleTable *t, PyObject *tensor, int index, bool begin) {
 
 // ---- forward spans ------------------------------------------------------------------
 
+// A forward with gradients on inside a backward is activation checkpointing's recompute:
+// its own name and no step (its time is the backward's, which holds it).
 int push_module(ModuleTable *t, const ModInfo &m, bool grad, uint64_t *sid) {
-    PyObject *name = grad ? m.name : m.no_grad;
+    bool again = grad && in_backward(t->stack);
+    PyObject *name = again ? m.recompute : grad ? m.name : m.no_grad;
     if (!name) {
         PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(m.name_error)), m.name_error);
         return -1;
     }
     return push(t->stack, m.owner_forward, PyBytes_AS_STRING(name), kKindModule,
-                grad ? kStepForward : kStepNone, sid);
+                grad && !again ? kStepForward : kStepNone, sid);
 }
 
 // Python's record_output(index, sid, tensor): the output's statistics by Python's path.
@@ -697,12 +701,12 @@ PyObject *hooks_call(TensorHooks *self, PyObject *, PyObject *) {
 // ---- ModuleTable: the Python methods (_modules.NativeModuleSpans) ---------------------
 
 // add(module, name, qual, name_bytes_or_error, no_grad_bytes_or_error,
-//     output_label_bytes_or_error, top) -> index
+//     recompute_bytes_or_error, output_label_bytes_or_error, top) -> index
 PyObject *table_add(ModuleTable *t, PyObject *args) {
-    PyObject *module, *name, *qual, *name_b, *no_grad_b, *out_label_b;
+    PyObject *module, *name, *qual, *name_b, *no_grad_b, *recompute_b, *out_label_b;
     int top;
-    if (!PyArg_ParseTuple(args, "OUUOOOp", &module, &name, &qual, &name_b, &no_grad_b,
-                          &out_label_b, &top))
+    if (!PyArg_ParseTuple(args, "OUUOOOOp", &module, &name, &qual, &name_b, &no_grad_b,
+                          &recompute_b, &out_label_b, &top))
         return nullptr;
     const char *n = PyUnicode_AsUTF8(name);
     const char *q = n ? PyUnicode_AsUTF8(qual) : nullptr;
@@ -711,8 +715,9 @@ PyObject *table_add(ModuleTable *t, PyObject *args) {
     m.module = module;
     m.name = PyBytes_Check(name_b) ? name_b : nullptr;
     m.no_grad = PyBytes_Check(no_grad_b) ? no_grad_b : nullptr;
+    m.recompute = PyBytes_Check(recompute_b) ? recompute_b : nullptr;
     m.out_label = PyBytes_Check(out_label_b) ? out_label_b : nullptr;  // else Python raises it
-    m.name_error = !m.name ? name_b : (!m.no_grad ? no_grad_b : nullptr);
+    m.name_error = !m.name ? name_b : !m.no_grad ? no_grad_b : !m.recompute ? recompute_b : nullptr;
     if (m.name_error && !PyExceptionInstance_Check(m.name_error)) {
         PyErr_SetString(PyExc_TypeError, "a module's names are bytes or the exception encoding raised");
         return nullptr;
@@ -724,6 +729,7 @@ PyObject *table_add(ModuleTable *t, PyObject *args) {
     Py_INCREF(m.module);
     Py_XINCREF(m.name);
     Py_XINCREF(m.no_grad);
+    Py_XINCREF(m.recompute);
     Py_XINCREF(m.out_label);
     Py_XINCREF(m.name_error);
     t->mods->push_back(m);
@@ -755,6 +761,7 @@ void release_mods(std::vector<ModInfo> &mods) {
         Py_CLEAR(m.module);
         Py_CLEAR(m.name);
         Py_CLEAR(m.no_grad);
+        Py_CLEAR(m.recompute);
         Py_CLEAR(m.out_label);
         Py_CLEAR(m.name_error);
     }
@@ -809,7 +816,7 @@ PyObject *table_use_tensor_hooks(ModuleTable *t, PyObject *) {
 
 PyMethodDef table_methods[] = {
     {"add", (PyCFunction)table_add, METH_VARARGS,
-     "add(module, name, qual, name_bytes, no_grad_bytes, output_label_bytes, top) -> index "
+     "add(module, name, qual, name_bytes, no_grad_bytes, recompute_bytes, output_label_bytes, top) -> index "
      "(a name that could not be encoded is passed as the exception: raised when its span "
      "would open, or by Python's statistics for the output's label)"},
     {"wrapper", (PyCFunction)table_wrapper, METH_VARARGS,

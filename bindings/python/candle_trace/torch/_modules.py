@@ -13,7 +13,10 @@ compiles: what runs inside is the compiled graph, where nothing of the tracer ma
 
 A forward span is named after the module (its qualified name, the model's name for the
 model itself), kind module, step forward -- or, for a forward that runs with gradients
-off inside the update (an eval pass), ``<name> [no_grad]`` with no step.
+off inside the update (an eval pass), ``<name> [no_grad]`` with no step; and for one that
+runs with gradients on inside a backward (activation checkpointing recomputing it, the
+``torch.utils.checkpoint`` way), ``<name> [recompute]`` with no step: its time is the
+backward's that holds it.
 
 A backward span opens when the gradient of the module's output arrives and closes when
 the gradients of its inputs are computed (or, for a module whose inputs need none, when
@@ -111,7 +114,7 @@ class PyModuleSpans(ModuleSpans):
         tb, te, hc = spans._tb, spans._te, spans._hc
         orig = module.forward
         name = self._names[module][0]
-        owner, no_grad = "f:" + name, f"{name} [no_grad]"
+        owner, no_grad, recompute = "f:" + name, f"{name} [no_grad]", f"{name} [recompute]"
         top = module in self._tops
         hooks = self._backward_span_ends(module)
         is_grad_enabled = torch.is_grad_enabled
@@ -127,7 +130,10 @@ class PyModuleSpans(ModuleSpans):
                     cap.on_top_forward(module)
                 if cap.state == "capturing":
                     if is_grad_enabled():
-                        sid = spans.push(owner, name, "module", "forward")
+                        if spans.in_backward():
+                            sid = spans.push(owner, recompute, "module", None)
+                        else:
+                            sid = spans.push(owner, name, "module", "forward")
                     else:
                         sid = spans.push(owner, no_grad, "module", None)
             except Exception as e:  # noqa: BLE001 - the tracer's failure is not the program's
@@ -296,6 +302,7 @@ class NativeModuleSpans(ModuleSpans):
         for m, (name, qual) in self._names.items():
             self._index[m] = self._table.add(m, name, qual, _encoded(name),
                                              _encoded(f"{name} [no_grad]"),
+                                             _encoded(f"{name} [recompute]"),
                                              _encoded(f"{name}/output", "StatsRecorder.record",
                                                       "label"), m in self._tops)
             self._span_names.append(name)

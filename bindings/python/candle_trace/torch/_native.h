@@ -79,6 +79,7 @@ PyObject *no_new(PyTypeObject *, PyObject *, PyObject *);
 struct Owner {
     std::string tag;
     bool backward_module;  // "b:<module>"
+    bool backward;         // a backward module span's or the backward call's ("backward")
     std::string outer;     // <module>, for a backward module span
 };
 
@@ -128,6 +129,8 @@ int pop_top(SpanStack *s);
 int close_until(SpanStack *s, uint64_t sid);
 // The calling thread's innermost open span of `owner`, 0 when none.
 uint64_t find(SpanStack *s, int owner);
+// Whether the calling thread is inside a backward: a span of one is open on it.
+bool in_backward(SpanStack *s);
 
 // ---- tensor statistics (_stats_buffer.cpp) -----------------------------------------------
 // What _stats.StatsRecorder keeps of a capture's statistics until the update is over: the

@@ -34,6 +34,7 @@ int intern_owner(SpanStack *s, const std::string &tag) {
     Owner o;
     o.tag = tag;
     o.backward_module = tag.compare(0, 2, "b:") == 0;
+    o.backward = o.backward_module || tag == "backward";
     if (o.backward_module) o.outer = tag.substr(2);
     st.owners.push_back(o);
     int id = static_cast<int>(st.owners.size() - 1);
@@ -124,6 +125,13 @@ uint64_t find(SpanStack *s, int owner) {
     for (size_t i = f.size(); i-- > 0;)
         if (f[i].owner == owner) return f[i].sid;
     return 0;
+}
+
+bool in_backward(SpanStack *s) {
+    const std::vector<Owner> &owners = s->st->owners;
+    for (const Frame &f : frames_of(s))
+        if (owners[static_cast<size_t>(f.owner)].backward) return true;
+    return false;
 }
 
 // ---- SpanStack: the Python methods (_spans.NativeSpans) ------------------------------

@@ -122,6 +122,11 @@ class Spans:
         self.on_innermost(sid)
         return sid
 
+    def in_backward(self) -> bool:
+        """A backward's span (the backward call's, a module's backward) is open on the
+        calling thread."""
+        return any(o == "backward" or o.startswith("b:") for o, _ in self._tl.stack)
+
     def find(self, owner: str) -> Optional[int]:
         """The calling thread's innermost open span of ``owner``, if any."""
         stack = self._tl.stack
