@@ -47,6 +47,7 @@ class WholeRun:
         self._data_span = a.span(f"{prefix}/data")
         self._compile_span = a.span(f"{prefix}/compile")
         self._open: List[Any] = []  # the open update (None) or data span (at most one)
+        self._compiles = Compilations(self._compile_begin, self._compile_end)
         self._update: Any = None
         self._open_data()
 
@@ -83,9 +84,8 @@ class WholeRun:
         for opt in optimizers:
             self._install_step(opt)
 
-        compiles = Compilations(self._compile_begin, self._compile_end)
-        if compiles.install():
-            self._undo.append(compiles.remove)
+        self._compiles.install()
+        self._undo.append(self._compiles.remove)
 
     def _compile_begin(self, name: str) -> Any:
         if self._closed:
@@ -154,6 +154,7 @@ class WholeRun:
 
     def step(self) -> None:
         """The end of one update (the profile's ``step()``)."""
+        self._compiles.ensure()  # a model compiled after the run's statistics started
         self._begin_update_unless_open()  # no forward (or backward) began it
         self._open.pop()
         self._update.__exit__(None, None, None)

@@ -126,6 +126,7 @@ class Capture:
         self._measured = 0
         self._module_spans: Optional[ModuleSpans] = None
         self._devices: Optional[List[torch.device]] = None  # the parameters', but the CPU
+        self._compiles: Optional[Compilations] = None  # torch.compile's spans, once installed
         #: called with (session, measured span) once the update's records are written,
         #: before the trace completes (the ranks' capture-step check, _distributed)
         self.on_complete: List[Callable[[Session, int], None]] = []
@@ -238,9 +239,9 @@ class Capture:
                 self.ops.prepare(self.session)  # type: ignore[arg-type]
             self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
-            compiles = Compilations(self._compile_begin, self._compile_end)
-            if compiles.install():
-                self._undo.append(compiles.remove)
+            self._compiles = Compilations(self._compile_begin, self._compile_end)
+            self._compiles.install()
+            self._undo.append(self._compiles.remove)
             if self.cfg.phase == "train":
                 self._wrap_backward()
                 ScaledLosses.install()  # the loss behind a GradScaler's product
@@ -436,6 +437,8 @@ class Capture:
         self._step_pending, self._step_sid = None, 0
         self._measured = 0
         self.state = "armed"
+        if self._compiles is not None:
+            self._compiles.ensure()  # a model compiled after the recorder started
         self.spans.pause()
         try:
             if self.ops is not None:

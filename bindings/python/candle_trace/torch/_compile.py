@@ -64,10 +64,13 @@ class Compilations:
         self._begin, self._end = begin, end
         self._open: Dict[int, Any] = {}  # thread ident -> begin's token
         self._handler: Any = None
+        self._wanted = False  # install() was called
+        self._removed = False
 
     def install(self) -> bool:
         """Registers the callbacks with dynamo; False where there is nothing to register
         with (no dynamo imported, or a torch before the callbacks)."""
+        self._wanted = True
         handler = _handler()
         if handler is None:
             return False
@@ -76,9 +79,18 @@ class Compilations:
         self._handler = handler
         return True
 
+    def ensure(self) -> None:
+        """:meth:`install` again where it found nothing to register with: for a run that
+        imports dynamo (its first ``torch.compile``) after the watch or the whole-run
+        statistics started. A dict lookup while dynamo is not imported."""
+        if self._wanted and self._handler is None and not self._removed and \
+                "torch._dynamo" in sys.modules:
+            self.install()
+
     def remove(self) -> None:
         """Unregisters the callbacks and closes what the calling thread still has open
-        (idempotent)."""
+        (idempotent; :meth:`ensure` installs nothing after it)."""
+        self._removed = True
         handler, self._handler = self._handler, None
         if handler is not None:
             for name, fn in (("remove_start_callback", self._on_start),

@@ -380,6 +380,7 @@ class watch:
         self._cpu_wait.take()
         self._tracer_base = self._tracer_s()
         self.compile_s = 0.0
+        self._compiles.ensure()
         self._last = time.perf_counter()
 
     def _tracer_s(self) -> float:
