@@ -38,9 +38,9 @@ from ._capture import Capture, Config, Layout
 from ._amp import ScaledLosses, unscaled
 from ._common import (Optimizers, Patched, collect_ahead, exception_reason, optimizers_of, patch,
                       restore, warn_once)
+from ._compile import Compilations
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._model import parts_of
-from ._compile import Compilations
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
 
 __all__ = ["watch", "Triggers", "Fired"]
