@@ -119,8 +119,9 @@ def test_a_recompilation_in_the_captured_update_is_a_span_of_its_own(tmp_path):
 def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
     """Under ``watch`` (no capture step given), the update that compiles the model again
     (batches of 4 from update 20 on) is slow, and says why: the trigger's detail gives the
-    compilation's time, and the flight recorder's trace holds a ``torch.compile`` span of
-    as long, with no op inside. The update after it (captured in full) compiles nothing."""
+    compilation's time and dynamo's reason for it, and the flight recorder's trace holds a
+    ``torch.compile`` span of as long, with no op inside. The update after it (captured in
+    full) compiles nothing."""
     folder = tmp_path / "watched"
     folder.mkdir()
     summary = tmp_path / "summary.json"
@@ -133,8 +134,10 @@ def test_a_watched_run_catches_a_recompilation_as_a_slow_update(tmp_path):
     slow = traces["update-000020-slow.jsonl"]
     assert [c[0] for c in slow["compiles"]] == ["torch.compile"], slow["compiles"]
     (_, dur, ops_inside), = slow["compiles"]
-    said = re.search(r"; torch\.compile ran ([0-9.]+) ms of it$", detail)
+    said = re.search(r"; torch\.compile ran ([0-9.]+) ms of it \(recompiled: (.*)\)$", detail)
     assert said, detail
+    # dynamo's own reason: the batch dimension of the model's input changed
+    assert "'idx'" in said.group(2) and "expected 8, actual 4" in said.group(2), detail
     assert abs(float(said.group(1)) - dur / 1e6) <= 0.1 * dur / 1e6 + 2, (detail, dur)
     assert not any("torch.compile" in d for u, _, d in out["fired"] if u != 20), out["fired"]
     assert ops_inside == 0 and "meta" not in slow["op_devices"], slow

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from candle_trace.torch._compile import Compilations, span_name  # noqa: E402
+from candle_trace.torch._compile import Compilations, RecompileReasons, span_name  # noqa: E402
 
 
 class Handler:
@@ -136,3 +136,28 @@ def test_removal_after_dynamo_cleared_its_callbacks(dynamo):
     handler.start.clear()  # torch._dynamo.reset()
     handler.end.clear()
     c.remove()  # no ValueError
+
+
+def test_the_reasons_are_those_recorded_since_the_last_look(monkeypatch):
+    failures: dict = {}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils",
+                        types.SimpleNamespace(guard_failures=failures))
+    a, b = object(), object()  # two compiled functions' code objects
+    failures[a] = ["0/0: tensor 'idx' size mismatch at index 0. expected 8, actual 4\n"
+                   "User stack trace:\n  ..."]
+    r = RecompileReasons()
+    assert r.take() == ["0/0: tensor 'idx' size mismatch at index 0. expected 8, actual 4"]
+    assert r.take() == []  # nothing new
+    failures[a].append("0/1: L['self'].calls == 3")
+    failures[b] = ["1/0: ___check_type_id(L['x'], 1234)"]
+    assert r.take() == ["0/1: L['self'].calls == 3", "1/0: ___check_type_id(L['x'], 1234)"]
+    failures.clear()  # torch._dynamo.reset()
+    failures[a] = ["0/0: again"]
+    assert r.take() == ["0/0: again"]
+
+
+def test_no_reasons_without_dynamo_or_its_record(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
+    assert RecompileReasons().take() == []
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", types.SimpleNamespace())
+    assert RecompileReasons().take() == []

@@ -12,8 +12,8 @@ So while dynamo compiles on the capture's thread (``torch._dynamo.callback``'s s
 end callbacks), the capture holds a span named ``torch.compile`` (or
 ``torch.compile (backward)`` for a backward compiled at its first run) and records no op;
 the span's time is the program's, as it is. A watch (``_watch``) times them too, for every
-update: a slow trigger's detail says how much of the update compilation took, also with no
-flight recorder. Where this torch has no such callbacks, or dynamo was never imported (no
+update: a slow trigger's detail says how much of the update compilation took, and why dynamo
+compiled again (:class:`RecompileReasons`), also with no flight recorder. Where this torch has no such callbacks, or dynamo was never imported (no
 model is compiled), nothing is installed.
 """
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["Compilations", "span_name"]
+__all__ = ["Compilations", "RecompileReasons", "span_name"]
 
 #: dynamo's CallbackTrigger names -> the span's name; a trigger not listed gets
 #: "torch.compile (<trigger>)"
@@ -116,3 +116,33 @@ class Compilations:
         token = self._open.pop(threading.get_ident(), None)
         if token is not None:
             self._end(token)
+
+
+class RecompileReasons:
+    """Why dynamo compiles again: the guard failures it records
+    (``torch._dynamo.utils.guard_failures``, code object -> reasons, kept while
+    ``torch._dynamo.config.report_guard_failures``, its default) since the last
+    :meth:`take` -- "0/0: tensor 'idx' size mismatch at index 0. expected 8, actual 4".
+    Read when a compilation starts (its reasons are recorded just before it), never per
+    update."""
+
+    def __init__(self) -> None:
+        #: code object -> (its list of reasons, how many of them were taken); a reset()
+        #: of dynamo clears the dict, and a code's next reason starts a new list
+        self._seen: Dict[Any, Tuple[Any, int]] = {}
+
+    def take(self) -> List[str]:
+        """The reasons recorded since the last call, each its first line (a user stack
+        trace may follow it)."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        failures = getattr(utils, "guard_failures", None) if utils is not None else None
+        if not isinstance(failures, Mapping):
+            return []
+        out: List[str] = []
+        for code, reasons in list(failures.items()):
+            was, seen = self._seen.get(code, (None, 0))
+            if was is not reasons:
+                seen = 0
+            out.extend(str(r).split("\n", 1)[0] for r in list(reasons)[seen:])
+            self._seen[code] = (reasons, len(reasons))
+        return out

@@ -38,7 +38,7 @@ from ._capture import Capture, Config, Layout
 from ._amp import ScaledLosses, unscaled
 from ._common import (Optimizers, Patched, collect_ahead, exception_reason, optimizers_of, patch,
                       restore, warn_once)
-from ._compile import Compilations
+from ._compile import Compilations, RecompileReasons
 from ._distributed import has_rank_placeholder, rank_path, rank_tags, rank_world
 from ._model import parts_of
 from ._triggers import CpuWait, Evaluator, Fired, Triggers
@@ -220,7 +220,10 @@ class watch:
         #: torch.compile's time in the update under way (seconds), for a slow trigger's
         #: detail
         self.compile_s = 0.0
-        self._compiles = Compilations(lambda name: time.perf_counter(), self._compiled)
+        self._compiles = Compilations(self._compile_started, self._compiled)
+        #: why dynamo compiled again in the update under way, for the same detail
+        self.recompiled: List[str] = []
+        self._reasons = RecompileReasons()
         #: what the flight recorder adds to the updates it records (``.share``, once
         #: measured over its first 20 updates; warned about from 5%)
         self.recorder_cost = RecorderCost()
@@ -266,6 +269,7 @@ class watch:
                                       self.device, self.tags, interval, prefix, want_loss=False)
             self.whole_run.install(self._parts.forward_modules(), self.optimizers)
         self._tap.install()
+        self._reasons.take()  # those of compilations before the watch are not its
         self._compiles.install()
         self._arm_next()
         self._mark()
@@ -318,6 +322,10 @@ class watch:
         if fired is not None and fired.trigger == "slow" and self.compile_s >= 1e-4:
             # the likeliest cause, where it ran: dynamo compiled inside the update
             fired.detail += f"; torch.compile ran {self.compile_s * 1e3:.1f} ms of it"
+            if self.recompiled:
+                more = len(self.recompiled) - 2
+                fired.detail += " (recompiled: " + "; ".join(self.recompiled[:2]) + \
+                    (f"; and {more} more" if more > 0 else "") + ")"
         if fired is not None:
             self._fired(fired, recorded=cap is not None and kind == "flight")
             if self.capture_next and fired.trigger not in ("exception", "non_finite_grad"):
@@ -369,6 +377,10 @@ class watch:
         except CandleTraceError as e:  # the summary's loss, not the program's
             warn_once(f"watch-summary-{e.status}", f"watch: the summary misses the recorder's cost: {e}")
 
+    def _compile_started(self, name: str) -> float:
+        self.recompiled.extend(self._reasons.take())
+        return time.perf_counter()
+
     def _compiled(self, t0: float) -> None:
         self.compile_s += time.perf_counter() - t0
 
@@ -380,6 +392,7 @@ class watch:
         self._cpu_wait.take()
         self._tracer_base = self._tracer_s()
         self.compile_s = 0.0
+        self.recompiled = []
         self._compiles.ensure()
         self._last = time.perf_counter()
 
