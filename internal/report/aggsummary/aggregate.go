@@ -157,11 +157,13 @@ func (c *Categorizer) Categorize(name, step string) (category, source string) {
 			return cat, "name"
 		}
 	}
-	if step == "" && len(words) > 0 && words[len(words)-1] == compileWord {
-		return CategoryCompile, "name"
-	}
-	if step == "" && len(words) > 0 && enclosingWords[words[len(words)-1]] {
-		return CategoryIgnore, "name"
+	if step == "" && len(words) > 0 {
+		switch last := words[len(words)-1]; {
+		case last == compileWord:
+			return CategoryCompile, "name"
+		case enclosingWords[last]:
+			return CategoryIgnore, "name"
+		}
 	}
 	if step != "" {
 		return CategoryCompute, "step"
@@ -325,12 +327,10 @@ func AnalyzeAggregate(path string, s *aggregate.Summary, cats *Categorizer, thre
 	if cc, ok := byCat[CategoryCompile]; ok {
 		// Out of the compute spans that held it (what a compilation outside
 		// any compute span leaves of this is at most the compute there is).
-		moved := cc.TotalNS
+		var moved uint64
 		if c := byCat[CategoryCompute]; c != nil {
-			moved = min(moved, c.TotalNS)
+			moved = min(cc.TotalNS, c.TotalNS)
 			c.TotalNS -= moved
-		} else {
-			moved = 0
 		}
 		r.TotalNS = trace.SatAdd(r.TotalNS, cc.TotalNS-moved)
 	}

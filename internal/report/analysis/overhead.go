@@ -3,10 +3,10 @@ package analysis
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/candle-trace/candle-trace/internal/report/health"
 	"github.com/candle-trace/candle-trace/internal/report/trace"
+	"github.com/candle-trace/candle-trace/internal/report/units"
 )
 
 // OverheadThreshold is the share of the measured region above which host
@@ -46,6 +46,7 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 		return o
 	}
 	o.MeasuredNS = measured.Dur
+	in := inside(a, measured) // which spans are the region's: for its op time and its compilations
 	var deviceBusy uint64
 	hostDevices := 0
 	for _, d := range dev.Devices {
@@ -60,7 +61,7 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 		// is compute; the others only add to it in parallel.
 		o.Basis, o.ComputeNS = "device_busy", deviceBusy
 	default:
-		ops := opTimeUnder(a, inside(a, measured))
+		ops := opTimeUnder(a, in)
 		if ops == 0 {
 			o.Explanation = "no device intervals on the host clock and no op time inside the measured region"
 			return o
@@ -69,7 +70,7 @@ func overheadAnalysis(a *health.Checker, measured *health.Span, dev DeviceReport
 	}
 	o.OverheadNS = o.MeasuredNS - min(o.ComputeNS, o.MeasuredNS)
 	o.OverheadShare = float64(o.OverheadNS) / float64(o.MeasuredNS)
-	o.CompileNS = compileTimeUnder(a, inside(a, measured))
+	o.CompileNS = compileTimeUnder(a, in)
 	what := "the busiest device was idle"
 	if o.Basis == "host_op_time" {
 		what = "time was spent outside recorded ops"
@@ -86,8 +87,8 @@ func (o *OverheadAnalysis) decide(what string) {
 	pct := 100 * o.OverheadShare
 	compiled := ""
 	if o.CompileNS > 0 {
-		compiled = fmt.Sprintf("; torch.compile compiled for %v of it (%.1f%% of the measured region)",
-			roughly(o.CompileNS), 100*float64(o.CompileNS)/float64(o.MeasuredNS))
+		compiled = fmt.Sprintf("; torch.compile compiled for %s of it (%.1f%% of the measured region)",
+			units.NS(float64(o.CompileNS)), 100*float64(o.CompileNS)/float64(o.MeasuredNS))
 	}
 	if o.OverheadShare > OverheadThreshold {
 		o.Verdict = "supported"
@@ -102,20 +103,6 @@ func (o *OverheadAnalysis) decide(what string) {
 		o.Verdict = "refuted"
 		o.Explanation = fmt.Sprintf("%s for %.1f%% of the measured region (<= %.0f%%): compute dominates%s", what, pct, 100*OverheadThreshold, compiled)
 	}
-}
-
-// roughly is ns as a duration to about five digits ("437.12ms", "1.15µs").
-func roughly(ns uint64) time.Duration {
-	d := time.Duration(min(ns, uint64(1<<63-1)))
-	switch {
-	case d >= time.Second:
-		return d.Round(time.Millisecond)
-	case d >= time.Millisecond:
-		return d.Round(10 * time.Microsecond)
-	case d >= time.Microsecond:
-		return d.Round(10 * time.Nanosecond)
-	}
-	return d
 }
 
 // inside tells whether a span is root or one of its descendants.

@@ -2,22 +2,13 @@ package text
 
 import (
 	"fmt"
-	"strconv"
+
+	"github.com/candle-trace/candle-trace/internal/report/units"
 )
 
-// FormatNS renders nanoseconds with a unit a person reads at a glance.
-func FormatNS(ns float64) string {
-	switch {
-	case ns < 1e3:
-		return strconv.FormatFloat(ns, 'f', -1, 64) + " ns"
-	case ns < 1e6:
-		return fmt.Sprintf("%.2f µs", ns/1e3)
-	case ns < 1e9:
-		return fmt.Sprintf("%.2f ms", ns/1e6)
-	default:
-		return fmt.Sprintf("%.3f s", ns/1e9)
-	}
-}
+// FormatNS renders nanoseconds with a unit a person reads at a glance
+// (units.NS, which the analysis's explanations use too).
+func FormatNS(ns float64) string { return units.NS(ns) }
 
 // FormatBytes renders a byte count in binary units.
 func FormatBytes(b uint64) string {

@@ -9,12 +9,12 @@ device, or on a FakeTensor that claims the model's) is compilation, not the mode
 update's time is dynamo's and inductor's, not any op's.
 
 So while dynamo compiles on the capture's thread (``torch._dynamo.callback``'s start and
-end callbacks), the capture holds a span named ``torch.compile`` (or
-``torch.compile (backward)`` for a backward compiled at its first run) and records no op;
-the span's time is the program's, as it is. A watch (``_watch``) times them too, for every
-update: a slow trigger's detail says how much of the update compilation took, and why dynamo
-compiled again (:class:`RecompileReasons`), also with no flight recorder. Where this torch has no such callbacks, or dynamo was never imported (no
-model is compiled), nothing is installed.
+end callbacks), the capture holds a span named ``torch.compile`` (or ``torch.compile
+(backward)`` for a backward compiled at its first run) and records no op; the span's time
+is the program's, as it is. A watch (``_watch``) times them too, for every update: a slow
+trigger's detail says how much of the update compilation took, and why dynamo compiled
+again (:class:`RecompileReasons`), also with no flight recorder. Where this torch has no
+such callbacks, or dynamo was never imported (no model is compiled), nothing is installed.
 """
 
 from __future__ import annotations
