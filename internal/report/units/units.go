@@ -5,14 +5,17 @@ package units
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 )
 
-// NS renders nanoseconds with a unit a person reads at a glance.
+// NS renders nanoseconds with a unit a person reads at a glance. Below a
+// microsecond a mean of integer durations keeps one decimal ("210.9 ns"), not
+// every digit of the float.
 func NS(ns float64) string {
-	switch {
-	case ns < 1e3:
-		return strconv.FormatFloat(ns, 'f', -1, 64) + " ns"
+	switch tenths := math.Round(ns*10) / 10; {
+	case tenths < 1e3:
+		return strconv.FormatFloat(tenths, 'f', -1, 64) + " ns"
 	case ns < 1e6:
 		return fmt.Sprintf("%.2f µs", ns/1e3)
 	case ns < 1e9:
