@@ -44,7 +44,7 @@ GO_SRC    := $(shell find cmd internal -name '*.go' -o -name '*.c' -o -name '*.h
 # warnings are theirs, not ours.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-span-windows bench-view bench-python bench-watch bench-observer-warmth bench-backward-hooks bench-watch-perf bench-rust tools clean
+.PHONY: all lib cli otelcol archive setup setup-demo test-packaging real-libs demo compare-demo aggregate-demo test-aggregate-demo test test-go test-c test-sanitize test-load test-python test-run torch2-venv test-rust test-twins bench bench-core bench-peers bench-span-windows bench-view bench-python bench-watch bench-observer-warmth bench-backward-hooks bench-kernels bench-watch-perf bench-rust tools clean
 
 all: lib cli $(PRELOAD)
 
@@ -219,6 +219,14 @@ bench-observer-warmth: $(LIB)
 bench-backward-hooks: $(LIB)
 	for py in $(TORCH_PYTHONS); do PYTHONPATH=bindings/python $$py bindings/python/bench_backward_hooks.py $(HOOKS_ARGS) || exit 1; done
 
+# Inductor's kernels with the record function a capture gives them (torch 2.x only):
+# the compiled GPT's update and one kernel's call, with and without (bench_kernels.py
+# [ROUNDS] [UPDATES]).
+bench-kernels: $(LIB)
+	@py=$${TORCH_PYTHON:-$(TORCH2_VENV)/bin/python}; if test -x "$$py"; then \
+	  PYTHONPATH=bindings/python $$py bindings/python/bench_kernels.py $(KERNELS_ARGS); \
+	else echo "(no $$py: make torch2-venv for bench-kernels)"; fi
+
 bench-watch-perf: $(LIB)
 	PYTHONPATH=bindings/python $${TORCH_PYTHON:-/usr/bin/python3} bindings/python/bench_watch_perf.py $(WATCH_ARGS)
 
@@ -250,7 +258,7 @@ bench-rust: $(LIB)
 
 # Every benchmark: Go packages, the C span path (burst + 50 M events
 # sustained) and both bindings. Figures go into BENCHMARKS.md.
-bench: bench-core bench-python bench-rust
+bench: bench-core bench-python bench-kernels bench-rust
 
 # The page of a generated trace of over a million events, loaded once in
 # headless Chromium: the page's own data-render-ms and each view's data-ms-*

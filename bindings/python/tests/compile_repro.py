@@ -178,8 +178,8 @@ def main() -> int:
     ap.add_argument("--aggregate", default=None, metavar="PATH",
                     help="with --watch: its whole-run summary, written to PATH")
     ap.add_argument("--kernel-profile", action="store_true",
-                    help="torch._inductor.config.cpp.enable_kernel_profile: a "
-                         "RecordFunction per inductor C++ kernel")
+                    help="set torch._inductor.config.cpp.enable_kernel_profile before "
+                         "the profile does (it sets it itself where the kernels can load)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -260,6 +260,9 @@ def main() -> int:
         "recompiles": sum(v for k, v in counters["recompiles"].items()) if "recompiles" in counters else 0,
     }
     out["candle_trace_functions_traced_by_dynamo"] = dict(watch.functions)
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:  # the capture puts it back as it found it
+        out["kernel_profile_after"] = inductor_config.cpp.enable_kernel_profile
     if out["outcome"] == "ok" and not args.no_profile and not args.watch and os.path.exists(trace):
         out["trace"] = summarize(trace)
     if args.rf_names and out["outcome"] == "ok":

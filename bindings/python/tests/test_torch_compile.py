@@ -51,7 +51,7 @@ def check_compiled_capture(out: dict, tmp_path) -> None:
 def test_profile_of_a_compiled_model(tmp_path, backend, capture_step):
     """The profiler's wrappers and hooks run outside dynamo, and none sits inside the
     compiled module: one graph, no break, the trace complete. With inductor the observer
-    sees the graph's extern kernels (its fused C++ kernels run no RecordFunction); at
+    sees the graph's extern kernels (and its fused C++ kernels: the test below); at
     capture step 1 the compilation itself runs inside the captured update."""
     out = repro(tmp_path, "--backend", backend, "--capture-step", str(capture_step))
     check_compiled_capture(out, tmp_path)
@@ -68,6 +68,32 @@ def test_profile_of_a_compiled_model(tmp_path, backend, capture_step):
         assert out["op_mechanism"] == "observer"
         ops = out["trace"]["op_names"]
         assert "aten::addmm" in ops and "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+
+
+#: an inductor C++ kernel's record function (torch._inductor.config.cpp.enable_kernel_profile)
+KERNEL = re.compile(r"^(graph_\d+_)?cpp_")
+
+
+def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
+    """Inductor's generated C++ kernels (the fused layer norms, GELUs and their backwards:
+    most of a compiled CPU model's work) are ops of the captured update, each as often as
+    torch.profiler sees its record function in an update after the loop; the compiled
+    region's wrappers are not ops. The capture sets the option that gives the kernels
+    their record functions (and makes the functions they call resolvable) and puts it
+    back when it ends."""
+    out = repro(tmp_path, "--backend", "inductor", "--rf-names")
+    check_compiled_capture(out, tmp_path)
+    # inductor needs the C++ compiler the observer is built with
+    assert out["op_mechanism"] == "observer", out
+    ours = {k: v for k, v in out["trace"]["op_counts"].items() if KERNEL.match(k)}
+    seen = {k: int(v.split("x", 1)[0]) for k, v in out["record_functions"]["not_aten"].items()
+            if KERNEL.match(k)}
+    assert len(seen) >= 6, out["record_functions"]["not_aten"]  # forward and backward kernels
+    assert ours == seen
+    assert any("layer_norm" in k and "backward" not in k for k in ours), ours
+    assert not any(k.startswith(("Torch-Compiled Region", "CompiledFunction", "##"))
+                   for k in out["trace"]["op_counts"]), out["trace"]["op_counts"]
+    assert out["kernel_profile_after"] is False
 
 
 def test_profile_of_a_compiled_training_step(tmp_path):

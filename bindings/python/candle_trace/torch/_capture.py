@@ -33,6 +33,7 @@ from ._compile import Compilations
 from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exception_reason,
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
+from ._kernels import KernelRecords
 from ._model import Parts
 from ._modules import ModuleSpans, module_spans
 from ._spans import Spans, spans_for
@@ -175,6 +176,10 @@ class Capture:
         self.spans: Spans = spans_for(self.session, native)
         if c.stats:  # kept in C++ with the op observer's library (its module spans reduce there)
             self.stats = StatsRecorder(self.session, self.ops_suspend, native)
+        if native is not None:  # a compiled model's inductor kernels, as the observer's ops
+            kernels = KernelRecords(_observer.cache_root())
+            if kernels.acquire():
+                self._undo.append(kernels.release)
         self.state = "open"
 
     def _contract(self) -> dict:

@@ -209,6 +209,8 @@ enum Kind : uint8_t {
     kOpaque = 2,       // not recorded, nor the ops it calls (profiler::)
     kRecordOpen = 3,   // recorded, the ops it calls are not, record functions stay on
                        // (c10d:: collectives: their backend work's record function)
+    kNamed = 4,        // named by a string, no operator: looked through unless an
+                       // inductor kernel (inductor_kernel); never cached
 };
 
 struct Thread {
@@ -244,6 +246,14 @@ struct Thread {
         int8_t quiet = -1;  // quiet_for's decision for the kind; -1: not known here
     };
     KindSlot kinds[kKindSlots];
+    // inductor kernels' names as their record functions give them (a string literal of
+    // the kernel's library) -> the interned copy (see inductor_kernel)
+    static constexpr size_t kKernelSlots = 64;
+    struct KernelSlot {
+        const char *raw = nullptr;
+        const char *name = nullptr;
+    };
+    KernelSlot kernels[kKernelSlots];
 };
 
 // Each thread's Thread, on the heap. A thread_local with a constructor is reached, in a
@@ -377,7 +387,7 @@ Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
             k = git->second;
         } else {
             auto opname = fn.operator_name();
-            if (!opname) return kLookThrough;  // named by a string: not an op, not cached
+            if (!opname) return kNamed;  // named by a string: not an op, not cached
             if (std::strncmp(name, "profiler::", 10) == 0) {
                 k = kOpaque;
             } else if (std::strncmp(name, "c10d::", 6) == 0) {
@@ -393,6 +403,51 @@ Kind op_kind(Thread &t, const at::RecordFunction &fn, const char *name) {
     slot.kind = k;
     slot.quiet = -1;
     return k;
+}
+
+// Inductor's generated C++ kernels (torch.compile on the CPU, with
+// torch._inductor.config.cpp.enable_kernel_profile: _kernels.py) each run a FUNCTION
+// record function named by a string, the kernel's name ("cpp_fused_gelu_native_layer_norm_0",
+// after "graph_<id>_" where the graph has an id): ops of the update -- most of a compiled
+// model's time -- that call no other op. Other string-named ones (a compiled region's
+// wrappers: "Torch-Compiled Region: 0/0", "CompiledFunction") are looked through.
+bool inductor_kernel_name(const char *name) {
+    if (std::strncmp(name, "graph_", 6) == 0) {
+        const char *p = name + 6;
+        if (!std::isdigit(static_cast<unsigned char>(*p))) return false;
+        while (std::isdigit(static_cast<unsigned char>(*p))) ++p;
+        if (*p != '_') return false;
+        name = p + 1;
+    }
+    return std::strncmp(name, "cpp_", 4) == 0;
+}
+
+std::unordered_set<std::string> g_kernel_names;  // interned, never freed; under g_kind_mu
+
+// The interned name of an inductor kernel's record function, else nullptr: its op is
+// emitted after the update, and the string it was given need not live that long. The
+// kernel gives the same literal at every call, so a direct-mapped cache per thread
+// answers; the content is compared too, as another string may reuse an address.
+const char *inductor_kernel(Thread &t, const char *name) {
+    uintptr_t p = reinterpret_cast<uintptr_t>(name);
+    Thread::KernelSlot &s = t.kernels[((p >> 4) ^ (p >> 12)) & (Thread::kKernelSlots - 1)];
+    const char *interned = s.name;
+    if (s.raw != name || std::strcmp(name, interned) != 0) {
+        if (!inductor_kernel_name(name)) return nullptr;
+        {
+            std::lock_guard<std::mutex> lock(g_kind_mu);
+            interned = g_kernel_names.emplace(name).first->c_str();
+        }
+        s.raw = name;
+        s.name = interned;
+    }
+    Thread::KindSlot &slot = kind_slot(t, interned);  // what quiet_for and learn_quiet read
+    if (slot.name != interned) {
+        slot.name = interned;
+        slot.kind = kRecord;
+        slot.quiet = -1;
+    }
+    return interned;
 }
 
 // Room for n more elements, grown geometrically: reserve(size() + n) grows a vector to
@@ -528,6 +583,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         const char *name = fn.name();
         if (!name) return nullptr;
         Kind k = op_kind(t, fn, name);
+        if (k == kNamed) {
+            name = inductor_kernel(t, name);
+            if (!name) return nullptr;
+            k = kRecord;
+        }
         if (k == kLookThrough) return nullptr;
         if (k == kOpaque) {
             t.rec_depth = d;
