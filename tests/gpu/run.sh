@@ -25,7 +25,8 @@
 #      equal to the program's p.grad norms, backward module spans (opened on
 #      autograd's CUDA thread) with kernels, CUPTI's warm-up span before the
 #      update -- and a torch.compile'd model under profile: the loop runs,
-#      the trace is complete and valid, with inductor's Triton kernels;
+#      the trace is complete and valid, with inductor's Triton kernels and
+#      the compiled graphs' CUDA buffers (allocated by no op) in its memory;
 #   4. checks: device_memory samples for cuda:0 (capacity > 0; used > 0 once the
 #      process has launched work: before, NVML may truthfully say 0),
 #      kernel names demangled (at most 1 in 10 still mangled),

@@ -149,6 +149,8 @@ def summarize(trace: str) -> dict:
         "spans": collections.Counter(f'{s.get("step")}:{s["name"]}' for s in spans.values()
                                      ).most_common(),
         "gradients": collections.Counter(e["state"] for e in lines if e["kind"] == "gradient"),
+        "alloc_bytes": sum(e["bytes"] for e in lines
+                           if e["kind"] == "memory" and e["action"] == "alloc"),
     }
 
 
@@ -267,7 +269,7 @@ def main() -> int:
         out["trace"] = summarize(trace)
     if args.rf_names and out["outcome"] == "ok":
         from torch.profiler import ProfilerActivity, profile as tprofile
-        with tprofile(activities=[ProfilerActivity.CPU]) as tp:
+        with tprofile(activities=[ProfilerActivity.CPU], profile_memory=True) as tp:
             update(args.steps)
         names = collections.Counter()
         scopes = {}
@@ -284,6 +286,10 @@ def main() -> int:
                          for k, v in sorted(names.items()) if not k.startswith("aten::")},
             "aten_names": sorted(k for k in names if k.startswith("aten::")),
         }
+        # every allocation torch.profiler saw (the op-less ones too), in bytes
+        out["profiler_alloc_bytes"] = sum(
+            e.nbytes() for e in tp.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.nbytes() > 0)
     print(json.dumps(out, default=str))
     return 0 if out["outcome"] == "ok" else 1
 

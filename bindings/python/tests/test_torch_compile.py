@@ -80,7 +80,8 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     torch.profiler sees its record function in an update after the loop; the compiled
     region's wrappers are not ops. The capture sets the option that gives the kernels
     their record functions (and makes the functions they call resolvable) and puts it
-    back when it ends."""
+    back when it ends. The buffers the compiled graphs allocate with no op are in the
+    trace's memory: as many bytes allocated as torch.profiler counts, within 15%."""
     out = repro(tmp_path, "--backend", "inductor", "--rf-names")
     check_compiled_capture(out, tmp_path)
     # inductor needs the C++ compiler the observer is built with
@@ -94,6 +95,11 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     assert not any(k.startswith(("Torch-Compiled Region", "CompiledFunction", "##"))
                    for k in out["trace"]["op_counts"]), out["trace"]["op_counts"]
     assert out["kernel_profile_after"] is False
+    # the compiled graphs' buffers, which no op allocates, are the update's memory too:
+    # before, the trace held 30% of the bytes torch.profiler saw allocated
+    t = out["trace"]
+    assert 0.85 * out["profiler_alloc_bytes"] <= t["alloc_bytes"] <= 1.05 * out["profiler_alloc_bytes"], \
+        (t["alloc_bytes"], out["profiler_alloc_bytes"])
 
 
 def test_profile_of_a_compiled_training_step(tmp_path):

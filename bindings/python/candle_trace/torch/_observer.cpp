@@ -109,6 +109,7 @@ typedef struct ct_memory {
 namespace {
 
 constexpr int kProtocol = 5;  // _observer.py checks ct_obs_protocol()
+constexpr int kCategoryOther = 0;
 constexpr int kCategoryActivation = 2;
 constexpr int kMemoryAlloc = 0;
 constexpr int kMemoryFree = 1;
@@ -151,11 +152,29 @@ struct OpRec {
     c10::Device device{c10::DeviceType::CPU};
 };
 
-struct AllocRec {  // the allocation of an op output's storage
+struct AllocRec {  // the allocation of an op output's storage, or of a storage no op made
     uint64_t ts, span, bytes;
     uintptr_t ptr;
-    uint32_t op;  // index into the same buffer's ops
+    uint32_t op;  // index into the same buffer's ops; kNoOp: made outside every op
+    c10::Device device{c10::DeviceType::CPU};  // where op is kNoOp
 };
+
+// An allocation outside every op inside a compiled graph: its buffers, which inductor's
+// generated code allocates itself (empty_strided_cpu/_cuda, no dispatcher op) -- 61% of
+// the bytes a compiled GPT update allocates. Its storage is recorded with no op and no
+// dtype known. (Outside compiled graphs, what no op allocates is the 8-byte tensors of
+// Python numbers passed to ops, made before the op begins: not recorded.)
+constexpr uint32_t kNoOp = UINT32_MAX;
+
+// The record functions a compiled graph runs inside, on every torch that has them whether
+// or not torch.profiler is on: dynamo's frame (the forward, "Torch-Compiled Region: 0/0"),
+// AOTAutograd's function ("CompiledFunction") and the autograd engine's evaluation of its
+// backward.
+bool compiled_region(const char *name) {
+    return std::strncmp(name, "Torch-Compiled Region", 21) == 0 ||
+           std::strcmp(name, "CompiledFunction") == 0 ||
+           std::strcmp(name, "autograd::engine::evaluate_function: CompiledFunctionBackward") == 0;
+}
 
 struct FreeRec {  // any free seen during the capture; matched to allocations at emission
     uint64_t ts, span;
@@ -218,6 +237,7 @@ struct Thread {
     uint64_t span = 0;   // innermost span of this thread, published by Python (0: none)
     int depth = 0;       // RecordFunction nesting of FUNCTION scopes
     int rec_depth = -1;  // depth of the op being recorded, -1 when none
+    int graph_depth = -1;  // depth of the compiled graph's record function around, -1: none
     bool opaque = false; // the op at rec_depth is not recorded (an opaque op)
     int suspended = 0;   // ct_obs_suspend nesting
     bool rf_in_op = true;           // RecordFunction's state before the recorded op
@@ -294,6 +314,7 @@ inline Thread &thread_state() {
         t.span = 0;
         t.depth = 0;
         t.rec_depth = -1;
+        t.graph_depth = -1;
         t.opaque = t.op_quiet = t.learning = false;
         release_ins(t);
         t.pending.clear();
@@ -584,6 +605,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
         if (!name) return nullptr;
         Kind k = op_kind(t, fn, name);
         if (k == kNamed) {
+            if (t.graph_depth < 0 && compiled_region(name)) t.graph_depth = d;
             name = inductor_kernel(t, name);
             if (!name) return nullptr;
             k = kRecord;
@@ -663,7 +685,7 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
                 const Pending &a = t.pending[i];
                 if (a.ptr == p) {
                     b.allocs.push_back(AllocRec{a.ts, a.span, a.bytes, p,
-                                                static_cast<uint32_t>(b.ops.size())});
+                                                static_cast<uint32_t>(b.ops.size()), r.device});
                     break;
                 }
             }
@@ -677,6 +699,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *) {
     Thread &t = this_thread();
     if (t.epoch != g_epoch.load(std::memory_order_acquire)) return;
     int d = --t.depth;
+    if (d == t.graph_depth) t.graph_depth = -1;
     if (d != t.rec_depth) {
         // A looked-through or nested op ends: torch boxed its outputs for us too.
         if (g_active.load(std::memory_order_relaxed)) exclude_torch_work();
@@ -832,7 +855,7 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
     using total_t = int64_t;
 #endif
     void reportMemoryUsage(void *ptr, int64_t alloc_size, total_t, total_t,
-                           c10::Device) override {
+                           c10::Device device) override {
         if (!g_active.load(std::memory_order_relaxed) || !ptr || alloc_size == 0) return;
         // Not a tracer interval: noting an event is a clock read and a push, fewer
         // instructions than an interval's own begin and end, about half of which would
@@ -841,7 +864,16 @@ struct MemoryReporter : public torch::profiler::impl::ProfilerStateBase {
             Thread &t = thread_state();
             uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
             if (alloc_size > 0) {
-                if (t.rec_depth < 0 || t.opaque) return;  // not inside a recorded op
+                if (t.opaque) return;  // the profiler's own
+                if (t.rec_depth < 0) {  // no op made it (see kNoOp)
+                    if (t.graph_depth < 0) return;
+                    uint64_t ts = p_now(g_session);
+                    Buf &b = buffer(t);
+                    std::lock_guard<std::mutex> lock(b.mu);
+                    b.allocs.push_back(AllocRec{ts, span_of(t), static_cast<uint64_t>(alloc_size),
+                                                p, kNoOp, device});
+                    return;
+                }
                 if (t.pending.size() >= kPendingMax) t.pending.clear();
                 t.pending.push_back(
                     Pending{p_now(g_session), span_of(t), static_cast<uint64_t>(alloc_size), p});
@@ -1049,6 +1081,7 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
     }
     std::stable_sort(evs.begin(), evs.end(), [](const Ev &x, const Ev &y) { return x.ts < y.ts; });
     std::unordered_map<uintptr_t, const Ev *> live;
+    std::unordered_map<const AllocRec *, std::string> opless;  // kNoOp allocations' ids
     char sid[96];
     for (const Ev &e : evs) {
         const Ev *alloc = &e;
@@ -1061,25 +1094,37 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
             alloc = it->second;
             live.erase(it);
         }
-        const OpRec &r = alloc->b->ops[alloc->alloc->op];
-        int64_t oid = out_id[alloc->b][alloc->alloc->op];
-        if (oid < 0) continue;
-        std::string dev = device_str(r.device);
-        std::snprintf(sid, sizeof sid, "%s-%llx", dev.c_str(),
-                      static_cast<unsigned long long>(e.ptr));
+        const AllocRec &a = *alloc->alloc;
         ct_memory mr;
         std::memset(&mr, 0, sizeof mr);
         mr.size = sizeof mr;
         mr.timestamp_ns = e.ts;
+        mr.bytes = a.bytes;
+        if (a.op == kNoOp) {
+            // A storage of its own ("m<N>": no op's tensor), its dtype unknown; a later
+            // op writing into it (an out= kernel) is that op's output, not an alias here.
+            auto it = opless.find(&a);
+            if (it == opless.end())
+                it = opless.emplace(&a, "m" + std::to_string(opless.size() + 1)).first;
+            mr.tensor_id = it->second.c_str();
+            mr.dtype = "unknown";
+            mr.category = kCategoryOther;
+        } else {
+            const OpRec &r = alloc->b->ops[a.op];
+            int64_t oid = out_id[alloc->b][a.op];
+            if (oid < 0) continue;
+            mr.tensor_id = ids[oid].c_str();
+            mr.dtype = dtype_name(r.dtype, dbuf);
+            mr.op_name = e.action == kMemoryAlloc ? r.name : nullptr;
+            mr.shape = r.rank ? &alloc->b->shapes[r.shape_off] : nullptr;
+            mr.rank = r.rank;
+            mr.category = kCategoryActivation;
+        }
+        std::string dev = device_str(a.device);
+        std::snprintf(sid, sizeof sid, "%s-%llx", dev.c_str(),
+                      static_cast<unsigned long long>(e.ptr));
         mr.storage_id = sid;
-        mr.tensor_id = ids[oid].c_str();
         mr.device = dev.c_str();
-        mr.dtype = dtype_name(r.dtype, dbuf);
-        mr.op_name = e.action == kMemoryAlloc ? r.name : nullptr;
-        mr.bytes = alloc->alloc->bytes;
-        mr.shape = r.rank ? &alloc->b->shapes[r.shape_off] : nullptr;
-        mr.rank = r.rank;
-        mr.category = kCategoryActivation;
         note_error(p_record_memory(g_session, e.span, e.action, &mr));
     }
     for (auto &e : edge_list)
