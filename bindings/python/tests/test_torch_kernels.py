@@ -80,11 +80,17 @@ def test_a_torch_whose_kernels_are_of_another_kind_is_left_alone(fresh, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_failing_compiler_says_why(tmp_path):
+def test_a_failing_compiler_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "ccache cc -m64")  # as a user spells it: every word is used
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    calls = []
+
     def run(cmd, **kw):
+        calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "aoti.c:1: error: broken")
-    with pytest.raises(RuntimeError, match="failed: aoti.c:1: error: broken"):
+    with pytest.raises(RuntimeError, match="ccache cc -m64 failed: aoti.c:1: error: broken"):
         _kernels.build_shim(tmp_path, run=run)
+    assert calls[0][:4] == ["ccache", "cc", "-m64", "-x"]
     assert not _kernels.shim_path(tmp_path).exists()
     assert [p.name for p in tmp_path.iterdir()] == []  # its temporary folder went too
 

@@ -34,13 +34,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -121,24 +122,32 @@ def shim_path(cache: Path) -> Path:
     return cache / f"candle_trace_aoti_{digest}.so"
 
 
+def _compiler() -> Optional[List[str]]:
+    """$CC as the user spells it ("ccache gcc" included), else the first of _COMPILERS."""
+    cc = shlex.split(os.environ.get("CC") or "")
+    if cc and shutil.which(cc[0]):
+        return cc
+    found = next((p for p in map(shutil.which, _COMPILERS) if p), None)
+    return [found] if found else None
+
+
 def build_shim(cache: Path, run: Callable[..., Any] = subprocess.run) -> Path:
     """The shim library in ``cache`` (built there once: a temporary file renamed into
     place, so a concurrent process never loads half of one)."""
     so = shim_path(cache)
     if so.exists():
         return so
-    names = ((os.environ.get("CC") or "").split()[:1]) + list(_COMPILERS)
-    cc = next((p for p in map(shutil.which, names) if p), None)
+    cc = _compiler()
     if cc is None:
-        raise RuntimeError(f"no C compiler ({', '.join(_COMPILERS)}) on PATH")
+        raise RuntimeError(f"no C compiler ($CC, {', '.join(_COMPILERS)}) on PATH")
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         src, out = Path(tmp) / "aoti.c", Path(tmp) / so.name
         src.write_text(SHIM_SOURCE)
-        r = run([cc, "-x", "c", "-shared", "-fPIC", "-O2", "-fvisibility=hidden",
-                 "-o", str(out), str(src)], capture_output=True, text=True)
+        r = run(cc + ["-x", "c", "-shared", "-fPIC", "-O2", "-fvisibility=hidden",
+                      "-o", str(out), str(src)], capture_output=True, text=True)
         if r.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{cc} failed: {(r.stderr or r.stdout).strip()[-400:]}")
+            raise RuntimeError(f"{' '.join(cc)} failed: {(r.stderr or r.stdout).strip()[-400:]}")
         os.replace(out, so)
     return so
 
