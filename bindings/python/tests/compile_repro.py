@@ -151,6 +151,10 @@ def summarize(trace: str) -> dict:
         "gradients": collections.Counter(e["state"] for e in lines if e["kind"] == "gradient"),
         "alloc_bytes": sum(e["bytes"] for e in lines
                            if e["kind"] == "memory" and e["action"] == "alloc"),
+        # storages no op allocated (a compiled graph's buffers): tensor, dtype, shape, bytes
+        "opless_allocs": [[e["tensor_id"], e["dtype"], e.get("shape", []), e["bytes"]]
+                          for e in lines if e["kind"] == "memory" and e["action"] == "alloc"
+                          and "op_name" not in e],
     }
 
 

@@ -4,6 +4,7 @@ in a child process, which prints one JSON line (outcome, dynamo's counters, the 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -89,7 +90,8 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     region's wrappers are not ops. The capture sets the option that gives the kernels
     their record functions (and makes the functions they call resolvable) and puts it
     back when it ends. The buffers the compiled graphs allocate with no op are in the
-    trace's memory: as many bytes allocated as torch.profiler counts, within 15%."""
+    trace's memory: as many bytes allocated as torch.profiler counts, within 15%, each
+    the tensor of the first op that writes its output into it where one does."""
     out = repro(tmp_path, "--backend", "inductor", "--rf-names")
     check_compiled_capture(out, tmp_path)
     # inductor needs the C++ compiler the observer is built with
@@ -108,6 +110,13 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     t = out["trace"]
     assert 0.85 * out["profiler_alloc_bytes"] <= t["alloc_bytes"] <= 1.05 * out["profiler_alloc_bytes"], \
         (t["alloc_bytes"], out["profiler_alloc_bytes"])
+    # a buffer an extern kernel wrote into (mm's out=) is that output's tensor; the rest
+    # (the C++ kernels' buffers: no op shows their tensors) are storages of their own
+    named = [a for a in t["opless_allocs"] if not a[0].startswith("m")]
+    unnamed = [a for a in t["opless_allocs"] if a[0].startswith("m")]
+    assert named and unnamed, t["opless_allocs"]
+    assert all(d == "f32" and b >= 4 * math.prod(shape) > 0 for _, d, shape, b in named), named
+    assert all(d == "unknown" and shape == [] for _, d, shape, _ in unnamed), unnamed
 
 
 def test_profile_of_a_compiled_training_step(tmp_path):

@@ -150,20 +150,23 @@ struct OpRec {
     uint32_t shape_off, rank;  // into Buf::shapes
     c10::ScalarType dtype;
     c10::Device device{c10::DeviceType::CPU};
+    uintptr_t out_data;  // inside a compiled graph: its output's storage (see kNoOp), else 0
 };
 
 struct AllocRec {  // the allocation of an op output's storage, or of a storage no op made
     uint64_t ts, span, bytes;
     uintptr_t ptr;
     uint32_t op;  // index into the same buffer's ops; kNoOp: made outside every op
-    c10::Device device{c10::DeviceType::CPU};  // where op is kNoOp
+    c10::Device device{c10::DeviceType::CPU};  // the storage's
 };
 
 // An allocation outside every op inside a compiled graph: its buffers, which inductor's
 // generated code allocates itself (empty_strided_cpu/_cuda, no dispatcher op) -- 61% of
-// the bytes a compiled GPT update allocates. Its storage is recorded with no op and no
-// dtype known. (Outside compiled graphs, what no op allocates is the 8-byte tensors of
-// Python numbers passed to ops, made before the op begins: not recorded.)
+// the bytes a compiled GPT update allocates. Its storage is recorded with no op; the
+// first recorded op writing its output into it (an extern kernel called with out=) names
+// its tensor, dtype and shape, else its dtype is unknown. (Outside compiled graphs, what
+// no op allocates is the 8-byte tensors of Python numbers passed to ops, made before the
+// op begins: not recorded.)
 constexpr uint32_t kNoOp = UINT32_MAX;
 
 // The record functions a compiled graph runs inside, on every torch that has them whether
@@ -669,10 +672,13 @@ void record_op(const at::RecordFunction &fn, Thread &t, uint64_t t1) {
     r.shape_off = static_cast<uint32_t>(b.shapes.size());
     r.rank = 0;
     r.out = nullptr;
+    r.out_data = 0;
     r.dtype = c10::ScalarType::Undefined;
     if (out) {
         r.out = out->unsafeGetTensorImpl();
         pin(b, r.out);
+        if (g_memory && t.graph_depth >= 0 && out->has_storage())
+            r.out_data = reinterpret_cast<uintptr_t>(out->storage().data());
         r.dtype = out->scalar_type();
         r.device = out->device();
         if (!out->is_sparse()) {
@@ -1080,10 +1086,49 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
         for (const FreeRec &f : b->frees) evs.push_back(Ev{f.ts, f.span, f.ptr, kMemoryFree, nullptr, b.get()});
     }
     std::stable_sort(evs.begin(), evs.end(), [](const Ev &x, const Ev &y) { return x.ts < y.ts; });
+
+    // An op-less storage's writers: the recorded ops whose output lives in it, in time
+    // order; the first between its allocation and the next allocation at its address
+    // names it (kNoOp).
+    struct Writer {
+        uint64_t t0;
+        const Buf *b;
+        uint32_t op;
+    };
+    std::unordered_map<uintptr_t, std::vector<Writer>> writers;
+    for (const Ev &e : evs)
+        if (e.action == kMemoryAlloc && e.alloc->op == kNoOp) writers[e.ptr];
+    if (!writers.empty()) {
+        for (auto &b : bufs)
+            for (uint32_t i = 0; i < b->ops.size(); i++) {
+                auto it = b->ops[i].out_data ? writers.find(b->ops[i].out_data) : writers.end();
+                if (it != writers.end()) it->second.push_back(Writer{b->ops[i].t0, b.get(), i});
+            }
+        for (auto &w : writers)
+            std::sort(w.second.begin(), w.second.end(),
+                      [](const Writer &x, const Writer &y) { return x.t0 < y.t0; });
+    }
+    std::vector<uint64_t> next_alloc(evs.size(), UINT64_MAX);  // at the same address
+    {
+        std::unordered_map<uintptr_t, uint64_t> later;
+        for (size_t i = evs.size(); i-- > 0;) {
+            if (evs[i].action != kMemoryAlloc) continue;
+            auto it = later.find(evs[i].ptr);
+            if (it != later.end()) next_alloc[i] = it->second;
+            later[evs[i].ptr] = evs[i].ts;
+        }
+    }
+    struct Opless {
+        std::string id;
+        const OpRec *r = nullptr;  // the op that named it, if one did
+        const Buf *b = nullptr;
+    };
+    std::unordered_map<const AllocRec *, Opless> opless;
+    size_t unnamed = 0;
     std::unordered_map<uintptr_t, const Ev *> live;
-    std::unordered_map<const AllocRec *, std::string> opless;  // kNoOp allocations' ids
     char sid[96];
-    for (const Ev &e : evs) {
+    for (size_t ei = 0; ei < evs.size(); ei++) {
+        const Ev &e = evs[ei];
         const Ev *alloc = &e;
         if (e.action == kMemoryAlloc) {
             if (live.count(e.ptr)) continue;  // its free was not seen: keep the first
@@ -1101,14 +1146,34 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
         mr.timestamp_ns = e.ts;
         mr.bytes = a.bytes;
         if (a.op == kNoOp) {
-            // A storage of its own ("m<N>": no op's tensor), its dtype unknown; a later
-            // op writing into it (an out= kernel) is that op's output, not an alias here.
             auto it = opless.find(&a);
-            if (it == opless.end())
-                it = opless.emplace(&a, "m" + std::to_string(opless.size() + 1)).first;
-            mr.tensor_id = it->second.c_str();
-            mr.dtype = "unknown";
-            mr.category = kCategoryOther;
+            if (it == opless.end()) {  // its allocation (e is alloc)
+                Opless o;
+                for (const Writer &w : writers[a.ptr]) {
+                    if (w.t0 < e.ts) continue;
+                    if (w.t0 >= next_alloc[ei]) break;
+                    int64_t oid = out_id[w.b][w.op];
+                    if (oid >= 0) {
+                        o.id = ids[oid];
+                        o.r = &w.b->ops[w.op];
+                        o.b = w.b;
+                    }
+                    break;
+                }
+                if (!o.r) o.id = "m" + std::to_string(++unnamed);  // no op's tensor
+                it = opless.emplace(&a, std::move(o)).first;
+            }
+            const Opless &o = it->second;
+            mr.tensor_id = o.id.c_str();
+            if (o.r) {
+                mr.dtype = dtype_name(o.r->dtype, dbuf);
+                mr.shape = o.r->rank ? &o.b->shapes[o.r->shape_off] : nullptr;
+                mr.rank = o.r->rank;
+                mr.category = kCategoryActivation;
+            } else {
+                mr.dtype = "unknown";
+                mr.category = kCategoryOther;
+            }
         } else {
             const OpRec &r = alloc->b->ops[a.op];
             int64_t oid = out_id[alloc->b][a.op];
