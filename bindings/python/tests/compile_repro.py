@@ -2,7 +2,7 @@
 """candle_trace.torch.profile around a torch.compile'd GPT-style model (torch >= 2.0).
 
     python compile_repro.py [--no-profile] [--no-compile] [--backend inductor|eager|aot_eager] [--steps N]
-        [--capture-step N] [--trace PATH] [--rf-names] [--kernel-profile] [--recompile-at N]
+        [--capture-step N] [--trace PATH] [--rf-names] [--recompile-at N]
         [--watch FOLDER [--aggregate PATH]]
 
 Trains a 2-block GPT (token embedding, causal self-attention, MLP, LayerNorm) compiled
@@ -183,18 +183,12 @@ def main() -> int:
                          "instead of a profile")
     ap.add_argument("--aggregate", default=None, metavar="PATH",
                     help="with --watch: its whole-run summary, written to PATH")
-    ap.add_argument("--kernel-profile", action="store_true",
-                    help="set torch._inductor.config.cpp.enable_kernel_profile before "
-                         "the profile does (it sets it itself where the kernels can load)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # 2 shared cores: OpenMP spinning makes timings erratic
     watch = watch_dynamo() if not os.environ.get("TORCH_LOGS") else _TraceSourceLog()
 
-    if args.kernel_profile:
-        import torch._inductor.config as inductor_config
-        inductor_config.cpp.enable_kernel_profile = True
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if not args.no_compile and not args.whole_step:

@@ -85,12 +85,16 @@ def _inductor_config() -> Any:
     return cfg if cpp is not None and hasattr(cpp, "enable_kernel_profile") else None
 
 
+def _torch_dir() -> Path:
+    return Path(torch.__file__).resolve().parent
+
+
 def _kernels_call_the_shim() -> bool:
     """Whether this torch's kernel code reaches the record function through the shim
     (``RAIIAtenRecordFunctionHandle``, torch >= 2.6 or so): the kind of kernel the
     library here is made for. Read from the source of inductor's C++ code generator,
     which is not imported before the first compilation."""
-    gen = Path(torch.__file__).resolve().parent / "_inductor" / "codegen" / "cpp.py"
+    gen = _torch_dir() / "_inductor" / "codegen" / "cpp.py"
     try:
         return "RAIIAtenRecordFunctionHandle" in gen.read_text(errors="replace")
     except OSError:
@@ -108,7 +112,7 @@ def _global(name: str) -> bool:
 def _libtorch_cpu() -> Optional[ctypes.CDLL]:
     """libtorch_cpu, already loaded by torch: dlopen hands back its handle (RTLD_LOCAL
     stays: nothing is promoted)."""
-    lib = Path(torch.__file__).resolve().parent / "lib" / "libtorch_cpu.so"
+    lib = _torch_dir() / "lib" / "libtorch_cpu.so"
     if not lib.exists():
         return None
     try:

@@ -1098,7 +1098,8 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
     std::unordered_map<uintptr_t, std::vector<Writer>> writers;
     for (const Ev &e : evs)
         if (e.action == kMemoryAlloc && e.alloc->op == kNoOp) writers[e.ptr];
-    if (!writers.empty()) {
+    std::vector<uint64_t> next_alloc;  // per event: the next allocation at its address (kNoOp's)
+    if (!writers.empty()) {  // a compiled graph ran: none of this for an eager update
         for (auto &b : bufs)
             for (uint32_t i = 0; i < b->ops.size(); i++) {
                 auto it = b->ops[i].out_data ? writers.find(b->ops[i].out_data) : writers.end();
@@ -1107,12 +1108,10 @@ uint64_t emit(std::vector<std::shared_ptr<Buf>> &bufs) {
         for (auto &w : writers)
             std::sort(w.second.begin(), w.second.end(),
                       [](const Writer &x, const Writer &y) { return x.t0 < y.t0; });
-    }
-    std::vector<uint64_t> next_alloc(evs.size(), UINT64_MAX);  // at the same address
-    {
+        next_alloc.assign(evs.size(), UINT64_MAX);
         std::unordered_map<uintptr_t, uint64_t> later;
         for (size_t i = evs.size(); i-- > 0;) {
-            if (evs[i].action != kMemoryAlloc) continue;
+            if (evs[i].action != kMemoryAlloc || !writers.count(evs[i].ptr)) continue;
             auto it = later.find(evs[i].ptr);
             if (it != later.end()) next_alloc[i] = it->second;
             later[evs[i].ptr] = evs[i].ts;
