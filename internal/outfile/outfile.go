@@ -198,6 +198,9 @@ func (f *File) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// Settled says whether f is at its path for good (nothing left to replace).
+func (f *File) Settled() bool { return f.replace == "" }
+
 // WriteString is Write of s (os.File's would bypass the replacement).
 func (f *File) WriteString(s string) (int, error) { return f.Write([]byte(s)) }
 

@@ -1,7 +1,10 @@
 package session
 
 import (
+	"io"
+	"os"
 	"syscall"
+	"unsafe"
 
 	"github.com/candle-trace/candle-trace/internal/outfile"
 )
@@ -19,6 +22,11 @@ type reservingFile struct {
 	*outfile.File
 	written, reserved int64
 	cannot            bool
+	// raw is the descriptor of a regular file written with rawWrite, once
+	// it is settled at its path (outfile.File's first write may rename it
+	// there); -1 until then or for good (not a regular file).
+	raw     int
+	checked bool
 }
 
 // Reservations grow with the file (half of what it holds, within these
@@ -30,15 +38,60 @@ const (
 	maxReserve = 16 << 20
 )
 
-func reserving(f *outfile.File) *reservingFile { return &reservingFile{File: f} }
+func reserving(f *outfile.File) *reservingFile { return &reservingFile{File: f, raw: -1} }
 
 func (f *reservingFile) Write(b []byte) (int, error) {
 	if end := f.written + int64(len(b)); end > f.reserved && !f.cannot {
 		f.reserve(end)
 	}
+	if f.raw >= 0 {
+		n, err := rawWrite(f.raw, b)
+		f.written += int64(n)
+		if err != nil {
+			err = &os.PathError{Op: "write", Path: f.Name(), Err: err}
+		}
+		return n, err
+	}
 	n, err := f.File.Write(b)
 	f.written += int64(n)
+	if err == nil && !f.checked && f.File.Settled() {
+		f.checked = true
+		_ = f.control(func(fd int) {
+			var st syscall.Stat_t
+			if syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+				f.raw = fd
+			}
+		})
+	}
 	return n, err
+}
+
+// rawWrite writes all of b to fd, a regular file, without telling Go's
+// scheduler: a write of a chunk into the page cache takes 50-300 us, and a
+// thread in a system call that long has its P taken away by the runtime's
+// monitor (GOMAXPROCS is 1: DefaultMaxProcs), which wakes another thread to
+// find nothing to run and keeps polling every 20 us while writes go on --
+// about a fifth of the process's CPU in a burst of spans (BENCHMARKS.md,
+// issue 14). A regular file's write does not wait on anything but the disk,
+// and the drainer holds mu while it writes, so the goroutines this delays
+// would wait for it anyway. A pipe or a device (which may block for good)
+// is written through os.File.
+func rawWrite(fd int, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return n, e
+		}
+		if r == 0 {
+			return n, io.ErrShortWrite
+		}
+		n += int(r)
+	}
+	return n, nil
 }
 
 // reserve reserves blocks up to at least end.

@@ -88,3 +88,69 @@ func (f *reservingFile) reserveCheck() error {
 	}
 	return err
 }
+
+// A regular file is written with raw write(2) from its second write on --
+// after the first, which may put it in the place of the own file it
+// replaces -- and every byte lands, in order; a device keeps os.File's
+// writes (a pipe's or a device's write may block for good).
+func TestReservingFileWritesRawOnlyToSettledRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	own := filepath.Join(dir, "own.jsonl")
+	require.NoError(t, os.WriteFile(own, []byte(`{"kind":"meta","schema":"candle-graph/trace/10"}`+"\n"), 0o644))
+	for _, tc := range []struct {
+		name    string
+		path    string
+		regular bool
+	}{
+		{"a new file", filepath.Join(dir, "new.jsonl"), true},
+		{"an own file it replaces at its first write", own, true},
+		{"a character device", os.DevNull, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := outfile.Create(tc.path, aggregate.OwnFile)
+			require.NoError(t, err)
+			w := reserving(f)
+			var want []byte
+			for i := 0; i < 4; i++ {
+				chunk := bytes.Repeat([]byte{byte('a' + i)}, 70_000+i)
+				n, err := w.Write(chunk)
+				require.NoError(t, err)
+				require.Equal(t, len(chunk), n)
+				want = append(want, chunk...)
+				require.Equal(t, tc.regular, w.raw >= 0, "after write %d", i+1)
+			}
+			require.Equal(t, int64(len(want)), w.written)
+			require.NoError(t, w.Close())
+			if !tc.regular {
+				return
+			}
+			got, err := os.ReadFile(tc.path)
+			require.NoError(t, err)
+			require.Equal(t, want, got)
+		})
+	}
+}
+
+// A raw write that fails says so, with the file's path, and counts only
+// what was written.
+func TestReservingFileRawWriteFailureNamesThePath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	f, err := outfile.Create(path, aggregate.OwnFile)
+	require.NoError(t, err)
+	w := reserving(f)
+	_, err = w.Write([]byte("{}\n"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, w.raw, 0)
+	ro, err := os.Open(path) // read-only: write(2) fails with EBADF
+	require.NoError(t, err)
+	defer ro.Close()
+	good := w.raw
+	w.raw = int(ro.Fd())
+	n, err := w.Write([]byte("more\n"))
+	w.raw = good
+	require.Zero(t, n)
+	require.ErrorIs(t, err, syscall.EBADF)
+	require.ErrorContains(t, err, path)
+	require.Equal(t, int64(3), w.written)
+	require.NoError(t, w.Close())
+}

@@ -6,6 +6,8 @@ package session
 import "C"
 
 import (
+	"errors"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,19 +34,7 @@ func startWaker() {
 			return
 		}
 		wakeFd.Store(int32(fd))
-		go func() {
-			var buf [8]byte
-			for {
-				_, err := syscall.Read(fd, buf[:])
-				if err == syscall.EINTR {
-					continue
-				}
-				if err != nil {
-					return
-				}
-				drainAndWrite()
-			}
-		}()
+		go drainOnWake(fd, pollWakes(fd))
 	})
 }
 
@@ -72,3 +62,50 @@ func wakeDrainer() {
 		syscall.Write(fd, one[:])
 	}
 }
+
+// pollWakes makes the eventfd fd one Go's network poller waits on
+// (wakeFile), where it can; false leaves fd blocking.
+func pollWakes(fd int) bool {
+	if syscall.SetNonblock(fd, true) != nil {
+		return false
+	}
+	wakeFile = os.NewFile(uintptr(fd), "candle-trace-drainer-wake")
+	return true
+}
+
+// drainOnWake drains whenever the eventfd fd counts a wake-up. It waits in
+// Go's network poller (wakeFile), not in a blocking read(2): a goroutine
+// blocked in a system call keeps the runtime's monitor thread polling every
+// 20 us, and with one P it takes the P away (a thread woken and parked
+// again) at each wait -- with the trace's raw writes (rawWrite), a fifth of
+// the process's CPU in a burst of spans. Where the poller does not take the
+// descriptor (a read then says EAGAIN), a blocking read does.
+func drainOnWake(fd int, polled bool) {
+	var buf [8]byte
+	for polled {
+		_, err := wakeFile.Read(buf[:])
+		if err == nil {
+			drainAndWrite()
+			continue
+		}
+		if !errors.Is(err, syscall.EAGAIN) || syscall.SetNonblock(fd, false) != nil {
+			return
+		}
+		polled = false
+	}
+	for {
+		_, err := syscall.Read(fd, buf[:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		drainAndWrite()
+	}
+}
+
+// wakeFile keeps the drainer's eventfd open for the process (an os.File
+// closes its descriptor when collected); its Fd method would make the
+// descriptor blocking again, so nothing calls it.
+var wakeFile *os.File
