@@ -183,6 +183,17 @@ def main() -> int:
                          "instead of a profile")
     ap.add_argument("--aggregate", default=None, metavar="PATH",
                     help="with --watch: its whole-run summary, written to PATH")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="make the profile of the plain model before it is compiled "
+                         "(nanoGPT's order under candle-trace run: the optimizer, then "
+                         "torch.compile)")
+    ap.add_argument("--in-place", action="store_true",
+                    help="compile with torch's method, model.compile(), which compiles the "
+                         "module's call in place (no OptimizedModule)")
+    ap.add_argument("--infer", action="store_true",
+                    help="with --profile-first: the model is compiled and profiled for "
+                         "inference (phase infer, no optimizer), made before anything "
+                         "imports inductor's config")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -190,18 +201,35 @@ def main() -> int:
     watch = watch_dynamo() if not os.environ.get("TORCH_LOGS") else _TraceSourceLog()
 
     model = GPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if not args.no_compile and not args.whole_step:
-        model = torch.compile(model, backend=args.backend)
     trace = args.trace or os.path.join(tempfile.mkdtemp(prefix="compile-repro-"), "gpt.jsonl")
+    early = None
+    if args.infer:
+        model.eval()
+        opt = None
+        out_early = {"inductor_config_at_profile": "torch._inductor.config" in sys.modules}
+        early = ctt.profile(model, None, trace, capture_step=args.capture_step, phase="infer")
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out_early = {}
+        if args.profile_first:
+            early = ctt.profile(model, opt, trace, capture_step=args.capture_step)
+    if not args.no_compile and not args.whole_step:
+        if args.in_place:
+            model.compile(backend=args.backend)
+        else:
+            model = torch.compile(model, backend=args.backend)
 
     from torch._dynamo.utils import counters
     counters.clear()
     times = []
     out = {"torch": torch.__version__, "backend": args.backend,
-           "profile": not args.no_profile, "compiled": not args.no_compile}
+           "profile": not args.no_profile, "compiled": not args.no_compile, **out_early}
 
     def train_step(idx: torch.Tensor, tgt: torch.Tensor) -> None:
+        if opt is None:  # --infer
+            with torch.no_grad():
+                model(idx)
+            return
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
         loss.backward()
@@ -230,7 +258,8 @@ def main() -> int:
                 update(i)
                 times.append(time.perf_counter() - t0)
         else:
-            with ctt.profile(model, opt, trace, capture_step=args.capture_step) as prof:
+            with early if early is not None else ctt.profile(
+                    model, opt, trace, capture_step=args.capture_step) as prof:
                 for i in range(args.steps):
                     t0 = time.perf_counter()
                     update(i)

@@ -119,6 +119,74 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     assert all(d == "unknown" and shape == [] for _, d, shape, _ in unnamed), unnamed
 
 
+@pytest.mark.parametrize("phase,how", [
+    ("train", ["--profile-first"]),
+    ("infer", ["--profile-first", "--infer"]),
+    ("train", ["--in-place"]),
+    ("train", ["--in-place", "--profile-first"]),
+], ids=["train-compiled-after", "infer-compiled-after", "module.compile", "module.compile-after"])
+def test_a_model_compiled_after_the_profile_is_captured_as_it_runs(tmp_path, phase, how):
+    """nanoGPT's order (the optimizer, then ``model = torch.compile(model)``; what
+    ``candle-trace run`` meets, opening at the first optimizer), or any profile made of
+    the plain model before it is compiled: the capture stands the compiled module in for
+    the plain one. Before, it wrapped the plain model's submodules for their spans, and
+    their wrappers (outside dynamo) made the captured update alone run eagerly: module
+    spans of every submodule, 0 inductor kernels and 5 eager layer norms where the
+    program runs 14 fused kernels. For inference (no optimizer: nothing has imported
+    inductor's config when the profile is made), the kernels' records are turned on at
+    the compile, before their code is generated. ``module.compile()`` (compiled in place,
+    no OptimizedModule) before or after the profile: its span wraps the compiled call."""
+    out = repro(tmp_path, "--backend", "inductor", "--rf-names", *how)
+    assert out["outcome"] == "ok", out
+    assert out["dynamo"]["graph_breaks"] == 0 and out["dynamo"]["unique_graphs"] == 1, out["dynamo"]
+    t = out["trace"]
+    spans = dict((k, v) for k, v in t["spans"])
+    if phase == "train":
+        check_compiled_capture(out, tmp_path)
+    else:
+        assert out["inductor_config_at_profile"] is False
+        assert t["outcome"] == "complete"
+        assert spans.get("None:GPT [no_grad]") == 1, spans
+        candle_graph(t["path"], tmp_path)
+        assert "OK" in validate(t["path"])
+    assert not any(k.startswith("forward:") and k != "forward:GPT" for k in spans), spans
+    ours = {k: v for k, v in t["op_counts"].items() if KERNEL.match(k)}
+    seen = {k: int(v.split("x", 1)[0]) for k, v in out["record_functions"]["not_aten"].items()
+            if KERNEL.match(k)}
+    assert len(seen) >= (6 if phase == "train" else 3), out["record_functions"]["not_aten"]
+    assert ours == seen
+    assert "aten::native_layer_norm" not in t["op_counts"], t["op_counts"]  # fused, not eager
+    assert out["kernel_profile_after"] is False
+
+
+def test_candle_trace_run_captures_a_model_compiled_after_its_optimizer(tmp_path):
+    """The same order under ``candle-trace run`` (nanoGPT's: the optimizer, then
+    torch.compile; the runner's capture opens at the optimizer, with the plain model):
+    the captured update runs the compiled graph -- inductor's kernels, one forward span
+    of the model and none inside it -- as every other update does."""
+    from conftest import REPO  # noqa: PLC0415
+
+    runner = REPO / "build" / "candle-trace"
+    if not runner.exists():
+        pytest.fail(f"{runner} is not built (make cli)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLE_TRACE_")}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    r = subprocess.run([str(runner), "run", "--output", str(tmp_path / "t-%p.jsonl"), "--",
+                        sys.executable, str(REPRO), "--no-profile", "--steps", "5"],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    [trace] = sorted(tmp_path.glob("t-*.jsonl"))
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    ops = [o["op_name"] for o in lines if o["kind"] == "op"]
+    assert len({k for k in ops if KERNEL.match(k)}) >= 6, sorted(set(ops))
+    assert "aten::native_layer_norm" not in ops
+    forwards = [s["name"] for s in lines if s["kind"] == "span_start" and s.get("step") == "forward"]
+    assert forwards == ["GPT"], forwards
+    assert lines[-1]["outcome"] == "complete"
+    candle_graph(str(trace), tmp_path)
+
+
 def test_profile_of_a_compiled_training_step(tmp_path):
     """The whole update compiled (``torch.compile(train_step)``, its zero_grad, backward and
     optimizer step inside): the capture's wrappers of those are called from compiled code,

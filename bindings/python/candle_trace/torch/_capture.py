@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..session import CandleTraceError, Session
-from . import _gradients, _observer, _ops
+from . import _compiled, _gradients, _observer, _ops
 from ._amp import ScaledLosses, scale_of, unscaled
 from ._autograd_threads import close_spans_on_device_threads, devices_of
 from ._compile import Compilations
@@ -77,12 +77,25 @@ class Layout:
     for every capture of it (a watch captures every update)."""
 
     def __init__(self, parts: Parts, cfg: Config) -> None:
-        self.tops = [m for _, m in parts.tops]
-        self.modules: List[Tuple[str, torch.nn.Module]] = _named(parts.tops, "modules")
+        _compiled.track()
+        self._parts = parts
+        self._generation = -1
+        self.tops: List[torch.nn.Module] = []
+        self.modules: List[Tuple[str, torch.nn.Module]] = []
+        self.refresh()
         self.params = _named(parts.tops, "parameters") + parts.tensors
         self.grad_params = [(n, p) for n, p in self.params if p.requires_grad]
         _gradients.check_families(cfg.gradient_families,
                                   [_gradients.family_of(cfg.name, n) for n, _ in self.grad_params])
+
+    def refresh(self) -> None:
+        """The modules again where torch.compile compiled one since they were found: the
+        compiled module stands in for the plain one (``_compiled``)."""
+        if self._generation == _compiled.generation():
+            return
+        self._generation = _compiled.generation()
+        self.tops = [_or(_compiled.compiled_as(m), m) for _, m in self._parts.tops]
+        self.modules = _named(self._parts.tops, "modules")
 
 
 class Capture:
@@ -97,6 +110,7 @@ class Capture:
         #: the update's optimizers: it has stepped once each of them has
         self.optimizers = list(optimizers)
         layout = parts if isinstance(parts, Layout) else Layout(parts, cfg)
+        self._layout = layout
         self._tops = layout.tops
         self.modules = layout.modules
         self.params = layout.params
@@ -177,10 +191,21 @@ class Capture:
         if c.stats:  # kept in C++ with the op observer's library (its module spans reduce there)
             self.stats = StatsRecorder(self.session, self.ops_suspend, native)
         if native is not None:  # a compiled model's inductor kernels, as the observer's ops
-            kernels = KernelRecords(_observer.cache_root())
-            if kernels.acquire():
-                self._undo.append(kernels.release)
+            self._record_kernels(KernelRecords(_observer.cache_root()))
         self.state = "open"
+
+    def _record_kernels(self, kernels: KernelRecords) -> None:
+        """Inductor's kernel records on while the capture lasts -- from now, or from the
+        first model compiled after this (torch.compile imports inductor's config, which
+        a capture does not import itself: ~1 s), before its code is generated."""
+        if kernels.acquire():
+            self._undo.append(kernels.release)
+            return
+
+        def on_compile() -> None:  # heard until the capture's end undoes it
+            if not kernels.held and kernels.acquire():
+                self._undo.append(kernels.release)
+        self._undo.append(_compiled.on_compile(on_compile))
 
     def _contract(self) -> dict:
         c = self.cfg
@@ -242,6 +267,8 @@ class Capture:
         try:
             if self.ops is not None:
                 self.ops.prepare(self.session)  # type: ignore[arg-type]
+            self._layout.refresh()  # a model compiled since the layout was found
+            self.modules, self._tops = self._layout.modules, self._layout.tops
             self._module_spans = module_spans(self, self.modules, self._tops, self.cfg.name)
             self._module_spans.install()
             self._compiles = Compilations(self._compile_begin, self._compile_end)
@@ -685,23 +712,37 @@ class Capture:
                           RuntimeWarning, stacklevel=4)
 
 
+def _or(m: Optional[torch.nn.Module], default: torch.nn.Module) -> torch.nn.Module:
+    """``m`` unless None (``m or default`` would ask a module's ``__len__``)."""
+    return default if m is None else m
+
+
 def _named(tops: Sequence[Tuple[str, torch.nn.Module]], what: str) -> List[Tuple[str, Any]]:
     """(qualified name, item) of every module (``what`` "modules") or parameter
     ("parameters") of the top modules, each once; a top module named "" is the model.
     A torch.compile'd module stands for the module it compiles: its modules are not
     listed (their forward is the compiled graph's), and ``_orig_mod`` is no part of a
-    name."""
+    name. A module torch.compile compiled after the tracer was given it is listed as its
+    compiled module, under its own name (``_compiled``)."""
     out, seen = [], set()
     for prefix, top in tops:
         inside: set = set()
+        compiled: Dict[int, torch.nn.Module] = {}
         for q, m in top.named_modules():
             inner = compiled_inner(m)
             if inner is not None:
                 inside.update(id(x) for x in inner.modules())
+            om = _compiled.compiled_as(m) if what == "modules" and id(m) not in inside else None
+            if om is not None:
+                compiled[id(m)] = om
+            if om is not None or getattr(m, "_compiled_call_impl", None) is not None:
+                # (compiled in place, module.compile(): its span wraps the compiled call)
+                inside.update(id(x) for x in m.modules() if x is not m)
         for q, x in getattr(top, f"named_{what}")():
             if id(x) in seen or (what == "modules" and id(x) in inside):
                 continue
             seen.add(id(x))
+            x = compiled.get(id(x), x)
             q = ".".join(p for p in q.split(".") if p != "_orig_mod")
             out.append((".".join(p for p in (prefix, q) if p), x))
     return out

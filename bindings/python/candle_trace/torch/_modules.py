@@ -72,8 +72,9 @@ class ModuleSpans:
 
     def install(self) -> None:
         for m in self._names:
-            prev = patch(m, "forward", self._wrapper(m))
-            self._undo.append(lambda m=m, prev=prev: restore(m, "forward", prev))
+            attr = entry(m)
+            prev = patch(m, attr, self._wrapper(m))
+            self._undo.append(lambda m=m, attr=attr, prev=prev: restore(m, attr, prev))
 
     def remove(self) -> None:
         for u in reversed(self._undo):
@@ -112,7 +113,7 @@ class PyModuleSpans(ModuleSpans):
         # recorded update runs this, so each Python frame it saves counts (the flight
         # recorder's cost is mostly such frames, run with cold caches between ops).
         tb, te, hc = spans._tb, spans._te, spans._hc
-        orig = module.forward
+        orig = getattr(module, entry(module))
         name = self._names[module][0]
         owner, no_grad, recompute = "f:" + name, f"{name} [no_grad]", f"{name} [recompute]"
         top = module in self._tops
@@ -308,13 +309,23 @@ class NativeModuleSpans(ModuleSpans):
             self._span_names.append(name)
 
     def _wrapper(self, module: torch.nn.Module) -> Callable:
-        return outside_dynamo(self._table.wrapper(self._index[module], module.forward))
+        return outside_dynamo(self._table.wrapper(self._index[module],
+                                                  getattr(module, entry(module))))
 
     def autograd_compiled(self) -> None:
         self._table.use_tensor_hooks()
 
     def _record_output_at(self, index: int, sid: int, t: torch.Tensor) -> None:
         self._record_output(self._span_names[index], sid, t)
+
+
+def entry(module: torch.nn.Module) -> str:
+    """The attribute a module's span wraps: its ``forward``, or, for a module compiled in
+    place (``module.compile()``: its call goes to ``_compiled_call_impl``, whose compiled
+    frame calls ``forward``), the compiled call -- a wrapper inside it would send dynamo
+    to run that call eagerly."""
+    return "_compiled_call_impl" if getattr(module, "_compiled_call_impl", None) is not None \
+        else "forward"
 
 
 def backward_hooks() -> str:
