@@ -191,9 +191,9 @@ def main() -> int:
                     help="compile with torch's method, model.compile(), which compiles the "
                          "module's call in place (no OptimizedModule)")
     ap.add_argument("--infer", action="store_true",
-                    help="with --profile-first: the model is compiled and profiled for "
-                         "inference (phase infer, no optimizer), made before anything "
-                         "imports inductor's config")
+                    help="the profile, made first (as --profile-first), is for inference "
+                         "(phase infer, no optimizer): made before anything imports "
+                         "inductor's config")
     args = ap.parse_args()
 
     torch.manual_seed(0)

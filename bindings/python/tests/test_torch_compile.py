@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import candle_graph, observer_expected, validate
+from conftest import REPO, candle_graph, observer_expected, validate
 
 torch = pytest.importorskip("torch")
 if not hasattr(torch, "compile"):
@@ -21,14 +21,19 @@ if not hasattr(torch, "compile"):
 REPRO = Path(__file__).resolve().parent / "compile_repro.py"
 
 
+def child_env(**extra: str) -> dict:
+    """This environment for a child Python: the interpreter's bin first (the C compiler
+    inductor finds beside it), no inductor worker pool on 2 cores."""
+    env = dict(os.environ, **extra)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    return env
+
+
 def repro(tmp_path, *args: str, cold: bool = False) -> dict:
     """compile_repro.py's JSON line. ``cold``: with an inductor cache of its own, empty
     (what a first compile on a fresh machine does does not depend on earlier runs)."""
-    env = dict(os.environ)
-    if cold:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor-cache")
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no worker pool on 2 cores
+    env = child_env(**({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")} if cold else {}))
     r = subprocess.run([sys.executable, str(REPRO), "--trace", str(tmp_path / "gpt.jsonl"),
                         *args], capture_output=True, text=True, timeout=600, env=env)
     assert r.stdout.strip(), f"compile_repro.py {args} printed nothing (rc {r.returncode}):\n" \
@@ -164,14 +169,10 @@ def test_candle_trace_run_captures_a_model_compiled_after_its_optimizer(tmp_path
     torch.compile; the runner's capture opens at the optimizer, with the plain model):
     the captured update runs the compiled graph -- inductor's kernels, one forward span
     of the model and none inside it -- as every other update does."""
-    from conftest import REPO  # noqa: PLC0415
-
     runner = REPO / "build" / "candle-trace"
     if not runner.exists():
         pytest.fail(f"{runner} is not built (make cli)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLE_TRACE_")}
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    env = {k: v for k, v in child_env().items() if not k.startswith("CANDLE_TRACE_")}
     r = subprocess.run([str(runner), "run", "--output", str(tmp_path / "t-%p.jsonl"), "--",
                         sys.executable, str(REPRO), "--no-profile", "--steps", "5"],
                        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)

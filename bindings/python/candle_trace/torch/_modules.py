@@ -73,7 +73,7 @@ class ModuleSpans:
     def install(self) -> None:
         for m in self._names:
             attr = entry(m)
-            prev = patch(m, attr, self._wrapper(m))
+            prev = patch(m, attr, self._wrapper(m, getattr(m, attr)))
             self._undo.append(lambda m=m, attr=attr, prev=prev: restore(m, attr, prev))
 
     def remove(self) -> None:
@@ -86,7 +86,8 @@ class ModuleSpans:
         forward on, gradients are hooked where its graph calls them, the tensors' Python
         hooks (what these are everywhere but in :class:`NativeModuleSpans`)."""
 
-    def _wrapper(self, module: torch.nn.Module) -> Callable:
+    def _wrapper(self, module: torch.nn.Module, orig: Callable) -> Callable:
+        """The span's wrapper of ``orig``, what ``module``'s call runs (:func:`entry`)."""
         raise NotImplementedError
 
     def _record_output(self, name: str, sid: int, t: torch.Tensor) -> None:
@@ -106,14 +107,13 @@ class PyModuleSpans(ModuleSpans):
 
     # -- forward ------------------------------------------------------------------------
 
-    def _wrapper(self, module: torch.nn.Module) -> Callable:
+    def _wrapper(self, module: torch.nn.Module, orig: Callable) -> Callable:
         cap = self._cap
         spans = cap.spans
         # The tracer brackets and the span calls bound once: every module call of every
         # recorded update runs this, so each Python frame it saves counts (the flight
         # recorder's cost is mostly such frames, run with cold caches between ops).
         tb, te, hc = spans._tb, spans._te, spans._hc
-        orig = getattr(module, entry(module))
         name = self._names[module][0]
         owner, no_grad, recompute = "f:" + name, f"{name} [no_grad]", f"{name} [recompute]"
         top = module in self._tops
@@ -308,9 +308,8 @@ class NativeModuleSpans(ModuleSpans):
                                                       "label"), m in self._tops)
             self._span_names.append(name)
 
-    def _wrapper(self, module: torch.nn.Module) -> Callable:
-        return outside_dynamo(self._table.wrapper(self._index[module],
-                                                  getattr(module, entry(module))))
+    def _wrapper(self, module: torch.nn.Module, orig: Callable) -> Callable:
+        return outside_dynamo(self._table.wrapper(self._index[module], orig))
 
     def autograd_compiled(self) -> None:
         self._table.use_tensor_hooks()
