@@ -233,8 +233,11 @@ bench-watch-perf: $(LIB)
 # The Rust binding (bindings/rust): its build.rs builds the library as a static
 # archive with Go (unless CANDLE_TRACE_LIB_DIR names one); the candle feature builds
 # candle-core/candle-nn 0.11 from crates.io. tests/rust_dependent: a crate depending
-# on it builds and runs with no rpath and no variable set.
+# on it builds and runs with no rpath and no variable set. rustfmt's and clippy's
+# verdicts first: a style drift or a lint fails here, not in a reviewer's diff.
 test-rust: setup
+	cd bindings/rust && cargo fmt --check && cargo clippy --all-targets --all-features -- -D warnings
+	cd tests/rust_dependent && cargo fmt --check
 	cd bindings/rust && cargo test --all-features
 	./tests/rust_dependent/run.sh
 

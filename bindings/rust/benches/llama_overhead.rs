@@ -19,7 +19,10 @@ mod llama;
 use std::time::Instant;
 
 use candle_graph::candle::GradientCapturePlan;
-use candle_graph::{CaptureContract as CgContract, CoverageLevel, ExecutionStep, GradientFamilyContract, ProfileRun, SpanKind, TraceSession};
+use candle_graph::{
+    CaptureContract as CgContract, CoverageLevel, ExecutionStep, GradientFamilyContract,
+    ProfileRun, SpanKind, TraceSession,
+};
 use candle_nn::Optimizer;
 use candle_trace::heap::TracingAllocator;
 
@@ -29,26 +32,52 @@ static HEAP: TracingAllocator = TracingAllocator::system();
 const WARMUP: usize = 2;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The same update captured with candle-graph's TraceSession.
-fn cg_update(session: &TraceSession, plan: &GradientCapturePlan, s: &mut llama::Setup, x: &candle_core::Tensor, y: &candle_core::Tensor) {
+fn cg_update(
+    session: &TraceSession,
+    plan: &GradientCapturePlan,
+    s: &mut llama::Setup,
+    x: &candle_core::Tensor,
+    y: &candle_core::Tensor,
+) {
     let _update = session.begin_measurement(llama::UPDATE);
     let loss = {
-        let fwd = session.begin_step_span(llama::LABELS[0], ExecutionStep::Forward, SpanKind::Module);
+        let fwd =
+            session.begin_step_span(llama::LABELS[0], ExecutionStep::Forward, SpanKind::Module);
         let logits = s.model.forward(x).unwrap();
-        let loss = candle_nn::loss::cross_entropy(&logits.flatten_to(1).unwrap(), &y.flatten_to(1).unwrap()).unwrap();
-        session.record_tensor_stats(fwd.id(), "logits", &logits).unwrap();
-        session.record_scalar(fwd.id(), "loss", loss.to_scalar::<f32>().unwrap() as f64).unwrap();
+        let loss = candle_nn::loss::cross_entropy(
+            &logits.flatten_to(1).unwrap(),
+            &y.flatten_to(1).unwrap(),
+        )
+        .unwrap();
+        session
+            .record_tensor_stats(fwd.id(), "logits", &logits)
+            .unwrap();
+        session
+            .record_scalar(fwd.id(), "loss", loss.to_scalar::<f32>().unwrap() as f64)
+            .unwrap();
         loss
     };
     let grads = {
-        let _b = session.begin_step_span(llama::LABELS[1], ExecutionStep::Backward, SpanKind::Function);
+        let _b = session.begin_step_span(
+            llama::LABELS[1],
+            ExecutionStep::Backward,
+            SpanKind::Function,
+        );
         loss.backward().unwrap()
     };
     plan.record(session, &grads).unwrap();
-    let _o = session.begin_step_span(llama::LABELS[2], ExecutionStep::Optimizer, SpanKind::Function);
+    let _o = session.begin_step_span(
+        llama::LABELS[2],
+        ExecutionStep::Optimizer,
+        SpanKind::Function,
+    );
     s.opt.step(&grads).unwrap();
 }
 
@@ -89,8 +118,12 @@ fn allocator_cost() {
     let (mut ours, mut system) = (f64::MAX, f64::MAX);
     for _ in 0..7 {
         // SAFETY (both): a non-zero layout, freed with the same layout.
-        ours = ours.min(batch(&|| unsafe { HEAP.dealloc(std::hint::black_box(HEAP.alloc(layout)), layout) }));
-        system = system.min(batch(&|| unsafe { System.dealloc(std::hint::black_box(System.alloc(layout)), layout) }));
+        ours = ours.min(batch(&|| unsafe {
+            HEAP.dealloc(std::hint::black_box(HEAP.alloc(layout)), layout)
+        }));
+        system = system.min(batch(&|| unsafe {
+            System.dealloc(std::hint::black_box(System.alloc(layout)), layout)
+        }));
     }
     println!("  4 KiB alloc + free outside a capture: {ours:.1} ns through TracingAllocator, {system:.1} ns through System ({:+.1} ns)", ours - system);
 }
@@ -105,26 +138,45 @@ fn main() {
     let (ours_path, cg_path) = (dir.join("ours.jsonl"), dir.join("cg.jsonl"));
 
     let mut s = llama::setup(cfg, batch).unwrap();
-    let vars: Vec<(String, candle_core::Var)> = s.varmap.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let vars: Vec<(String, candle_core::Var)> = s
+        .varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let plan = GradientCapturePlan::from_named_vars(
         llama::ROOT,
         vars,
-        |k| if k.starts_with("lm_head.") { llama::HEAD_FAMILY.to_string() } else { llama::DETACHED_FAMILY.to_string() },
-        vec![GradientFamilyContract::active(llama::HEAD_FAMILY, 1), GradientFamilyContract::inactive(llama::DETACHED_FAMILY)],
+        |k| {
+            if k.starts_with("lm_head.") {
+                llama::HEAD_FAMILY.to_string()
+            } else {
+                llama::DETACHED_FAMILY.to_string()
+            }
+        },
+        vec![
+            GradientFamilyContract::active(llama::HEAD_FAMILY, 1),
+            GradientFamilyContract::inactive(llama::DETACHED_FAMILY),
+        ],
     )
     .unwrap();
     let cg_run = || {
-        ProfileRun::training("llama2_c::train", llama::CAPTURE_STEP, "cpu").capture_contract(CgContract {
-            gradients: CoverageLevel::Complete,
-            gradient_contract: Some(plan.contract().clone()),
-            ..CgContract::default()
-        })
+        ProfileRun::training("llama2_c::train", llama::CAPTURE_STEP, "cpu").capture_contract(
+            CgContract {
+                gradients: CoverageLevel::Complete,
+                gradient_contract: Some(plan.contract().clone()),
+                ..CgContract::default()
+            },
+        )
     };
     for _ in 0..WARMUP {
         let (x, y) = llama::batch(&mut s).unwrap();
         llama::plain_update(&mut s, &x, &y).unwrap();
     }
-    let (mut plain, mut ours, mut cg) = (Series(Vec::new()), Series(Vec::new()), Series(Vec::new()));
+    let (mut plain, mut ours, mut cg) =
+        (Series(Vec::new()), Series(Vec::new()), Series(Vec::new()));
     let (mut ours_ratio, mut cg_ratio) = (Series(Vec::new()), Series(Vec::new()));
     let mut tracer_ms = Series(Vec::new());
     for round in 0..rounds {
@@ -139,7 +191,9 @@ fn main() {
                     start.elapsed().as_secs_f64() * 1e3
                 }
                 1 => {
-                    let session = candle_trace::Session::open(&ours_path, llama::run_description(&s)).unwrap();
+                    let session =
+                        candle_trace::Session::open(&ours_path, llama::run_description(&s))
+                            .unwrap();
                     let start = Instant::now();
                     llama::captured_update(&session, &mut s, &x, &y).unwrap();
                     let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -169,13 +223,36 @@ fn main() {
         "llama2-c-style update, size {size} (dim {} hidden {} layers {} heads {}/{} vocab {} seq {}), batch {batch}, CPU, {rounds} rounds after {WARMUP} warm-up updates, order rotating",
         c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len
     );
-    println!("  {:<34} {:>10} {:>10} {:>10} {:>14}", "", "median ms", "min ms", "max ms", "median ratio");
-    for (name, v) in [("untraced", &plain), ("captured (candle-trace)", &ours), ("candle-graph TraceSession", &cg)] {
-        println!("  {:<34} {:>10.1} {:>10.1} {:>10.1} {:>13.3}x", name, v.median(), v.min(), v.max(), v.median() / plain.median());
+    println!(
+        "  {:<34} {:>10} {:>10} {:>10} {:>14}",
+        "", "median ms", "min ms", "max ms", "median ratio"
+    );
+    for (name, v) in [
+        ("untraced", &plain),
+        ("captured (candle-trace)", &ours),
+        ("candle-graph TraceSession", &cg),
+    ] {
+        println!(
+            "  {:<34} {:>10.1} {:>10.1} {:>10.1} {:>13.3}x",
+            name,
+            v.median(),
+            v.min(),
+            v.max(),
+            v.median() / plain.median()
+        );
     }
     println!("  per-round ratio to the untraced update of the same round (median, min..max):");
-    for (name, r) in [("captured (candle-trace)", &ours_ratio), ("candle-graph TraceSession", &cg_ratio)] {
-        println!("  {:<34} {:>9.3}x  {:.3}..{:.3}", name, r.median(), r.min(), r.max());
+    for (name, r) in [
+        ("captured (candle-trace)", &ours_ratio),
+        ("candle-graph TraceSession", &cg_ratio),
+    ] {
+        println!(
+            "  {:<34} {:>9.3}x  {:.3}..{:.3}",
+            name,
+            r.median(),
+            r.min(),
+            r.max()
+        );
     }
     println!("  candle-trace's own time inside the captured update (left out of its spans): median {:.2} ms", tracer_ms.median());
     allocator_cost();

@@ -36,13 +36,19 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("candle-trace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
-    let session = Session::open(dir.join("spans.jsonl"), Run::inference("bench::spans", 1, "cpu").measured_root()).unwrap();
+    let session = Session::open(
+        dir.join("spans.jsonl"),
+        Run::inference("bench::spans", 1, "cpu").measured_root(),
+    )
+    .unwrap();
     let (guard_med, guard_p90) = median_ns(|| {
         let g = session.span("bench");
         black_box(&g);
     });
 
-    let (chrome, flush) = tracing_chrome::ChromeLayerBuilder::new().file(dir.join("chrome.json")).build();
+    let (chrome, flush) = tracing_chrome::ChromeLayerBuilder::new()
+        .file(dir.join("chrome.json"))
+        .build();
     let chrome_sub = tracing_subscriber::registry().with(chrome);
     let (chrome_med, chrome_p90) = tracing::subscriber::with_default(chrome_sub, || {
         median_ns(|| {
@@ -62,10 +68,21 @@ fn main() {
     session.finish().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 
-    println!("spans per configuration: {} (+{} warm-up), batches of {}", SAMPLES * BATCH, WARMUP, BATCH);
+    println!(
+        "spans per configuration: {} (+{} warm-up), batches of {}",
+        SAMPLES * BATCH,
+        WARMUP,
+        BATCH
+    );
     println!("span_guard_enter_drop_ns          median {guard_med:8.1}  p90 {guard_p90:8.1}");
     println!("tracing_chrome_span_enter_exit_ns median {chrome_med:8.1}  p90 {chrome_p90:8.1}");
     println!("tracing_trace_layer_enter_exit_ns median {layer_med:8.1}  p90 {layer_p90:8.1}");
-    println!("ratio tracing_chrome / span_guard: {:.2}", chrome_med / guard_med);
-    println!("ratio trace_layer / span_guard:    {:.2}", layer_med / guard_med);
+    println!(
+        "ratio tracing_chrome / span_guard: {:.2}",
+        chrome_med / guard_med
+    );
+    println!(
+        "ratio trace_layer / span_guard:    {:.2}",
+        layer_med / guard_med
+    );
 }

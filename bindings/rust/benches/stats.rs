@@ -23,7 +23,9 @@ use std::time::Instant;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_graph::candle::GradientCapturePlan;
-use candle_graph::{CaptureContract as CgContract, CoverageLevel, GradientFamilyContract, ProfileRun, TraceSession};
+use candle_graph::{
+    CaptureContract as CgContract, CoverageLevel, GradientFamilyContract, ProfileRun, TraceSession,
+};
 use candle_nn::VarMap;
 use candle_trace::candle::gradient_contract;
 use candle_trace::{CaptureContract, Gradient, Run, Session, SessionRef, SpanId, TensorStats};
@@ -49,30 +51,61 @@ mod before {
 
     pub fn tensor_stats(t: &Tensor) -> candle_core::Result<Stats> {
         let elements = t.elem_count() as u64;
-        let cd = if t.device().is_metal() { DType::F32 } else { DType::F64 };
+        let cd = if t.device().is_metal() {
+            DType::F32
+        } else {
+            DType::F64
+        };
         let x = t.flatten_all()?.to_dtype(cd)?;
-        let max = if cd == DType::F64 { f64::MAX } else { f32::MAX as f64 };
+        let max = if cd == DType::F64 {
+            f64::MAX
+        } else {
+            f32::MAX as f64
+        };
         let finite = x.abs()?.le(max)?;
         let zeros = x.zeros_like()?;
         let xf = finite.where_cond(&x, &zeros)?;
         let count = finite.to_dtype(cd)?.sum_all()?;
-        let sums = Tensor::stack(&[count, xf.sum_all()?, xf.sqr()?.sum_all()?, xf.abs()?.max_all()?], 0)?;
+        let sums = Tensor::stack(
+            &[
+                count,
+                xf.sum_all()?,
+                xf.sqr()?.sum_all()?,
+                xf.abs()?.max_all()?,
+            ],
+            0,
+        )?;
         let v = to_f64s(&sums)?;
         let finite_n = v[0].round().max(0.0) as u64;
         let fin = |v: f64| if v.is_finite() { v } else { 0.0 };
         let n = finite_n as f64;
-        Ok(Stats { elements, non_finite: elements - finite_n, rms: fin((v[2] / n).sqrt()), abs_max: fin(v[3]), mean: fin(v[1] / n) })
+        Ok(Stats {
+            elements,
+            non_finite: elements - finite_n,
+            rms: fin((v[2] / n).sqrt()),
+            abs_max: fin(v[3]),
+            mean: fin(v[1] / n),
+        })
     }
 
     fn to_f64s(t: &Tensor) -> candle_core::Result<Vec<f64>> {
         match t.dtype() {
             DType::F64 => t.to_vec1::<f64>(),
-            _ => Ok(t.to_dtype(DType::F32)?.to_vec1::<f32>()?.into_iter().map(f64::from).collect()),
+            _ => Ok(t
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?
+                .into_iter()
+                .map(f64::from)
+                .collect()),
         }
     }
 
     pub fn gradient_of(g: &Tensor) -> candle_core::Result<Gradient> {
-        let cd = if g.device().is_metal() { DType::F32 } else { DType::F64 };
+        let cd = if g.device().is_metal() {
+            DType::F32
+        } else {
+            DType::F64
+        };
         let sumsq = g.to_dtype(cd)?.sqr()?.sum_all()?;
         let v = to_f64s(&sumsq.reshape(1)?)?[0];
         Ok(Gradient::from_norm(v.sqrt()))
@@ -115,8 +148,11 @@ fn llama_shapes() -> Vec<(String, Vec<usize>)> {
 fn cg_session(path: &std::path::Path, contract: Option<&GradientCapturePlan>) -> TraceSession {
     let mut run = ProfileRun::training("bench::stats", 1, "cpu");
     if let Some(plan) = contract {
-        run =
-            run.capture_contract(CgContract { gradients: CoverageLevel::Complete, gradient_contract: Some(plan.contract().clone()), ..CgContract::default() });
+        run = run.capture_contract(CgContract {
+            gradients: CoverageLevel::Complete,
+            gradient_contract: Some(plan.contract().clone()),
+            ..CgContract::default()
+        });
     }
     TraceSession::open(path, run).unwrap()
 }
@@ -128,7 +164,10 @@ struct Series {
 
 impl Series {
     fn new() -> Self {
-        Series { ms: Vec::new(), peak: 0 }
+        Series {
+            ms: Vec::new(),
+            peak: 0,
+        }
     }
     fn push(&mut self, (ms, bytes): (f64, usize)) {
         self.ms.push(ms);
@@ -143,7 +182,10 @@ impl Series {
         v
     }
     fn median(&self) -> f64 {
-        self.sorted().get(self.ms.len() / 2).copied().unwrap_or(f64::NAN)
+        self.sorted()
+            .get(self.ms.len() / 2)
+            .copied()
+            .unwrap_or(f64::NAN)
     }
     fn min(&self) -> f64 {
         self.sorted().first().copied().unwrap_or(f64::NAN)
@@ -152,8 +194,15 @@ impl Series {
 
 fn report(what: &str, bytes: usize, ours: &Series, cg: &Series, old: &Series) {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    println!("{what} ({:.1} MiB of f32), {} records each:", mib(bytes), ours.ms.len());
-    println!("  {:<14} {:>10} {:>10} {:>10} {:>16} {:>14} {:>12}", "", "mean ms", "median ms", "min ms", "peak extra MiB", "x tensor size", "median ratio");
+    println!(
+        "{what} ({:.1} MiB of f32), {} records each:",
+        mib(bytes),
+        ours.ms.len()
+    );
+    println!(
+        "  {:<14} {:>10} {:>10} {:>10} {:>16} {:>14} {:>12}",
+        "", "mean ms", "median ms", "min ms", "peak extra MiB", "x tensor size", "median ratio"
+    );
     for (name, s) in [("ours", ours), ("candle-graph", cg), ("before", old)] {
         println!(
             "  {:<14} {:>10.2} {:>10.2} {:>10.2} {:>16.3} {:>14.3} {:>11.2}x",
@@ -205,7 +254,8 @@ fn main() {
         [
             &mut || {
                 in_ours(run(), &mut |s| {
-                    s.record_tensor_stats(SpanId::ROOT, "logits", &logits).unwrap();
+                    s.record_tensor_stats(SpanId::ROOT, "logits", &logits)
+                        .unwrap();
                 })
             },
             &mut || {
@@ -221,7 +271,16 @@ fn main() {
         ],
     );
     println!("CPU, {ROUNDS_LOGITS} rounds after {WARMUP} warm-up rounds, order rotating");
-    report(&format!("logits {}x{}x{} f32, one tensor_stats record", LOGITS.0, LOGITS.1, LOGITS.2), logits.elem_count() * 4, &ours, &cg, &old);
+    report(
+        &format!(
+            "logits {}x{}x{} f32, one tensor_stats record",
+            LOGITS.0, LOGITS.1, LOGITS.2
+        ),
+        logits.elem_count() * 4,
+        &ours,
+        &cg,
+        &old,
+    );
     drop(logits);
 
     // Gradients.
@@ -229,16 +288,41 @@ fn main() {
     let mut grads = GradStore::default();
     let mut elems = 0;
     for (name, shape) in llama_shapes() {
-        let var = varmap.get(shape.as_slice(), &name, candle_nn::Init::Const(0.0), DType::F32, &dev).unwrap();
+        let var = varmap
+            .get(
+                shape.as_slice(),
+                &name,
+                candle_nn::Init::Const(0.0),
+                DType::F32,
+                &dev,
+            )
+            .unwrap();
         let g = (Tensor::randn(0f32, 1.0, shape.as_slice(), &dev).unwrap() * 1e-3).unwrap();
         elems += g.elem_count();
         grads.insert(&var, g);
     }
-    let vars: Vec<(String, candle_core::Var)> = varmap.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let vars: Vec<(String, candle_core::Var)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let count = vars.len();
-    let plan = GradientCapturePlan::from_named_vars(ROOT, vars, |_| "params".to_string(), vec![GradientFamilyContract::data_conditional("params", 1)]).unwrap();
-    let run =
-        || Run::training("bench::stats", 1, "cpu").measured_root().capture_contract(CaptureContract::new().gradient_contract(gradient_contract(ROOT, &varmap)));
+    let plan = GradientCapturePlan::from_named_vars(
+        ROOT,
+        vars,
+        |_| "params".to_string(),
+        vec![GradientFamilyContract::data_conditional("params", 1)],
+    )
+    .unwrap();
+    let run = || {
+        Run::training("bench::stats", 1, "cpu")
+            .measured_root()
+            .capture_contract(
+                CaptureContract::new().gradient_contract(gradient_contract(ROOT, &varmap)),
+            )
+    };
     let [ours, cg, old] = rounds(
         ROUNDS_GRADS,
         [
@@ -258,13 +342,30 @@ fn main() {
         ],
     );
     println!("CPU, {ROUNDS_GRADS} rounds after {WARMUP} warm-up rounds, order rotating");
-    report(&format!("{count} gradient facts ({:.2} M elements), one record_gradients", elems as f64 / 1e6), elems * 4, &ours, &cg, &old);
+    report(
+        &format!(
+            "{count} gradient facts ({:.2} M elements), one record_gradients",
+            elems as f64 / 1e6
+        ),
+        elems * 4,
+        &ours,
+        &cg,
+        &old,
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn record_before(s: &SessionRef, t: &Tensor) {
     let st = before::tensor_stats(t).unwrap();
-    let stats = TensorStats { label: "logits", dtype: "f32", shape: t.dims(), non_finite: st.non_finite, rms: st.rms, abs_max: st.abs_max, mean: st.mean };
+    let stats = TensorStats {
+        label: "logits",
+        dtype: "f32",
+        shape: t.dims(),
+        non_finite: st.non_finite,
+        rms: st.rms,
+        abs_max: st.abs_max,
+        mean: st.mean,
+    };
     s.tensor_stats(SpanId::ROOT, &stats).unwrap();
 }
 

@@ -58,7 +58,10 @@ fn update(schedule: &Schedule, s: &mut mlp::Setup) -> candle_trace::Result<f32> 
 fn main() {
     let dir = std::env::temp_dir().join(format!("candle-trace-bench-watch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let never = Triggers { slow: Some(1e9), ..Default::default() };
+    let never = Triggers {
+        slow: Some(1e9),
+        ..Default::default()
+    };
     let mut kinds: Vec<(&str, mlp::Setup, Option<Schedule>)> = Vec::new();
     for name in ["untraced", "aggregated", "triggers", "flight"] {
         let s = mlp::setup().unwrap();
@@ -66,11 +69,39 @@ fn main() {
         let summary = dir.join(format!("{name}.json"));
         let schedule = match name {
             "untraced" => None,
-            "aggregated" => Some(Schedule::new(dir.join("never.jsonl"), Run::training("mlp::train", u64::MAX / 2, "cpu"))),
-            "triggers" => Some(Schedule::watch_with(dir.join(name), run, WatchOptions { max_traces: 0, flight_recorder: None, ..Default::default() }).unwrap()),
-            _ => Some(Schedule::watch_with(dir.join(name), run, WatchOptions { triggers: never.clone(), ..Default::default() }).unwrap()),
+            "aggregated" => Some(Schedule::new(
+                dir.join("never.jsonl"),
+                Run::training("mlp::train", u64::MAX / 2, "cpu"),
+            )),
+            "triggers" => Some(
+                Schedule::watch_with(
+                    dir.join(name),
+                    run,
+                    WatchOptions {
+                        max_traces: 0,
+                        flight_recorder: None,
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+            ),
+            _ => Some(
+                Schedule::watch_with(
+                    dir.join(name),
+                    run,
+                    WatchOptions {
+                        triggers: never.clone(),
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+            ),
         };
-        let schedule = schedule.map(|sc| sc.with_update_span(mlp::AGG_STEP).with_aggregate(&summary, None).unwrap());
+        let schedule = schedule.map(|sc| {
+            sc.with_update_span(mlp::AGG_STEP)
+                .with_aggregate(&summary, None)
+                .unwrap()
+        });
         kinds.push((name, s, schedule));
     }
     let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); kinds.len()];
@@ -114,7 +145,11 @@ fn main() {
             let done = sc.finish().unwrap();
             written += done.traces.len();
             recorder_cost = recorder_cost.or(done.recorder_cost);
-            assert!(done.fired.is_empty() || done.traces.is_empty(), "{:?}", done.fired);
+            assert!(
+                done.fired.is_empty() || done.traces.is_empty(),
+                "{:?}",
+                done.fired
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -125,20 +160,41 @@ fn main() {
     }
     let (u, a, t, f) = (med[0], med[1], med[2], med[3]);
     println!("aggregated / untraced: {:.3}x", a / u);
-    println!("triggers   / aggregated: {:.3}x (+{:.2} us)", t / a, (t - a) / 1e3);
-    println!("flight     / aggregated: {:.3}x (+{:.2} us)", f / a, (f - a) / 1e3);
+    println!(
+        "triggers   / aggregated: {:.3}x (+{:.2} us)",
+        t / a,
+        (t - a) / 1e3
+    );
+    println!(
+        "flight     / aggregated: {:.3}x (+{:.2} us)",
+        f / a,
+        (f - a) / 1e3
+    );
     match recorder_cost {
-        Some(c) => println!("flight recorder (Schedule::recorder_cost): adds {:.1}% to its updates, at least", c * 100.0),
+        Some(c) => println!(
+            "flight recorder (Schedule::recorder_cost): adds {:.1}% to its updates, at least",
+            c * 100.0
+        ),
         None => println!("flight recorder's own work: not measured"),
     }
-    let mib: Vec<String> = rss.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();
-    println!("flight recorder, {LONG_RUN} more updates: RSS MiB every 1,000: {}", mib.join(" "));
+    let mib: Vec<String> = rss
+        .iter()
+        .map(|k| format!("{:.1}", *k as f64 / 1024.0))
+        .collect();
+    println!(
+        "flight recorder, {LONG_RUN} more updates: RSS MiB every 1,000: {}",
+        mib.join(" ")
+    );
 }
 
 /// VmRSS of this process in KiB (0 where /proc has none).
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }

@@ -39,14 +39,26 @@ fn main() {
         }
     }
     if steps < llama::CAPTURE_STEP || batch == 0 {
-        eprintln!("train_llama: --steps must be at least {} and --batch at least 1", llama::CAPTURE_STEP);
+        eprintln!(
+            "train_llama: --steps must be at least {} and --batch at least 1",
+            llama::CAPTURE_STEP
+        );
         std::process::exit(2);
     }
     let out = out.unwrap_or_else(|| "traces/train_llama.jsonl".into());
     match llama::train(Path::new(&out), cfg, batch, steps) {
-        Ok(llama::Trained { path, heap, findings, losses }) => {
+        Ok(llama::Trained {
+            path,
+            heap,
+            findings,
+            losses,
+        }) => {
             for (i, l) in losses.iter().enumerate() {
-                let mark = if i as u64 + 1 == llama::CAPTURE_STEP { "  (captured)" } else { "" };
+                let mark = if i as u64 + 1 == llama::CAPTURE_STEP {
+                    "  (captured)"
+                } else {
+                    ""
+                };
                 println!("update {}: loss {l:.6}{mark}", i + 1);
             }
             println!(
@@ -58,8 +70,14 @@ fn main() {
             );
             // Violations in full; the notes (one per family without a
             // gradient: 56 here) counted, with the first as an example.
-            let notes: Vec<_> = findings.iter().filter(|f| f.severity == candle_trace::Severity::Note).collect();
-            for f in findings.iter().filter(|f| f.severity != candle_trace::Severity::Note) {
+            let notes: Vec<_> = findings
+                .iter()
+                .filter(|f| f.severity == candle_trace::Severity::Note)
+                .collect();
+            for f in findings
+                .iter()
+                .filter(|f| f.severity != candle_trace::Severity::Note)
+            {
                 println!("finish: {f}");
             }
             if let Some(first) = notes.first() {

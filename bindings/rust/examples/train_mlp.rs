@@ -40,14 +40,23 @@ fn main() {
     let t0 = std::time::Instant::now();
     let result = match &summary {
         None => mlp::train(Path::new(&out), steps).map(|(p, l)| (p, None, l)),
-        Some(sum) => mlp::train_aggregate(Path::new(&out), Path::new(sum), interval, steps).map(|(p, s, l)| (p, Some(s), l)),
+        Some(sum) => mlp::train_aggregate(Path::new(&out), Path::new(sum), interval, steps)
+            .map(|(p, s, l)| (p, Some(s), l)),
     };
     match result {
         Ok((path, summary, losses)) => {
             let n = losses.len();
             for (i, l) in losses.iter().enumerate() {
                 if n <= 20 || i + 1 == mlp::CAPTURE_STEP as usize || i + 1 == n {
-                    println!("update {}: loss {l:.6}{}", i + 1, if i + 1 == mlp::CAPTURE_STEP as usize { "  (captured)" } else { "" });
+                    println!(
+                        "update {}: loss {l:.6}{}",
+                        i + 1,
+                        if i + 1 == mlp::CAPTURE_STEP as usize {
+                            "  (captured)"
+                        } else {
+                            ""
+                        }
+                    );
                 }
             }
             println!("wrote {}", path.display());

@@ -29,7 +29,10 @@ fn usage() -> ! {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let failure = args.next().and_then(|a| Failure::parse(&a)).unwrap_or_else(|| usage());
+    let failure = args
+        .next()
+        .and_then(|a| Failure::parse(&a))
+        .unwrap_or_else(|| usage());
     let folder = PathBuf::from(args.next().unwrap_or_else(|| usage()));
     let (mut updates, mut summary) = (40u64, None);
     while let Some(a) = args.next() {
@@ -41,10 +44,12 @@ fn main() {
         }
     }
     let wait = Wait::Sleep;
-    let (mut s, schedule) = failures::watched(&folder, &wait, WatchOptions::default(), summary.as_deref()).unwrap_or_else(|e| {
-        eprintln!("watch_failures: {e}");
-        std::process::exit(1)
-    });
+    let (mut s, schedule) =
+        failures::watched(&folder, &wait, WatchOptions::default(), summary.as_deref())
+            .unwrap_or_else(|e| {
+                eprintln!("watch_failures: {e}");
+                std::process::exit(1)
+            });
     let outcome = failures::train(&mut s, &schedule, failure, updates, &wait);
     let (fired, traces) = (schedule.fired(), schedule.traces());
     let done = match &outcome {
@@ -60,7 +65,10 @@ fn main() {
         Err(e) => println!("the loop stopped: {e}"),
     }
     for f in &fired {
-        println!("update {} {}: {} (value {:.6}, threshold {:.6}) -> {:?}", f.update, f.trigger, f.detail, f.value, f.threshold, f.trace);
+        println!(
+            "update {} {}: {} (value {:.6}, threshold {:.6}) -> {:?}",
+            f.update, f.trigger, f.detail, f.value, f.threshold, f.trace
+        );
     }
     for t in &traces {
         println!("wrote {}", t.display());

@@ -29,13 +29,16 @@ use candle_core::backprop::GradStore;
 
 use crate::error::Result;
 use crate::run::{CaptureContract, GradientContract, Level, MeasurementScope};
-use crate::session::{current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta, TensorStats};
+use crate::session::{
+    current, Category, Gradient, Measured, Op, SessionRef, SpanId, SpanKind, Step, TensorMeta,
+    TensorStats,
+};
 
 mod ops;
 mod reduce;
 
-pub use ops::{phase, phase_category, trace_op, Phase, TraceOps};
 use ops::tracer_work;
+pub use ops::{phase, phase_category, trace_op, Phase, TraceOps};
 
 /// The trace's name of a candle device: `cpu`, `cuda:N`, `metal:N`.
 pub fn device_name(device: &Device) -> String {
@@ -88,7 +91,13 @@ pub struct Stats {
 pub fn tensor_stats(t: &Tensor) -> candle_core::Result<Stats> {
     let elements = t.elem_count() as u64;
     if elements == 0 {
-        return Ok(Stats { elements, non_finite: 0, rms: 0.0, abs_max: 0.0, mean: 0.0 });
+        return Ok(Stats {
+            elements,
+            non_finite: 0,
+            rms: 0.0,
+            abs_max: 0.0,
+            mean: 0.0,
+        });
     }
     reduce::stats(t)
 }
@@ -96,7 +105,10 @@ pub fn tensor_stats(t: &Tensor) -> candle_core::Result<Stats> {
 /// The L2 norm of a gradient, reduced on its device as [`gradient_norms`]
 /// does, classified.
 pub fn gradient_of(g: &Tensor) -> candle_core::Result<Gradient> {
-    Ok(gradient_norms(&[g])?.into_iter().next().unwrap_or(Gradient::Missing))
+    Ok(gradient_norms(&[g])?
+        .into_iter()
+        .next()
+        .unwrap_or(Gradient::Missing))
 }
 
 /// The L2 norms of `grads`, classified (`present`, `zero`, or `non_finite`
@@ -108,13 +120,19 @@ pub fn gradient_of(g: &Tensor) -> candle_core::Result<Gradient> {
 /// back in a single transfer.
 pub fn gradient_norms(grads: &[&Tensor]) -> Result<Vec<Gradient>> {
     let sums = reduce::sums_of_squares(grads, reduce::OPS_CHUNK, true)?;
-    Ok(sums.into_iter().map(|s| Gradient::from_norm(s.sqrt())).collect())
+    Ok(sums
+        .into_iter()
+        .map(|s| Gradient::from_norm(s.sqrt()))
+        .collect())
 }
 
 /// The variables of a `VarMap` as `(name, tensor)`, sorted by name.
 pub fn named_vars(varmap: &VarMap) -> Vec<(String, Tensor)> {
     let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
-    let mut v: Vec<(String, Tensor)> = data.iter().map(|(k, var)| (k.clone(), var.as_tensor().clone())).collect();
+    let mut v: Vec<(String, Tensor)> = data
+        .iter()
+        .map(|(k, var)| (k.clone(), var.as_tensor().clone()))
+        .collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
@@ -148,7 +166,14 @@ fn dims(t: &Tensor) -> &[usize] {
     t.dims()
 }
 
-fn record_tensor_meta(session: &SessionRef, span: SpanId, t: &Tensor, id: &str, label: Option<&str>, category: Category) -> Result<()> {
+fn record_tensor_meta(
+    session: &SessionRef,
+    span: SpanId,
+    t: &Tensor,
+    id: &str,
+    label: Option<&str>,
+    category: Category,
+) -> Result<()> {
     let device = device_name(t.device());
     session.tensor(
         span,
@@ -170,19 +195,34 @@ impl SessionRef {
     /// shape; a variable is a `parameter` (requires_grad), anything else an
     /// `activation`.
     pub fn record_tensor(&self, span: impl Into<SpanId>, t: &Tensor) -> Result<()> {
-        let category = if t.is_variable() { Category::Parameter } else { Category::Activation };
+        let category = if t.is_variable() {
+            Category::Parameter
+        } else {
+            Category::Activation
+        };
         self.record_tensor_as(span, t, None, category)
     }
 
     /// [`SessionRef::record_tensor`] with a label and category of your choice.
-    pub fn record_tensor_as(&self, span: impl Into<SpanId>, t: &Tensor, label: Option<&str>, category: Category) -> Result<()> {
+    pub fn record_tensor_as(
+        &self,
+        span: impl Into<SpanId>,
+        t: &Tensor,
+        label: Option<&str>,
+        category: Category,
+    ) -> Result<()> {
         let _w = tracer_work(self);
         record_tensor_meta(self, span.into(), t, &tensor_id(t), label, category)
     }
 
     /// Reduces `t` on its device ([`tensor_stats`]) and records the result
     /// under `label`. Returns the statistics.
-    pub fn record_tensor_stats(&self, span: impl Into<SpanId>, label: &str, t: &Tensor) -> Result<Stats> {
+    pub fn record_tensor_stats(
+        &self,
+        span: impl Into<SpanId>,
+        label: &str,
+        t: &Tensor,
+    ) -> Result<Stats> {
         let _w = tracer_work(self);
         let s = tensor_stats(t)?;
         self.tensor_stats(
@@ -205,13 +245,22 @@ impl SessionRef {
     /// or `non_finite` from its L2 norm reduced on its device (all of them
     /// first, one transfer per device: [`gradient_norms`]). Pair it with
     /// [`gradient_contract`] in the run's capture contract. Returns the facts.
-    pub fn record_gradients(&self, root: &str, grads: &GradStore, varmap: &VarMap) -> Result<Vec<(String, Gradient)>> {
+    pub fn record_gradients(
+        &self,
+        root: &str,
+        grads: &GradStore,
+        varmap: &VarMap,
+    ) -> Result<Vec<(String, Gradient)>> {
         self.record_gradients_of(root, &gradients_of(grads, varmap))
     }
 
     /// [`record_gradients`](Self::record_gradients) of the gradients
     /// [`gradients_of`] took.
-    pub(crate) fn record_gradients_of(&self, root: &str, taken: &[(String, Option<Tensor>)]) -> Result<Vec<(String, Gradient)>> {
+    pub(crate) fn record_gradients_of(
+        &self,
+        root: &str,
+        taken: &[(String, Option<Tensor>)],
+    ) -> Result<Vec<(String, Gradient)>> {
         let _w = tracer_work(self);
         let present: Vec<&Tensor> = taken.iter().filter_map(|(_, g)| g.as_ref()).collect();
         let mut norms = gradient_norms(&present)?.into_iter();
@@ -231,13 +280,20 @@ impl SessionRef {
 /// Each variable of `varmap` (sorted by name) with its gradient in `grads`, if
 /// any: the tensors themselves (shared, not copied), to be reduced later.
 pub(crate) fn gradients_of(grads: &GradStore, varmap: &VarMap) -> Vec<(String, Option<Tensor>)> {
-    named_vars(varmap).into_iter().map(|(name, var)| (name, grads.get(&var).cloned())).collect()
+    named_vars(varmap)
+        .into_iter()
+        .map(|(name, var)| (name, grads.get(&var).cloned()))
+        .collect()
 }
 
 /// Opens the measured region like [`SessionRef::measure`], synchronizing
 /// `device` right after it opens and right before it ends, as a run declared
 /// with [`crate::Run::device_synchronized`] promises.
-pub fn measure_synchronized<'a>(session: &'a SessionRef, name: &str, device: &'a Device) -> Result<Measured<'a>> {
+pub fn measure_synchronized<'a>(
+    session: &'a SessionRef,
+    name: &str,
+    device: &'a Device,
+) -> Result<Measured<'a>> {
     device.synchronize()?;
     let m = session.measure(name)?;
     Ok(m.before_end(move || {
@@ -261,7 +317,10 @@ pub struct Traced<M> {
 
 impl<M> Traced<M> {
     pub fn new(name: impl Into<String>, inner: M) -> Self {
-        Traced { name: name.into(), inner }
+        Traced {
+            name: name.into(),
+            inner,
+        }
     }
     pub fn name(&self) -> &str {
         &self.name
@@ -290,8 +349,10 @@ impl<M: Module> Module for Traced<M> {
             // output's metadata and stats is the tracer's work, left out of
             // the module's time.
             let _w = tracer_work(&session);
-            let recorded = record_op_of(&session, id, &self.name, &[xs], &ys, start, end)
-                .and_then(|o| record_forward_output(&session, id, &self.name, &tensor_id(xs), &o, &ys));
+            let recorded =
+                record_op_of(&session, id, &self.name, &[xs], &ys, start, end).and_then(|o| {
+                    record_forward_output(&session, id, &self.name, &tensor_id(xs), &o, &ys)
+                });
             if let Err(e) = recorded {
                 session.defer(e);
             }
@@ -304,7 +365,15 @@ impl<M: Module> Module for Traced<M> {
 
 /// Records `ys = name(inputs)`, timed from `start` to `end` on the session
 /// clock, as an op of `span`. Returns the output's tensor id.
-pub(crate) fn record_op_of(session: &SessionRef, span: SpanId, name: &str, inputs: &[&Tensor], ys: &Tensor, start: u64, end: u64) -> Result<String> {
+pub(crate) fn record_op_of(
+    session: &SessionRef,
+    span: SpanId,
+    name: &str,
+    inputs: &[&Tensor],
+    ys: &Tensor,
+    start: u64,
+    end: u64,
+) -> Result<String> {
     let ids: Vec<String> = inputs.iter().map(|t| tensor_id(t)).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let out_id = tensor_id(ys);
@@ -321,13 +390,23 @@ pub(crate) fn record_op_of(session: &SessionRef, span: SpanId, name: &str, input
             duration_ns: end.saturating_sub(start).max(1),
             timestamp_ns: start.max(1),
             output_dense_bytes: None,
-            input_dense_bytes: inputs.iter().map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum(),
+            input_dense_bytes: inputs
+                .iter()
+                .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+                .sum(),
         },
     )?;
     Ok(out_id)
 }
 
-fn record_forward_output(session: &SessionRef, span: SpanId, name: &str, in_id: &str, out_id: &str, ys: &Tensor) -> Result<()> {
+fn record_forward_output(
+    session: &SessionRef,
+    span: SpanId,
+    name: &str,
+    in_id: &str,
+    out_id: &str,
+    ys: &Tensor,
+) -> Result<()> {
     record_tensor_meta(session, span, ys, out_id, Some(name), Category::Activation)?;
     session.data_edge(in_id, out_id)?;
     if session.records_stats() {
@@ -345,7 +424,10 @@ pub struct UpdateSpans<'a> {
 
 impl Default for UpdateSpans<'_> {
     fn default() -> Self {
-        UpdateSpans { backward: "train/backward", optimizer: "train/optimizer" }
+        UpdateSpans {
+            backward: "train/backward",
+            optimizer: "train/optimizer",
+        }
     }
 }
 
@@ -361,7 +443,14 @@ pub fn backward_step<O: Optimizer>(
     root: &str,
     varmap: &VarMap,
 ) -> Result<(GradStore, Vec<(String, Gradient)>)> {
-    backward_step_named(session, optimizer, loss, root, varmap, UpdateSpans::default())
+    backward_step_named(
+        session,
+        optimizer,
+        loss,
+        root,
+        varmap,
+        UpdateSpans::default(),
+    )
 }
 
 /// [`backward_step`] with span names of your choice.

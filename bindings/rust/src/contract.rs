@@ -105,18 +105,36 @@ impl GradientContract {
     }
 
     /// Adds `(root, key)` to the manifest, as a member of `family`.
-    pub fn expect(mut self, root: impl Into<String>, key: impl Into<String>, family: impl Into<String>) -> Self {
-        self.expected.push(ExpectedGradient { root: root.into(), key: key.into(), family: family.into() });
+    pub fn expect(
+        mut self,
+        root: impl Into<String>,
+        key: impl Into<String>,
+        family: impl Into<String>,
+    ) -> Self {
+        self.expected.push(ExpectedGradient {
+            root: root.into(),
+            key: key.into(),
+            family: family.into(),
+        });
         self
     }
 
     /// Declares a family's expectation, or redeclares it in place.
-    pub fn family(mut self, family: impl Into<String>, expectation: Expectation, min_present: u64) -> Self {
+    pub fn family(
+        mut self,
+        family: impl Into<String>,
+        expectation: Expectation,
+        min_present: u64,
+    ) -> Self {
         let family = family.into();
         self.defaulted.remove(&family);
         match self.families.iter_mut().find(|f| f.family == family) {
             Some(f) => (f.expectation, f.min_present) = (expectation, min_present),
-            None => self.families.push(GradientFamily { family, expectation, min_present }),
+            None => self.families.push(GradientFamily {
+                family,
+                expectation,
+                min_present,
+            }),
         }
         self
     }
@@ -127,7 +145,11 @@ impl GradientContract {
         let mut seen: BTreeSet<String> = self.families.iter().map(|f| f.family.clone()).collect();
         for e in &self.expected {
             if seen.insert(e.family.clone()) {
-                self.families.push(GradientFamily { family: e.family.clone(), expectation: Expectation::DataConditional, min_present: 1 });
+                self.families.push(GradientFamily {
+                    family: e.family.clone(),
+                    expectation: Expectation::DataConditional,
+                    min_present: 1,
+                });
                 self.defaulted.insert(e.family.clone());
             }
         }
@@ -185,7 +207,12 @@ impl GradientContract {
 
     fn declare_under(self, prefix: &str, expectation: Expectation) -> Self {
         let mut c = self.with_default_families();
-        let names: Vec<String> = c.families.iter().filter(|f| under(&f.family, prefix)).map(|f| f.family.clone()).collect();
+        let names: Vec<String> = c
+            .families
+            .iter()
+            .filter(|f| under(&f.family, prefix))
+            .map(|f| f.family.clone())
+            .collect();
         if names.is_empty() {
             c.unmatched.push(prefix.to_string());
             return c;
@@ -208,7 +235,10 @@ impl GradientContract {
 
     /// The declared expectation and `min_present` of `family`.
     pub fn expectation_of(&self, family: &str) -> Option<(Expectation, u64)> {
-        self.families.iter().find(|f| f.family == family).map(|f| (f.expectation, f.min_present))
+        self.families
+            .iter()
+            .find(|f| f.family == family)
+            .map(|f| (f.expectation, f.min_present))
     }
 
     /// Refuses what the builders could not say at once: a prefix that named
@@ -221,8 +251,16 @@ impl GradientContract {
         let known: Vec<&str> = families.into_iter().collect();
         Err(Error::invalid(format!(
             "gradient contract: prefix {} names no family of the manifest; its families are {}",
-            self.unmatched.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", "),
-            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            self.unmatched
+                .iter()
+                .map(|p| format!("{p:?}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
         )))
     }
 
@@ -238,22 +276,48 @@ impl GradientContract {
                 .iter()
                 .filter(|e| e.family == fam.family)
                 .filter_map(|e| {
-                    recorded.get(&(e.root.clone(), e.key.clone())).map(|g| ParameterState { root: e.root.clone(), key: e.key.clone(), gradient: *g })
+                    recorded
+                        .get(&(e.root.clone(), e.key.clone()))
+                        .map(|g| ParameterState {
+                            root: e.root.clone(),
+                            key: e.key.clone(),
+                            gradient: *g,
+                        })
                 })
                 .collect();
-            let present = members.iter().filter(|p| matches!(p.gradient, Gradient::Present(_))).count() as u64;
-            let pick = |keep: &dyn Fn(&Gradient) -> bool| members.iter().filter(|p| keep(&p.gradient)).cloned().collect::<Vec<_>>();
+            let present = members
+                .iter()
+                .filter(|p| matches!(p.gradient, Gradient::Present(_)))
+                .count() as u64;
+            let pick = |keep: &dyn Fn(&Gradient) -> bool| {
+                members
+                    .iter()
+                    .filter(|p| keep(&p.gradient))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
             let non_finite = pick(&|g| *g == Gradient::NonFinite);
             let any_non_finite = !non_finite.is_empty();
             if any_non_finite {
-                let message = format!("family {}: non-finite gradient in {}", fam.family, list(&non_finite));
-                out.push(Finding::gradient("gradient_family_non_finite", Severity::Violation, fam, message, non_finite));
+                let message = format!(
+                    "family {}: non-finite gradient in {}",
+                    fam.family,
+                    list(&non_finite)
+                );
+                out.push(Finding::gradient(
+                    "gradient_family_non_finite",
+                    Severity::Violation,
+                    fam,
+                    message,
+                    non_finite,
+                ));
             }
             let defaulted = self.defaulted.contains(&fam.family);
             match fam.expectation {
                 // Below the minimum: always for active, once attached for conditional.
                 Expectation::Active | Expectation::DataConditional
-                    if present < fam.min_present && (fam.expectation == Expectation::Active || present > 0) =>
+                    if present < fam.min_present
+                        && (fam.expectation == Expectation::Active || present > 0) =>
                 {
                     let (check, only) = match fam.expectation {
                         Expectation::Active => ("gradient_active_family_below_minimum", ""),
@@ -278,11 +342,23 @@ impl GradientContract {
                 Expectation::Inactive => {
                     let leaked = pick(&|g| *g != Gradient::Missing);
                     if !leaked.is_empty() {
-                        let message = format!("family {} is declared inactive (frozen) but got gradients: {}", fam.family, list(&leaked));
-                        out.push(Finding::gradient("gradient_inactive_family_leakage", Severity::Violation, fam, message, leaked));
+                        let message = format!(
+                            "family {} is declared inactive (frozen) but got gradients: {}",
+                            fam.family,
+                            list(&leaked)
+                        );
+                        out.push(Finding::gradient(
+                            "gradient_inactive_family_leakage",
+                            Severity::Violation,
+                            fam,
+                            message,
+                            leaked,
+                        ));
                     }
                 }
-                Expectation::DataConditional if present == 0 && defaulted && !members.is_empty() && !any_non_finite => {
+                Expectation::DataConditional
+                    if present == 0 && defaulted && !members.is_empty() && !any_non_finite =>
+                {
                     out.push(Finding::gradient(
                         "gradient_family_without_gradient",
                         Severity::Note,
@@ -304,11 +380,18 @@ impl GradientContract {
 
 /// Whether `family` is `prefix` or below it (`prefix.…`); `""` covers all.
 fn under(family: &str, prefix: &str) -> bool {
-    prefix.is_empty() || family == prefix || (family.len() > prefix.len() && family.starts_with(prefix) && family.as_bytes()[prefix.len()] == b'.')
+    prefix.is_empty()
+        || family == prefix
+        || (family.len() > prefix.len()
+            && family.starts_with(prefix)
+            && family.as_bytes()[prefix.len()] == b'.')
 }
 
 fn list(ps: &[ParameterState]) -> String {
-    ps.iter().map(|p| format!("{} ({})", p.key, p.gradient.state_name())).collect::<Vec<_>>().join(", ")
+    ps.iter()
+        .map(|p| format!("{} ({})", p.key, p.gradient.state_name()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The family of a parameter key: the key without its last `.`-component
@@ -325,28 +408,71 @@ mod tests {
     use super::*;
 
     fn rec(items: &[(&str, Gradient)]) -> BTreeMap<(String, String), Gradient> {
-        items.iter().map(|(k, g)| (("vb".to_string(), k.to_string()), *g)).collect()
+        items
+            .iter()
+            .map(|(k, g)| (("vb".to_string(), k.to_string()), *g))
+            .collect()
     }
 
-    const KEYS: [&str; 5] = ["enc.0.weight", "enc.0.bias", "enc.1.weight", "norm.weight", "head.weight"];
+    const KEYS: [&str; 5] = [
+        "enc.0.weight",
+        "enc.0.bias",
+        "enc.1.weight",
+        "norm.weight",
+        "head.weight",
+    ];
 
     #[test]
     fn builders_declare_the_families_they_name() {
-        type Case = (&'static str, GradientContract, Vec<(&'static str, Expectation, u64)>);
+        type Case = (
+            &'static str,
+            GradientContract,
+            Vec<(&'static str, Expectation, u64)>,
+        );
         let cases: Vec<Case> = vec![
             (
                 "default",
                 GradientContract::from_keys("vb", KEYS),
-                vec![("enc.0", Expectation::DataConditional, 1), ("enc.1", Expectation::DataConditional, 1), ("norm", Expectation::DataConditional, 1)],
+                vec![
+                    ("enc.0", Expectation::DataConditional, 1),
+                    ("enc.1", Expectation::DataConditional, 1),
+                    ("norm", Expectation::DataConditional, 1),
+                ],
             ),
-            ("all active", GradientContract::from_keys("vb", KEYS).all_active(), vec![("enc.0", Expectation::Active, 2), ("head", Expectation::Active, 1)]),
+            (
+                "all active",
+                GradientContract::from_keys("vb", KEYS).all_active(),
+                vec![
+                    ("enc.0", Expectation::Active, 2),
+                    ("head", Expectation::Active, 1),
+                ],
+            ),
             (
                 "prefix active",
                 GradientContract::from_keys("vb", KEYS).active("enc"),
-                vec![("enc.0", Expectation::Active, 2), ("enc.1", Expectation::Active, 1), ("norm", Expectation::DataConditional, 1)],
+                vec![
+                    ("enc.0", Expectation::Active, 2),
+                    ("enc.1", Expectation::Active, 1),
+                    ("norm", Expectation::DataConditional, 1),
+                ],
             ),
-            ("frozen", GradientContract::from_keys("vb", KEYS).all_active().frozen("enc.1"), vec![("enc.1", Expectation::Inactive, 0), ("enc.0", Expectation::Active, 2)]),
-            ("conditional", GradientContract::from_keys("vb", KEYS).all_active().data_conditional("norm"), vec![("norm", Expectation::DataConditional, 1)]),
+            (
+                "frozen",
+                GradientContract::from_keys("vb", KEYS)
+                    .all_active()
+                    .frozen("enc.1"),
+                vec![
+                    ("enc.1", Expectation::Inactive, 0),
+                    ("enc.0", Expectation::Active, 2),
+                ],
+            ),
+            (
+                "conditional",
+                GradientContract::from_keys("vb", KEYS)
+                    .all_active()
+                    .data_conditional("norm"),
+                vec![("norm", Expectation::DataConditional, 1)],
+            ),
         ];
         for (name, c, want) in cases {
             assert!(c.check_builders().is_ok(), "{name}");
@@ -361,8 +487,14 @@ mod tests {
     fn a_prefix_is_whole_components_and_a_typo_is_refused() {
         let c = GradientContract::from_keys("vb", ["enc.weight", "enc2.weight"]).frozen("enc");
         assert_eq!(c.expectation_of("enc"), Some((Expectation::Inactive, 0)));
-        assert_eq!(c.expectation_of("enc2"), Some((Expectation::DataConditional, 1)));
-        let err = GradientContract::from_keys("vb", ["enc.weight"]).active("encoder").check_builders().unwrap_err();
+        assert_eq!(
+            c.expectation_of("enc2"),
+            Some((Expectation::DataConditional, 1))
+        );
+        let err = GradientContract::from_keys("vb", ["enc.weight"])
+            .active("encoder")
+            .check_builders()
+            .unwrap_err();
         assert_eq!(err.to_string(), "candle-trace: gradient contract: prefix \"encoder\" names no family of the manifest; its families are enc [CT_ERR_INVALID_ARGUMENT]");
     }
 
@@ -371,38 +503,103 @@ mod tests {
         let p = Gradient::Present(1.0);
         let m = Gradient::Missing;
         // enc.0 half present, enc.1 zero, norm missing, head present
-        let r = rec(&[("enc.0.weight", p), ("enc.0.bias", m), ("enc.1.weight", Gradient::Zero), ("norm.weight", m), ("head.weight", p)]);
+        let r = rec(&[
+            ("enc.0.weight", p),
+            ("enc.0.bias", m),
+            ("enc.1.weight", Gradient::Zero),
+            ("norm.weight", m),
+            ("head.weight", p),
+        ]);
         type Want = (&'static str, &'static str, Severity, Vec<&'static str>);
         let cases: Vec<(&str, GradientContract, Vec<Want>)> = vec![
             (
                 "default: notes for defaulted families without a gradient",
                 GradientContract::from_keys("vb", KEYS),
                 vec![
-                    ("gradient_family_without_gradient", "enc.1", Severity::Note, vec!["enc.1.weight"]),
-                    ("gradient_family_without_gradient", "norm", Severity::Note, vec!["norm.weight"]),
+                    (
+                        "gradient_family_without_gradient",
+                        "enc.1",
+                        Severity::Note,
+                        vec!["enc.1.weight"],
+                    ),
+                    (
+                        "gradient_family_without_gradient",
+                        "norm",
+                        Severity::Note,
+                        vec!["norm.weight"],
+                    ),
                 ],
             ),
             (
                 "all active",
                 GradientContract::from_keys("vb", KEYS).all_active(),
                 vec![
-                    ("gradient_active_family_below_minimum", "enc.0", Severity::Violation, vec!["enc.0.bias"]),
-                    ("gradient_active_family_below_minimum", "enc.1", Severity::Violation, vec!["enc.1.weight"]),
-                    ("gradient_active_family_below_minimum", "norm", Severity::Violation, vec!["norm.weight"]),
+                    (
+                        "gradient_active_family_below_minimum",
+                        "enc.0",
+                        Severity::Violation,
+                        vec!["enc.0.bias"],
+                    ),
+                    (
+                        "gradient_active_family_below_minimum",
+                        "enc.1",
+                        Severity::Violation,
+                        vec!["enc.1.weight"],
+                    ),
+                    (
+                        "gradient_active_family_below_minimum",
+                        "norm",
+                        Severity::Violation,
+                        vec!["norm.weight"],
+                    ),
                 ],
             ),
             (
                 "frozen leaks a zero gradient; declared conditional is quiet",
-                GradientContract::from_keys("vb", KEYS).frozen("enc").data_conditional("norm"),
-                vec![("gradient_inactive_family_leakage", "enc.0", Severity::Violation, vec!["enc.0.weight"]), ("gradient_inactive_family_leakage", "enc.1", Severity::Violation, vec!["enc.1.weight"])],
+                GradientContract::from_keys("vb", KEYS)
+                    .frozen("enc")
+                    .data_conditional("norm"),
+                vec![
+                    (
+                        "gradient_inactive_family_leakage",
+                        "enc.0",
+                        Severity::Violation,
+                        vec!["enc.0.weight"],
+                    ),
+                    (
+                        "gradient_inactive_family_leakage",
+                        "enc.1",
+                        Severity::Violation,
+                        vec!["enc.1.weight"],
+                    ),
+                ],
             ),
             (
                 "conditional below its minimum",
-                GradientContract::from_keys("vb", KEYS).family("enc.0", Expectation::DataConditional, 2),
+                GradientContract::from_keys("vb", KEYS).family(
+                    "enc.0",
+                    Expectation::DataConditional,
+                    2,
+                ),
                 vec![
-                    ("gradient_conditional_family_below_minimum", "enc.0", Severity::Violation, vec!["enc.0.bias"]),
-                    ("gradient_family_without_gradient", "enc.1", Severity::Note, vec!["enc.1.weight"]),
-                    ("gradient_family_without_gradient", "norm", Severity::Note, vec!["norm.weight"]),
+                    (
+                        "gradient_conditional_family_below_minimum",
+                        "enc.0",
+                        Severity::Violation,
+                        vec!["enc.0.bias"],
+                    ),
+                    (
+                        "gradient_family_without_gradient",
+                        "enc.1",
+                        Severity::Note,
+                        vec!["enc.1.weight"],
+                    ),
+                    (
+                        "gradient_family_without_gradient",
+                        "norm",
+                        Severity::Note,
+                        vec!["norm.weight"],
+                    ),
                 ],
             ),
         ];
@@ -410,9 +607,29 @@ mod tests {
             let got: Vec<_> = c
                 .findings(&r)
                 .into_iter()
-                .map(|f| (f.check, f.family.clone().unwrap(), f.severity, f.parameters.iter().map(|p| p.key.clone()).collect::<Vec<_>>()))
+                .map(|f| {
+                    (
+                        f.check,
+                        f.family.clone().unwrap(),
+                        f.severity,
+                        f.parameters
+                            .iter()
+                            .map(|p| p.key.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                })
                 .collect();
-            let want: Vec<_> = want.into_iter().map(|(c, f, s, ps)| (c, f.to_string(), s, ps.into_iter().map(String::from).collect::<Vec<_>>())).collect();
+            let want: Vec<_> = want
+                .into_iter()
+                .map(|(c, f, s, ps)| {
+                    (
+                        c,
+                        f.to_string(),
+                        s,
+                        ps.into_iter().map(String::from).collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
             assert_eq!(got, want, "{name}");
         }
     }
@@ -421,8 +638,18 @@ mod tests {
     fn a_non_finite_gradient_is_a_violation_under_any_expectation() {
         let r = rec(&[("head.weight", Gradient::NonFinite)]);
         let f = GradientContract::from_keys("vb", ["head.weight"]).findings(&r);
-        assert_eq!(f.len(), 1, "the non-finite finding alone, no note besides: {f:?}");
-        assert_eq!((f[0].check, f[0].severity), ("gradient_family_non_finite", Severity::Violation));
-        assert_eq!(f[0].message, "family head: non-finite gradient in head.weight (non_finite)");
+        assert_eq!(
+            f.len(),
+            1,
+            "the non-finite finding alone, no note besides: {f:?}"
+        );
+        assert_eq!(
+            (f[0].check, f[0].severity),
+            ("gradient_family_non_finite", Severity::Violation)
+        );
+        assert_eq!(
+            f[0].message,
+            "family head: non-finite gradient in head.weight (non_finite)"
+        );
     }
 }

@@ -127,19 +127,30 @@ impl Error {
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Error {
-        Error::Trace { status: Status::InvalidArgument, message: format!("candle-trace: {}", message.into()) }
+        Error::Trace {
+            status: Status::InvalidArgument,
+            message: format!("candle-trace: {}", message.into()),
+        }
     }
 
     pub(crate) fn state(message: impl Into<String>) -> Error {
-        Error::Trace { status: Status::State, message: format!("candle-trace: {}", message.into()) }
+        Error::Trace {
+            status: Status::State,
+            message: format!("candle-trace: {}", message.into()),
+        }
     }
 
     /// Reads `ct_last_error()` of this thread for a failed `code`.
     pub(crate) fn last(code: ffi::ct_status) -> Error {
         // SAFETY: ct_last_error never returns NULL and the string lives until
         // this thread's next ct_* call; it is copied at once.
-        let message = unsafe { CStr::from_ptr(ffi::ct_last_error()) }.to_string_lossy().into_owned();
-        Error::Trace { status: Status::from_code(code).unwrap_or(Status::Internal), message }
+        let message = unsafe { CStr::from_ptr(ffi::ct_last_error()) }
+            .to_string_lossy()
+            .into_owned();
+        Error::Trace {
+            status: Status::from_code(code).unwrap_or(Status::Internal),
+            message,
+        }
     }
 }
 

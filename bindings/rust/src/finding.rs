@@ -58,14 +58,34 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub(crate) fn gradient(check: &'static str, severity: Severity, fam: &GradientFamily, message: String, parameters: Vec<ParameterState>) -> Finding {
-        Finding { check, severity, family: Some(fam.family.clone()), expectation: Some((fam.expectation, fam.min_present)), parameters, message }
+    pub(crate) fn gradient(
+        check: &'static str,
+        severity: Severity,
+        fam: &GradientFamily,
+        message: String,
+        parameters: Vec<ParameterState>,
+    ) -> Finding {
+        Finding {
+            check,
+            severity,
+            family: Some(fam.family.clone()),
+            expectation: Some((fam.expectation, fam.min_present)),
+            parameters,
+            message,
+        }
     }
 
     /// A finding with no family or parameters.
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) fn note(check: &'static str, message: String) -> Finding {
-        Finding { check, severity: Severity::Note, family: None, expectation: None, parameters: Vec::new(), message }
+        Finding {
+            check,
+            severity: Severity::Note,
+            family: None,
+            expectation: None,
+            parameters: Vec::new(),
+            message,
+        }
     }
 }
 
@@ -96,7 +116,11 @@ pub struct Completed {
 
 impl Completed {
     pub(crate) fn new(path: PathBuf, findings: Vec<Finding>) -> Completed {
-        Completed { path, findings, read: AtomicBool::new(false) }
+        Completed {
+            path,
+            findings,
+            read: AtomicBool::new(false),
+        }
     }
 
     /// The trace's path.
@@ -112,7 +136,9 @@ impl Completed {
 
     /// The findings candle-graph reports as health errors.
     pub fn violations(&self) -> impl Iterator<Item = &Finding> {
-        self.findings().iter().filter(|f| f.severity == Severity::Violation)
+        self.findings()
+            .iter()
+            .filter(|f| f.severity == Severity::Violation)
     }
 
     /// No finding at all.
@@ -124,7 +150,10 @@ impl Completed {
     /// (nothing is written to stderr).
     pub fn into_parts(mut self) -> (PathBuf, Vec<Finding>) {
         self.read.store(true, Ordering::Relaxed);
-        (std::mem::take(&mut self.path), std::mem::take(&mut self.findings))
+        (
+            std::mem::take(&mut self.path),
+            std::mem::take(&mut self.findings),
+        )
     }
 
     /// The path, dropping the findings (written to stderr when unread).
@@ -136,7 +165,11 @@ impl Completed {
 }
 
 fn report(path: &Path, findings: &[Finding]) {
-    let mut s = format!("candle-trace: {} finding(s) in the capture {}:", findings.len(), path.display());
+    let mut s = format!(
+        "candle-trace: {} finding(s) in the capture {}:",
+        findings.len(),
+        path.display()
+    );
     for f in findings {
         s.push_str("\n  ");
         s.push_str(&f.to_string());
@@ -155,7 +188,12 @@ impl Drop for Completed {
 impl fmt::Display for Completed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let findings = self.findings();
-        write!(f, "{}: complete, {} finding(s)", self.path.display(), findings.len())?;
+        write!(
+            f,
+            "{}: complete, {} finding(s)",
+            self.path.display(),
+            findings.len()
+        )?;
         for x in findings {
             write!(f, "\n  {x}")?;
         }

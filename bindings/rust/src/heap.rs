@@ -68,7 +68,12 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Slot = Slot { ts: AtomicU64::new(0), addr: AtomicUsize::new(0), bytes: AtomicUsize::new(0), meta: AtomicU64::new(0) };
+const EMPTY: Slot = Slot {
+    ts: AtomicU64::new(0),
+    addr: AtomicUsize::new(0),
+    bytes: AtomicUsize::new(0),
+    meta: AtomicU64::new(0),
+};
 static LOG: [Slot; LOG_SLOTS] = [EMPTY; LOG_SLOTS];
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -108,7 +113,10 @@ fn log(addr: usize, bytes: usize, free: bool) {
     let slot = &LOG[i];
     slot.addr.store(addr, Ordering::Relaxed);
     slot.bytes.store(bytes, Ordering::Relaxed);
-    slot.meta.store(ATTRIBUTION.load(Ordering::Relaxed) | u64::from(free), Ordering::Relaxed);
+    slot.meta.store(
+        ATTRIBUTION.load(Ordering::Relaxed) | u64::from(free),
+        Ordering::Relaxed,
+    );
     slot.ts.store(ts + 1, Ordering::Release);
 }
 
@@ -119,7 +127,10 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TracingAllocator<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, forwarded.
         let p = unsafe { self.inner.alloc(layout) };
-        if CAPTURING.load(Ordering::Relaxed) && !p.is_null() && layout.size() >= MIN_BYTES.load(Ordering::Relaxed) {
+        if CAPTURING.load(Ordering::Relaxed)
+            && !p.is_null()
+            && layout.size() >= MIN_BYTES.load(Ordering::Relaxed)
+        {
             log(p as usize, layout.size(), false);
         }
         p
@@ -129,7 +140,10 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for TracingAllocator<A> {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, forwarded.
         let p = unsafe { self.inner.alloc_zeroed(layout) };
-        if CAPTURING.load(Ordering::Relaxed) && !p.is_null() && layout.size() >= MIN_BYTES.load(Ordering::Relaxed) {
+        if CAPTURING.load(Ordering::Relaxed)
+            && !p.is_null()
+            && layout.size() >= MIN_BYTES.load(Ordering::Relaxed)
+        {
             log(p as usize, layout.size(), false);
         }
         p
@@ -208,14 +222,18 @@ impl Drop for Attribution {
 /// nest. Outside a capture it only stores one word.
 pub fn attribute(span: impl Into<SpanId>, category: Category) -> Attribution {
     let word = span.into().0 << 8 | category_bits(category) << 1;
-    Attribution { previous: ATTRIBUTION.swap(word, Ordering::Relaxed) }
+    Attribution {
+        previous: ATTRIBUTION.swap(word, Ordering::Relaxed),
+    }
 }
 
 /// [`attribute`] keeping the current category.
 pub fn attribute_span(span: impl Into<SpanId>) -> Attribution {
     let current = ATTRIBUTION.load(Ordering::Relaxed);
     let word = span.into().0 << 8 | (current & 0xfe);
-    Attribution { previous: ATTRIBUTION.swap(word, Ordering::Relaxed) }
+    Attribution {
+        previous: ATTRIBUTION.swap(word, Ordering::Relaxed),
+    }
 }
 
 /// Names the op that `span` is (the `op_name` of its `memory` records). A
@@ -247,7 +265,9 @@ impl Drop for Excluded {
 /// See [`Excluded`].
 pub fn exclude() -> Excluded {
     let _ = EXCLUDED.try_with(|e| e.set(e.get() + 1));
-    Excluded { _not_send: std::marker::PhantomData }
+    Excluded {
+        _not_send: std::marker::PhantomData,
+    }
 }
 
 /// Whether a [`HeapCapture`] is open now.
@@ -289,7 +309,9 @@ pub struct HeapCapture<'a> {
 
 impl std::fmt::Debug for HeapCapture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeapCapture").field("fallback", &self.fallback).finish()
+        f.debug_struct("HeapCapture")
+            .field("fallback", &self.fallback)
+            .finish()
     }
 }
 
@@ -307,13 +329,19 @@ impl<'a> HeapCapture<'a> {
     }
 
     /// [`HeapCapture::start`] logging allocations of at least `min_bytes`.
-    pub fn start_with(session: &'a SessionRef, span: impl Into<SpanId>, min_bytes: usize) -> Result<HeapCapture<'a>> {
+    pub fn start_with(
+        session: &'a SessionRef,
+        span: impl Into<SpanId>,
+        min_bytes: usize,
+    ) -> Result<HeapCapture<'a>> {
         let span = span.into();
         // The probe and the log's reset are the tracer's work (an aggregate
         // session keeps none apart: then it is not bracketed).
         let _work = session.tracer_work().ok();
         if OPEN.swap(true, Ordering::AcqRel) {
-            return Err(Error::state("heap capture: another capture is open in this process"));
+            return Err(Error::state(
+                "heap capture: another capture is open in this process",
+            ));
         }
         let min_bytes = min_bytes.max(1);
         MIN_BYTES.store(min_bytes, Ordering::Relaxed);
@@ -340,7 +368,11 @@ impl<'a> HeapCapture<'a> {
         CAPTURING.store(false, Ordering::SeqCst);
         clear(NEXT.swap(0, Ordering::AcqRel));
         CAPTURING.store(true, Ordering::SeqCst);
-        Ok(HeapCapture { session, fallback: span, _attribution: Some(attribution) })
+        Ok(HeapCapture {
+            session,
+            fallback: span,
+            _attribution: Some(attribution),
+        })
     }
 
     /// The smallest allocation logged.
@@ -363,8 +395,14 @@ impl<'a> HeapCapture<'a> {
     fn write(&self) -> Result<HeapSummary> {
         let used = NEXT.load(Ordering::Acquire);
         let n = used.min(LOG_SLOTS);
-        let mut sum = HeapSummary { dropped: (used - n) as u64, ..HeapSummary::default() };
-        let names: HashMap<u64, String> = OP_NAMES.lock().map(|mut v| v.drain(..).collect()).unwrap_or_default();
+        let mut sum = HeapSummary {
+            dropped: (used - n) as u64,
+            ..HeapSummary::default()
+        };
+        let names: HashMap<u64, String> = OP_NAMES
+            .lock()
+            .map(|mut v| v.drain(..).collect())
+            .unwrap_or_default();
         // address -> (storage number, bytes, category)
         let mut live: HashMap<usize, (u64, usize, Category)> = HashMap::new();
         let (mut live_bytes, mut seq) = (0u64, 0u64);
@@ -375,7 +413,11 @@ impl<'a> HeapCapture<'a> {
                 sum.dropped += 1;
                 continue;
             }
-            let (addr, bytes, meta) = (slot.addr.load(Ordering::Relaxed), slot.bytes.load(Ordering::Relaxed), slot.meta.load(Ordering::Relaxed));
+            let (addr, bytes, meta) = (
+                slot.addr.load(Ordering::Relaxed),
+                slot.bytes.load(Ordering::Relaxed),
+                slot.meta.load(Ordering::Relaxed),
+            );
             let span = SpanId(meta >> 8);
             let free = meta & 1 == 1;
             let (storage, size, category, action) = if free {
@@ -410,7 +452,9 @@ impl<'a> HeapCapture<'a> {
             };
             // A record whose span does not contain it (a pool thread that
             // read the attribution as it changed) goes to the fallback span.
-            let recorded = self.session.memory_or(span, Some(self.fallback), action, &m);
+            let recorded = self
+                .session
+                .memory_or(span, Some(self.fallback), action, &m);
             match recorded {
                 Ok(()) if free => {
                     sum.frees += 1;

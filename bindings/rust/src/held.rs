@@ -99,12 +99,51 @@ impl Record {
     fn bytes(&self) -> usize {
         RECORD_BYTES
             + match self {
-                Record::Op { name, dtype, device, inputs, output, shape, .. } => {
-                    len(name) + len(dtype) + len(device) + inputs.iter().map(len).sum::<usize>() + output.as_ref().map_or(0, len) + 8 * shape.len()
+                Record::Op {
+                    name,
+                    dtype,
+                    device,
+                    inputs,
+                    output,
+                    shape,
+                    ..
+                } => {
+                    len(name)
+                        + len(dtype)
+                        + len(device)
+                        + inputs.iter().map(len).sum::<usize>()
+                        + output.as_ref().map_or(0, len)
+                        + 8 * shape.len()
                 }
-                Record::Tensor { id, dtype, device, label, shape, .. } => len(id) + len(dtype) + len(device) + label.as_ref().map_or(0, len) + 8 * shape.len(),
-                Record::Memory { storage, tensor, device, dtype, op_name, shape, .. } => {
-                    len(storage) + len(tensor) + len(device) + len(dtype) + op_name.as_ref().map_or(0, len) + 8 * shape.len()
+                Record::Tensor {
+                    id,
+                    dtype,
+                    device,
+                    label,
+                    shape,
+                    ..
+                } => {
+                    len(id)
+                        + len(dtype)
+                        + len(device)
+                        + label.as_ref().map_or(0, len)
+                        + 8 * shape.len()
+                }
+                Record::Memory {
+                    storage,
+                    tensor,
+                    device,
+                    dtype,
+                    op_name,
+                    shape,
+                    ..
+                } => {
+                    len(storage)
+                        + len(tensor)
+                        + len(device)
+                        + len(dtype)
+                        + op_name.as_ref().map_or(0, len)
+                        + 8 * shape.len()
                 }
                 Record::Scalar { label, .. } => len(label),
                 Record::DataEdge { from, to } => len(from) + len(to),
@@ -115,7 +154,20 @@ impl Record {
     /// Makes the library call the record stands for.
     pub(crate) fn send(&self, handle: ffi::ct_session) -> Result<()> {
         match self {
-            Record::Op { span, name, dtype, device, inputs, output, shape, flags, duration_ns, timestamp_ns, output_dense_bytes, input_dense_bytes } => {
+            Record::Op {
+                span,
+                name,
+                dtype,
+                device,
+                inputs,
+                output,
+                shape,
+                flags,
+                duration_ns,
+                timestamp_ns,
+                output_dense_bytes,
+                input_dense_bytes,
+            } => {
                 let input_ptrs: Vec<*const c_char> = inputs.iter().map(|c| c.as_ptr()).collect();
                 let raw = ffi::ct_op {
                     size: std::mem::size_of::<ffi::ct_op>() as u32,
@@ -123,7 +175,11 @@ impl Record {
                     op_name: name.as_ptr(),
                     dtype: dtype.as_ptr(),
                     device: device.as_ptr(),
-                    inputs: if input_ptrs.is_empty() { ptr::null() } else { input_ptrs.as_ptr() },
+                    inputs: if input_ptrs.is_empty() {
+                        ptr::null()
+                    } else {
+                        input_ptrs.as_ptr()
+                    },
                     n_inputs: input_ptrs.len(),
                     output: opt_ptr(output),
                     shape: shape.as_ptr(),
@@ -136,7 +192,18 @@ impl Record {
                 // SAFETY: every pointer of `raw` points into self or locals alive across the call.
                 check(unsafe { ffi::ct_record_op(handle, *span, &raw) })
             }
-            Record::Tensor { span, id, dtype, device, label, shape, flags, requires_grad, category, dense_bytes } => {
+            Record::Tensor {
+                span,
+                id,
+                dtype,
+                device,
+                label,
+                shape,
+                flags,
+                requires_grad,
+                category,
+                dense_bytes,
+            } => {
                 let raw = ffi::ct_tensor {
                     size: std::mem::size_of::<ffi::ct_tensor>() as u32,
                     flags: *flags,
@@ -153,7 +220,20 @@ impl Record {
                 // SAFETY: every pointer of `raw` points into self, alive across the call.
                 check(unsafe { ffi::ct_record_tensor(handle, *span, &raw) })
             }
-            Record::Memory { span, fallback, action, timestamp_ns, storage, tensor, device, dtype, op_name, bytes, shape, category } => {
+            Record::Memory {
+                span,
+                fallback,
+                action,
+                timestamp_ns,
+                storage,
+                tensor,
+                device,
+                dtype,
+                op_name,
+                bytes,
+                shape,
+                category,
+            } => {
                 let raw = ffi::ct_memory {
                     size: std::mem::size_of::<ffi::ct_memory>() as u32,
                     reserved: 0,
@@ -164,23 +244,40 @@ impl Record {
                     dtype: dtype.as_ptr(),
                     op_name: opt_ptr(op_name),
                     bytes: *bytes,
-                    shape: if shape.is_empty() { ptr::null() } else { shape.as_ptr() },
+                    shape: if shape.is_empty() {
+                        ptr::null()
+                    } else {
+                        shape.as_ptr()
+                    },
                     rank: shape.len(),
                     category: *category,
                 };
                 // SAFETY: every pointer of `raw` points into self, alive across the calls.
                 let first = check(unsafe { ffi::ct_record_memory(handle, *span, *action, &raw) });
                 match (first, fallback) {
-                    (Err(_), Some(f)) => check(unsafe { ffi::ct_record_memory(handle, *f, *action, &raw) }),
+                    (Err(_), Some(f)) => {
+                        check(unsafe { ffi::ct_record_memory(handle, *f, *action, &raw) })
+                    }
                     (r, _) => r,
                 }
             }
             // SAFETY (the three below): NUL-terminated strings of self, alive across the call.
-            Record::Scalar { span, label, value } => check(unsafe { ffi::ct_record_scalar(handle, *span, label.as_ptr(), *value) }),
-            Record::DataEdge { from, to } => check(unsafe { ffi::ct_record_data_edge(handle, from.as_ptr(), to.as_ptr()) }),
-            Record::Gradient { root, key, state, norm } => {
+            Record::Scalar { span, label, value } => {
+                check(unsafe { ffi::ct_record_scalar(handle, *span, label.as_ptr(), *value) })
+            }
+            Record::DataEdge { from, to } => {
+                check(unsafe { ffi::ct_record_data_edge(handle, from.as_ptr(), to.as_ptr()) })
+            }
+            Record::Gradient {
+                root,
+                key,
+                state,
+                norm,
+            } => {
                 let norm_ptr = norm.as_ref().map_or(ptr::null(), |n| n as *const f64);
-                check(unsafe { ffi::ct_record_gradient(handle, root.as_ptr(), key.as_ptr(), *state, norm_ptr) })
+                check(unsafe {
+                    ffi::ct_record_gradient(handle, root.as_ptr(), key.as_ptr(), *state, norm_ptr)
+                })
             }
         }
     }
@@ -242,7 +339,11 @@ impl Held {
     /// memory, nothing held.
     pub(crate) fn carry(&mut self) -> Held {
         self.clear();
-        Held { limit: self.limit, bytes: 0, records: std::mem::take(&mut self.records) }
+        Held {
+            limit: self.limit,
+            bytes: 0,
+            records: std::mem::take(&mut self.records),
+        }
     }
 
     /// The list [`Held::take`] gave out, once sent: its memory is kept for

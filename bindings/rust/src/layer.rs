@@ -94,8 +94,13 @@ impl State {
     /// Whether the layer began a span in `session`; forgets it (a handle
     /// may be handed out again).
     fn take_recorded(&self, session: ffi::ct_session) -> bool {
-        let _ = self.last_recorded.compare_exchange(session, 0, Ordering::Relaxed, Ordering::Relaxed);
-        self.recorded.lock().map(|mut r| r.remove(&session)).unwrap_or(false)
+        let _ =
+            self.last_recorded
+                .compare_exchange(session, 0, Ordering::Relaxed, Ordering::Relaxed);
+        self.recorded
+            .lock()
+            .map(|mut r| r.remove(&session))
+            .unwrap_or(false)
     }
 }
 
@@ -117,12 +122,19 @@ impl Callsite {
         let mut cur = self.live.load(Ordering::Relaxed);
         while cur != u64::MAX {
             let i = (!cur).trailing_zeros();
-            match self.live.compare_exchange_weak(cur, cur | (1 << i), Ordering::Relaxed, Ordering::Relaxed) {
+            match self.live.compare_exchange_weak(
+                cur,
+                cur | (1 << i),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return i,
                 Err(now) => cur = now,
             }
         }
-        let Ok(mut more) = self.more.lock() else { return 64 };
+        let Ok(mut more) = self.more.lock() else {
+            return 64;
+        };
         let free = more.iter().position(|used| !used).unwrap_or(more.len());
         if free == more.len() {
             more.push(true);
@@ -201,7 +213,15 @@ impl State {
     /// was the last one asked for (a loop's span: no lock, no hash).
     fn cached(&self, meta: &'static Metadata<'static>) -> Option<Arc<Callsite>> {
         let key = (self.id, meta as *const Metadata<'static> as usize);
-        let hit = LAST.try_with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, c)| c.clone())).ok().flatten();
+        let hit = LAST
+            .try_with(|l| {
+                l.borrow()
+                    .as_ref()
+                    .filter(|(k, _)| *k == key)
+                    .map(|(_, c)| c.clone())
+            })
+            .ok()
+            .flatten();
         if hit.is_some() {
             return hit;
         }
@@ -231,7 +251,9 @@ pub(crate) fn findings(session: &SessionRef) -> Vec<Finding> {
                 "the tracing layer recorded no span in this capture: tracing spans created before the layer's subscriber was installed (candle-transformers' with_tracing creates them when the model is built) belong to no subscriber and can never be recorded, nor can spans the subscriber filters out or spans entered outside the measured region: install the subscriber before building the model".to_string(),
             ));
         }
-        let Ok(map) = st.callsites.lock() else { continue };
+        let Ok(map) = st.callsites.lock() else {
+            continue;
+        };
         let mut names: Vec<String> = map
             .values()
             .filter(|c| !c.reached.load(Ordering::Relaxed))
@@ -278,9 +300,13 @@ thread_local! {
 
 fn begin(state: &State, session: &SessionRef, id: &Id, name: &str, instance: u32) {
     let _ = STACK.try_with(|stack| {
-        let Ok(mut stack) = stack.try_borrow_mut() else { return };
+        let Ok(mut stack) = stack.try_borrow_mut() else {
+            return;
+        };
         let _ = PATH.try_with(|path| {
-            let Ok(mut path) = path.try_borrow_mut() else { return };
+            let Ok(mut path) = path.try_borrow_mut() else {
+                return;
+            };
             let prev_len = path.len();
             // The parent is the innermost entered span of the same session.
             let start = match stack.last() {
@@ -299,7 +325,13 @@ fn begin(state: &State, session: &SessionRef, id: &Id, name: &str, instance: u32
                     let span = guard.id().0;
                     std::mem::forget(guard); // ended in on_exit
                     state.note_recorded(session.raw());
-                    stack.push(Entry { tracing_id: id.into_u64(), session: session.clone(), span, start, prev_len });
+                    stack.push(Entry {
+                        tracing_id: id.into_u64(),
+                        session: session.clone(),
+                        span,
+                        start,
+                        prev_len,
+                    });
                 }
                 Err(e) => {
                     path.truncate(prev_len);
@@ -322,7 +354,9 @@ where
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let Some(c) = self.state.cached(attrs.metadata()) else { return };
+        let Some(c) = self.state.cached(attrs.metadata()) else {
+            return;
+        };
         if !c.reached.load(Ordering::Relaxed) {
             c.reached.store(true, Ordering::Relaxed);
         }

@@ -53,10 +53,16 @@ pub use contract::{family_of, Expectation, ExpectedGradient, GradientContract, G
 pub use device::{Collector, DeviceOptions, UnspannedLaunches};
 pub use error::{Error, Result, Status};
 pub use finding::{Completed, Finding, ParameterState, Severity};
-pub use run::{CaptureContract, ComparisonIdentity, Level, MeasurementScope, Phase, Run, TimingMode};
-pub use schedule::{Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES, DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN, RECORDER_SHARE};
-pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};
-pub use session::{
-    check_abi, current, library_version, with_current, Active, Category, DeviceInterval, DeviceMemory, Gradient, Measured,
-    Memory, MemoryAction, Op, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork, TriggerTrace,
+pub use run::{
+    CaptureContract, ComparisonIdentity, Level, MeasurementScope, Phase, Run, TimingMode,
 };
+pub use schedule::{
+    Finished, Schedule, Update, UpdateSpan, WatchOptions, DEFAULT_MAX_TRACES,
+    DEFAULT_RECORDER_BYTES, DEFAULT_UPDATE_SPAN, RECORDER_SHARE,
+};
+pub use session::{
+    check_abi, current, library_version, with_current, Active, Category, DeviceInterval,
+    DeviceMemory, Gradient, Measured, Memory, MemoryAction, Op, Session, SessionRef, SpanGuard,
+    SpanId, SpanKind, Step, TensorMeta, TensorStats, TracerWork, TriggerTrace,
+};
+pub use triggers::{Clock, Fired, ManualClock, Trigger, Triggers};

@@ -114,7 +114,8 @@ impl CaptureContract {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.required_semantic_labels.extend(labels.into_iter().map(Into::into));
+        self.required_semantic_labels
+            .extend(labels.into_iter().map(Into::into));
         self
     }
 }
@@ -188,7 +189,12 @@ struct Buffer {
 }
 
 impl Run {
-    fn new(phase: Phase, entrypoint: impl Into<String>, capture_step: u64, device: impl Into<String>) -> Self {
+    fn new(
+        phase: Phase,
+        entrypoint: impl Into<String>,
+        capture_step: u64,
+        device: impl Into<String>,
+    ) -> Self {
         Run {
             entrypoint: entrypoint.into(),
             phase,
@@ -211,12 +217,20 @@ impl Run {
     }
 
     /// A training run capturing update `capture_step` (one-based) on `device`.
-    pub fn training(entrypoint: impl Into<String>, capture_step: u64, device: impl Into<String>) -> Self {
+    pub fn training(
+        entrypoint: impl Into<String>,
+        capture_step: u64,
+        device: impl Into<String>,
+    ) -> Self {
         Self::new(Phase::Train, entrypoint, capture_step, device)
     }
 
     /// An inference run capturing call `capture_step` (one-based) on `device`.
-    pub fn inference(entrypoint: impl Into<String>, capture_step: u64, device: impl Into<String>) -> Self {
+    pub fn inference(
+        entrypoint: impl Into<String>,
+        capture_step: u64,
+        device: impl Into<String>,
+    ) -> Self {
         Self::new(Phase::Infer, entrypoint, capture_step, device)
     }
 
@@ -296,7 +310,9 @@ impl Run {
     }
     /// The gradient contract of the run's capture contract, if any.
     pub fn gradient_contract_ref(&self) -> Option<&GradientContract> {
-        self.capture_contract.as_ref().and_then(|c| c.gradient_contract.as_ref())
+        self.capture_contract
+            .as_ref()
+            .and_then(|c| c.gradient_contract.as_ref())
     }
 
     /// The run JSON `ct_open` takes.

@@ -97,12 +97,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::{check, Error, Result, Status};
 use crate::contract::GradientContract;
-use crate::finding::{Completed, Finding};
+use crate::error::{check, Error, Result, Status};
 use crate::ffi;
+use crate::finding::{Completed, Finding};
 use crate::run::Run;
-use crate::session::{panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TriggerTrace};
+use crate::session::{
+    panic_note, Active, Session, SessionRef, SpanGuard, SpanId, SpanKind, Step, TriggerTrace,
+};
 use crate::triggers::{Clock, CpuWait, Evaluator, Fired, SystemClock, Trigger, Triggers};
 
 #[cfg(feature = "candle")]
@@ -265,13 +267,16 @@ impl Schedule {
             return Err(Error::invalid("watch: the schedule opens each update's measured region; a run with measured_root() has none to open"));
         }
         if opts.flight_recorder == Some(0) {
-            return Err(Error::invalid("watch: the flight recorder's bound must be at least 1 byte (None turns it off)"));
+            return Err(Error::invalid(
+                "watch: the flight recorder's bound must be at least 1 byte (None turns it off)",
+            ));
         }
         let contract = run.gradient_contract_ref().cloned();
         if let Some(c) = &contract {
             c.check_builders()?;
         }
-        let mut full: Value = serde_json::from_str(&run.to_json()).map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
+        let mut full: Value = serde_json::from_str(&run.to_json())
+            .map_err(|e| Error::invalid(format!("run JSON: {e}")))?;
         if let Value::Object(m) = &mut full {
             // Each trace's update decides them (ct_open's defaults from its capture step).
             m.remove("warmup_steps");
@@ -288,7 +293,15 @@ impl Schedule {
             full,
             flight,
             contract,
-            state: RefCell::new(WatchState { eval, fired: Vec::new(), traces: Vec::new(), spare: None, after: None, cpu_wait: CpuWait::default(), recorder_cost: RecorderCost::default() }),
+            state: RefCell::new(WatchState {
+                eval,
+                fired: Vec::new(),
+                traces: Vec::new(),
+                spare: None,
+                after: None,
+                cpu_wait: CpuWait::default(),
+                recorder_cost: RecorderCost::default(),
+            }),
         });
         Ok(s)
     }
@@ -296,14 +309,21 @@ impl Schedule {
     /// Also keeps statistics of every update in a `candle-trace/aggregate/1`
     /// summary at `summary_path` (rewritten every `interval_ms`, default 10 s,
     /// and at finish). Opens the aggregate session now.
-    pub fn with_aggregate(mut self, summary_path: impl AsRef<Path>, interval_ms: Option<u64>) -> Result<Schedule> {
+    pub fn with_aggregate(
+        mut self,
+        summary_path: impl AsRef<Path>,
+        interval_ms: Option<u64>,
+    ) -> Result<Schedule> {
         if self.aggregate.is_some() {
             return Err(Error::Trace {
                 status: Status::State,
                 message: "candle-trace: this schedule already keeps aggregate statistics".into(),
             });
         }
-        self.aggregate = Some(Session::open(summary_path, self.run.clone().aggregate(interval_ms))?);
+        self.aggregate = Some(Session::open(
+            summary_path,
+            self.run.clone().aggregate(interval_ms),
+        )?);
         Ok(self)
     }
 
@@ -344,7 +364,10 @@ impl Schedule {
 
     /// The triggers that fired so far.
     pub fn fired(&self) -> Vec<Fired> {
-        self.watch.as_ref().map(|w| w.state.borrow().fired.clone()).unwrap_or_default()
+        self.watch
+            .as_ref()
+            .map(|w| w.state.borrow().fired.clone())
+            .unwrap_or_default()
     }
 
     /// What the flight recorder adds to the updates it records, as a share
@@ -361,12 +384,17 @@ impl Schedule {
     /// read, as the findings are; with aggregate statistics also the
     /// summary's scalar [`RECORDER_SHARE`].
     pub fn recorder_cost(&self) -> Option<f64> {
-        self.watch.as_ref().and_then(|w| w.state.borrow().recorder_cost.share())
+        self.watch
+            .as_ref()
+            .and_then(|w| w.state.borrow().recorder_cost.share())
     }
 
     /// The traces written so far by a watching schedule.
     pub fn traces(&self) -> Vec<PathBuf> {
-        self.watch.as_ref().map(|w| w.state.borrow().traces.clone()).unwrap_or_default()
+        self.watch
+            .as_ref()
+            .map(|w| w.state.borrow().traces.clone())
+            .unwrap_or_default()
     }
 
     /// The program's own trigger (`user`), for the update under way (or the
@@ -380,7 +408,8 @@ impl Schedule {
             }
             None => Err(Error::Trace {
                 status: Status::State,
-                message: "candle-trace: trigger() needs a watching schedule (Schedule::watch)".into(),
+                message: "candle-trace: trigger() needs a watching schedule (Schedule::watch)"
+                    .into(),
             }),
         }
     }
@@ -424,7 +453,10 @@ impl Schedule {
         if self.in_update.get() {
             return Err(Error::Trace {
                 status: Status::State,
-                message: format!("candle-trace: update {} has not ended; end it before beginning the next", self.next.get() - 1),
+                message: format!(
+                    "candle-trace: update {} has not ended; end it before beginning the next",
+                    self.next.get() - 1
+                ),
             });
         }
         let number = self.next.get();
@@ -436,7 +468,10 @@ impl Schedule {
                 arming = t.elapsed().as_secs_f64();
                 armed
             }
-            None if number == self.run.capture_step() => (Some(Session::open(&self.trace_path, self.run.clone())?), Kind::Step),
+            None if number == self.run.capture_step() => (
+                Some(Session::open(&self.trace_path, self.run.clone())?),
+                Kind::Step,
+            ),
             None => (None, Kind::None),
         };
         let mut u = Update {
@@ -459,9 +494,13 @@ impl Schedule {
                 u.span = Some(a.try_span(&self.update_span, SpanKind::Function, Step::None)?);
             }
             // A measured root is the region already (fixed capture step only).
-            if let (Some(c), true) = (&u.capture, (measure || kind != Kind::Step) && !self.run.is_measured_root()) {
+            if let (Some(c), true) = (
+                &u.capture,
+                (measure || kind != Kind::Step) && !self.run.is_measured_root(),
+            ) {
                 let mut id: ffi::ct_span = 0;
-                let name = std::ffi::CString::new(self.update_span.as_str()).map_err(|_| Error::invalid("the update span's name has a NUL"))?;
+                let name = std::ffi::CString::new(self.update_span.as_str())
+                    .map_err(|_| Error::invalid("the update span's name has a NUL"))?;
                 // SAFETY: the name is NUL-terminated and lives across the call.
                 check(unsafe { ffi::ct_measurement_begin(c.raw(), name.as_ptr(), &mut id) })?;
                 u.measured = id;
@@ -511,7 +550,15 @@ impl Schedule {
         let trace = self.trace.borrow_mut().take().transpose()?;
         let findings = self.findings.take();
         let recorder_cost = self.recorder_cost();
-        Ok(Finished { trace, summary, updates, fired, traces, findings, recorder_cost })
+        Ok(Finished {
+            trace,
+            summary,
+            updates,
+            fired,
+            traces,
+            findings,
+            recorder_cost,
+        })
     }
 
     /// Ends the aggregate session with a `failed` summary carrying `reason`
@@ -537,7 +584,9 @@ impl Schedule {
 
     /// Drops the spare flight recorder unwritten; the watch's record.
     fn end_watch(&mut self) -> (Vec<Fired>, Vec<PathBuf>) {
-        let Some(w) = &self.watch else { return (vec![], vec![]) };
+        let Some(w) = &self.watch else {
+            return (vec![], vec![]);
+        };
         let mut st = w.state.borrow_mut();
         if let Some(spare) = st.spare.take() {
             let _ = spare.discard();
@@ -612,7 +661,10 @@ impl Watch {
         s.set_records_stats(false);
         // Its records stay in the binding until the update is kept (nearly
         // none is): no call into the library's runtime per update.
-        s.hold_records(usize::try_from(self.opts.flight_recorder.unwrap_or(DEFAULT_RECORDER_BYTES)).unwrap_or(usize::MAX));
+        s.hold_records(
+            usize::try_from(self.opts.flight_recorder.unwrap_or(DEFAULT_RECORDER_BYTES))
+                .unwrap_or(usize::MAX),
+        );
         Ok((Some(s), Kind::Flight))
     }
 
@@ -697,7 +749,10 @@ impl<'u> UpdateSpan<'u> {
     /// The trace session the span is in, when the update is captured in full
     /// (not a flight recorder): for statistics and other costly records.
     pub fn full_capture(&self) -> Option<&'u SessionRef> {
-        self.trace.as_ref().filter(|_| self.full).map(|s| s.session())
+        self.trace
+            .as_ref()
+            .filter(|_| self.full)
+            .map(|s| s.session())
     }
 
     /// Ends the span in both sessions; the first failure.
@@ -749,9 +804,20 @@ impl<'a> Update<'a> {
 
     /// [`Update::span`] of another kind (`Module` for a forward, say).
     pub fn span_kind(&self, name: &str, kind: SpanKind, step: Step) -> Result<UpdateSpan<'_>> {
-        let trace = self.capture.as_ref().map(|c| c.try_span(name, kind, step)).transpose()?;
-        let stats = self.aggregate().map(|a| a.try_span(name, kind, step)).transpose()?;
-        Ok(UpdateSpan { trace, stats, full: self.capture().is_some() })
+        let trace = self
+            .capture
+            .as_ref()
+            .map(|c| c.try_span(name, kind, step))
+            .transpose()?;
+        let stats = self
+            .aggregate()
+            .map(|a| a.try_span(name, kind, step))
+            .transpose()?;
+        Ok(UpdateSpan {
+            trace,
+            stats,
+            full: self.capture().is_some(),
+        })
     }
 
     /// The update's loss: evaluated by the `non_finite` trigger, folded into
@@ -786,7 +852,11 @@ impl<'a> Update<'a> {
     /// the `exception` trigger, as an `Err` returned from
     /// [`Schedule::update`] is.
     pub fn fail(mut self, reason: &str) -> Result<()> {
-        let reason = if reason.trim().is_empty() { "the update failed" } else { reason };
+        let reason = if reason.trim().is_empty() {
+            "the update failed"
+        } else {
+            reason
+        };
         self.close(Some(reason.to_string()))
     }
 
@@ -803,7 +873,12 @@ impl<'a> Update<'a> {
             _ => 0.0,
         };
         let seconds = (!matches!(self.kind, Kind::After(_))).then(|| (wall - tracer).max(0.0));
-        Elapsed { seconds, waited, wall, tracer }
+        Elapsed {
+            seconds,
+            waited,
+            wall,
+            tracer,
+        }
     }
 
     /// Records the gradient facts a flight recorder held, into `c` (the update
@@ -859,10 +934,15 @@ impl<'a> Update<'a> {
         let capture = self.capture.take().expect("checked");
         // Kept for Schedule::finish, also when the span failed: the capture
         // is a file the caller may still want.
-        let outcome = capture.finish().map(|done| self.schedule.keep_findings(done, None));
+        let outcome = capture
+            .finish()
+            .map(|done| self.schedule.keep_findings(done, None));
         let result = match &outcome {
             Ok(_) => measured,
-            Err(e) => Err(Error::Trace { status: e.status().unwrap_or(Status::Internal), message: e.message() }),
+            Err(e) => Err(Error::Trace {
+                status: e.status().unwrap_or(Status::Internal),
+                message: e.message(),
+            }),
         };
         *self.schedule.trace.borrow_mut() = Some(outcome);
         result
@@ -872,7 +952,9 @@ impl<'a> Update<'a> {
     /// the scalar `trigger/<name>` and in the summary's list of firings, with
     /// its trace or `no_trace`, why none was written.
     fn fold_loss(&self, loss: Option<f64>, fired: Option<(&Fired, &str)>) -> Result<()> {
-        let Some(a) = self.aggregate() else { return Ok(()) };
+        let Some(a) = self.aggregate() else {
+            return Ok(());
+        };
         if let Some(l) = loss {
             a.scalar(SpanId::ROOT, "loss", l)?;
         }
@@ -883,7 +965,14 @@ impl<'a> Update<'a> {
                 None => TriggerTrace::None(no_trace),
             };
             let detail = f.detail.lines().next().filter(|l| !l.is_empty());
-            a.aggregate_trigger(f.update, &f.trigger.to_string(), f.value, f.threshold, detail, written)?;
+            a.aggregate_trigger(
+                f.update,
+                &f.trigger.to_string(),
+                f.value,
+                f.threshold,
+                detail,
+                written,
+            )?;
         }
         Ok(())
     }
@@ -899,7 +988,12 @@ impl<'a> Update<'a> {
         }
     }
 
-    fn close_watched(&mut self, w: &Watch, failure: Option<String>, elapsed: Elapsed) -> Result<()> {
+    fn close_watched(
+        &mut self,
+        w: &Watch,
+        failure: Option<String>,
+        elapsed: Elapsed,
+    ) -> Result<()> {
         let n = self.number;
         let loss = self.loss.get();
         let capture = self.capture.take();
@@ -928,17 +1022,29 @@ impl<'a> Update<'a> {
                     }
                     None => None,
                 };
-                w.opts.triggers.exception.then_some(Fired { update: n, trigger: Trigger::Exception, value: 0.0, threshold: 0.0, detail: reason, trace })
+                w.opts.triggers.exception.then_some(Fired {
+                    update: n,
+                    trigger: Trigger::Exception,
+                    value: 0.0,
+                    threshold: 0.0,
+                    detail: reason,
+                    trace,
+                })
             }
             None => {
                 let measured = (self.kind == Kind::Flight && self.schedule.system_clock)
-                    .then(|| st.recorder_cost.add(elapsed.tracer, elapsed.wall, self.arming))
+                    .then(|| {
+                        st.recorder_cost
+                            .add(elapsed.tracer, elapsed.wall, self.arming)
+                    })
                     .flatten();
                 if let (Some(share), Some(a)) = (measured, self.aggregate()) {
                     // Stated once, where the run's statistics are.
                     result = a.scalar(SpanId::ROOT, RECORDER_SHARE, share);
                 }
-                let mut fired = st.eval.end_of_update(n, elapsed.seconds, loss, elapsed.waited);
+                let mut fired = st
+                    .eval
+                    .end_of_update(n, elapsed.seconds, loss, elapsed.waited);
                 if let Some(c) = capture {
                     self.capture = Some(c);
                     result = result.and(self.close_capture(w, &mut st, fired.as_mut(), loss));
@@ -952,13 +1058,22 @@ impl<'a> Update<'a> {
             }
             st.fired.push(f.clone());
         }
-        let no_trace = fired.as_ref().map(|_| Self::no_trace_reason(w, &st, recorded)).unwrap_or_default();
+        let no_trace = fired
+            .as_ref()
+            .map(|_| Self::no_trace_reason(w, &st, recorded))
+            .unwrap_or_default();
         drop(st);
         result.and(self.fold_loss(loss, fired.as_ref().map(|f| (f, no_trace.as_str()))))
     }
 
     /// Writes or drops the capture of an update that completed.
-    fn close_capture(&mut self, w: &Watch, st: &mut WatchState, fired: Option<&mut Fired>, loss: Option<f64>) -> Result<()> {
+    fn close_capture(
+        &mut self,
+        w: &Watch,
+        st: &mut WatchState,
+        fired: Option<&mut Fired>,
+        loss: Option<f64>,
+    ) -> Result<()> {
         let n = self.number;
         let kind = self.kind;
         let keep_flight = kind == Kind::Flight && fired.is_some() && w.left(st) > 0;
@@ -977,8 +1092,20 @@ impl<'a> Update<'a> {
         self.record_held_gradients(c);
         if let (true, Some(f)) = (keep_flight, fired.as_deref()) {
             noted = noted
-                .and_then(|_| c.scalar(measured, &format!("candle_trace/trigger/{}", f.trigger), f.value))
-                .and_then(|_| c.scalar(measured, &format!("candle_trace/trigger/{}/threshold", f.trigger), f.threshold));
+                .and_then(|_| {
+                    c.scalar(
+                        measured,
+                        &format!("candle_trace/trigger/{}", f.trigger),
+                        f.value,
+                    )
+                })
+                .and_then(|_| {
+                    c.scalar(
+                        measured,
+                        &format!("candle_trace/trigger/{}/threshold", f.trigger),
+                        f.threshold,
+                    )
+                });
         }
         let ended = self.end_measured();
         let c = self.capture.take().expect("a capture to close");
@@ -1017,6 +1144,9 @@ impl Drop for Update<'_> {
 
 impl std::fmt::Debug for Update<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Update").field("number", &self.number).field("kind", &self.kind).finish()
+        f.debug_struct("Update")
+            .field("number", &self.number)
+            .field("kind", &self.kind)
+            .finish()
     }
 }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, Once};
 use crate::contract::GradientContract;
 use crate::device::DeviceOptions;
 use crate::error::{check, Error, Result, Status};
-use crate::finding::{Completed, Finding};
 use crate::ffi;
+use crate::finding::{Completed, Finding};
 use crate::held::{Held, Holding, Record};
 use crate::run::Run;
 
@@ -255,12 +255,18 @@ pub(crate) fn opt_ptr(s: &Option<CString>) -> *const c_char {
 fn shape_i64(shape: &[usize]) -> Result<Vec<i64>> {
     shape
         .iter()
-        .map(|&d| i64::try_from(d).map_err(|_| Error::invalid(format!("shape dimension {d} does not fit in i64"))))
+        .map(|&d| {
+            i64::try_from(d)
+                .map_err(|_| Error::invalid(format!("shape dimension {d} does not fit in i64")))
+        })
         .collect()
 }
 
 fn elements(shape: &[usize]) -> Result<u64> {
-    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64)).ok_or_else(|| Error::invalid(format!("shape {shape:?} has more than 2^64 elements")))
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .ok_or_else(|| Error::invalid(format!("shape {shape:?} has more than 2^64 elements")))
 }
 
 const STACK_NAME: usize = 128;
@@ -322,7 +328,11 @@ fn install_panic_hook() {
 }
 
 pub(crate) fn panic_note() -> String {
-    LAST_PANIC.try_with(|p| p.try_borrow().ok().and_then(|p| p.clone())).ok().flatten().unwrap_or_else(|| "panic".into())
+    LAST_PANIC
+        .try_with(|p| p.try_borrow().ok().and_then(|p| p.clone()))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "panic".into())
 }
 
 // ---- sessions ----------------------------------------------------------------------
@@ -378,13 +388,20 @@ impl Deref for Session {
 
 impl std::fmt::Debug for SessionRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionRef").field("handle", &self.0.handle).field("path", &self.0.path).finish()
+        f.debug_struct("SessionRef")
+            .field("handle", &self.0.handle)
+            .field("path", &self.0.path)
+            .finish()
     }
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("handle", &self.r.0.handle).field("path", &self.r.0.path).field("ended", &self.ended).finish()
+        f.debug_struct("Session")
+            .field("handle", &self.r.0.handle)
+            .field("path", &self.r.0.path)
+            .field("ended", &self.ended)
+            .finish()
     }
 }
 
@@ -393,7 +410,10 @@ pub fn check_abi() -> Result<()> {
     // SAFETY: no arguments, no preconditions.
     let library = unsafe { ffi::ct_abi_version() };
     if library != ffi::CT_ABI_VERSION {
-        return Err(Error::AbiMismatch { library, binding: ffi::CT_ABI_VERSION });
+        return Err(Error::AbiMismatch {
+            library,
+            binding: ffi::CT_ABI_VERSION,
+        });
     }
     Ok(())
 }
@@ -401,7 +421,9 @@ pub fn check_abi() -> Result<()> {
 /// The library version, e.g. `0.1.0`.
 pub fn library_version() -> String {
     // SAFETY: ct_version returns a static NUL-terminated string.
-    unsafe { CStr::from_ptr(ffi::ct_version()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::ct_version()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 impl Session {
@@ -414,14 +436,23 @@ impl Session {
         if let Some(c) = &contract {
             c.check_builders()?;
         }
-        Self::open_with(path.as_ref(), &run.to_json(), run.is_device_synchronized(), contract)
+        Self::open_with(
+            path.as_ref(),
+            &run.to_json(),
+            run.is_device_synchronized(),
+            contract,
+        )
     }
 
     /// Opens with a run JSON written by the caller (see the header). Its
     /// `capture_contract.gradient_contract`, when there is one, is what
     /// `finish` checks the recorded gradients against (every family counts
     /// as declared by the caller).
-    pub fn open_json(path: impl AsRef<Path>, run_json: &str, device_synchronized: bool) -> Result<Session> {
+    pub fn open_json(
+        path: impl AsRef<Path>,
+        run_json: &str,
+        device_synchronized: bool,
+    ) -> Result<Session> {
         let contract = serde_json::from_str::<serde_json::Value>(run_json)
             .ok()
             .and_then(|v| v.get("capture_contract")?.get("gradient_contract").cloned())
@@ -429,21 +460,41 @@ impl Session {
         Self::open_with(path.as_ref(), run_json, device_synchronized, contract)
     }
 
-    pub(crate) fn open_with(path: &Path, run_json: &str, device_synchronized: bool, contract: Option<GradientContract>) -> Result<Session> {
+    pub(crate) fn open_with(
+        path: &Path,
+        run_json: &str,
+        device_synchronized: bool,
+        contract: Option<GradientContract>,
+    ) -> Result<Session> {
         check_abi()?;
         install_panic_hook();
         let cpath = cstring(
             "path",
-            path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?,
+            path.to_str()
+                .ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?,
         )?;
         let cjson = cstring("run JSON", run_json)?;
         let mut handle: ffi::ct_session = 0;
         // SAFETY: both strings are NUL-terminated and live across the call.
         check(unsafe { ffi::ct_open(cpath.as_ptr(), cjson.as_ptr(), &mut handle) })?;
-        Ok(Session::wrap(handle, path, device_synchronized, true, contract.map(Arc::new), Held::default()))
+        Ok(Session::wrap(
+            handle,
+            path,
+            device_synchronized,
+            true,
+            contract.map(Arc::new),
+            Held::default(),
+        ))
     }
 
-    fn wrap(handle: ffi::ct_session, path: &Path, device_synchronized: bool, stats: bool, contract: Option<Arc<GradientContract>>, held: Held) -> Session {
+    fn wrap(
+        handle: ffi::ct_session,
+        path: &Path,
+        device_synchronized: bool,
+        stats: bool,
+        contract: Option<Arc<GradientContract>>,
+        held: Held,
+    ) -> Session {
         Session {
             r: SessionRef(Arc::new(Inner {
                 handle,
@@ -471,20 +522,42 @@ impl Session {
     /// not buffered) leave this session open and return it in the error's
     /// place as `Err((self, error))`; a path refused after it returns
     /// `Err((None, error))`.
-    pub fn reopen(mut self, path: impl AsRef<Path>, capture_step: u64) -> std::result::Result<Session, (Option<Session>, Error)> {
+    pub fn reopen(
+        mut self,
+        path: impl AsRef<Path>,
+        capture_step: u64,
+    ) -> std::result::Result<Session, (Option<Session>, Error)> {
         let path = path.as_ref();
-        let cpath = match path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display()))).and_then(|p| cstring("path", p)) {
+        let cpath = match path
+            .to_str()
+            .ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))
+            .and_then(|p| cstring("path", p))
+        {
             Ok(c) => c,
             Err(e) => return Err((Some(self), e)),
         };
         let mut handle: ffi::ct_session = 0;
         // SAFETY: the path is NUL-terminated and lives across the call.
-        let st = unsafe { ffi::ct_reopen(self.r.0.handle, cpath.as_ptr(), capture_step, &mut handle) };
+        let st =
+            unsafe { ffi::ct_reopen(self.r.0.handle, cpath.as_ptr(), capture_step, &mut handle) };
         match check(st) {
             Ok(()) => {
                 self.ended = true;
-                let held = self.r.0.held.lock().map(|mut h| h.carry()).unwrap_or_default();
-                Ok(Session::wrap(handle, path, self.r.0.device_synchronized, self.records_stats(), self.r.0.contract.clone(), held))
+                let held = self
+                    .r
+                    .0
+                    .held
+                    .lock()
+                    .map(|mut h| h.carry())
+                    .unwrap_or_default();
+                Ok(Session::wrap(
+                    handle,
+                    path,
+                    self.r.0.device_synchronized,
+                    self.records_stats(),
+                    self.r.0.contract.clone(),
+                    held,
+                ))
             }
             Err(e) if e.status() == Some(Status::Io) => {
                 self.ended = true; // discarded before the new path was refused
@@ -517,7 +590,9 @@ impl Session {
         self.ended = true;
         self.r.release_held();
         if let Some(err) = self.r.take_deferred() {
-            let _ = self.r.raw_finish_failed(&format!("candle-trace (rust): {err}"));
+            let _ = self
+                .r
+                .raw_finish_failed(&format!("candle-trace (rust): {err}"));
             return Err(err);
         }
         // SAFETY: plain handle.
@@ -525,7 +600,9 @@ impl Session {
             Ok(()) => Ok(Completed::new(self.r.0.path.clone(), self.r.findings())),
             Err(err) => {
                 if err.status() != Some(Status::InvalidHandle) {
-                    let _ = self.r.raw_finish_failed(&format!("ct_finish refused: {}", err.message()));
+                    let _ = self
+                        .r
+                        .raw_finish_failed(&format!("ct_finish refused: {}", err.message()));
                 }
                 Err(err)
             }
@@ -536,7 +613,11 @@ impl Session {
     pub fn finish_failed(mut self, reason: &str) -> Result<()> {
         self.ended = true;
         self.r.release_held(); // the evidence up to the failure
-        let reason = if reason.trim().is_empty() { "finish_failed without a reason" } else { reason };
+        let reason = if reason.trim().is_empty() {
+            "finish_failed without a reason"
+        } else {
+            reason
+        };
         self.r.raw_finish_failed(reason)
     }
 
@@ -553,7 +634,9 @@ impl Session {
         let res = check(unsafe { ffi::ct_discard(self.r.0.handle) });
         if let Err(err) = &res {
             if err.status() == Some(Status::State) {
-                let _ = self.r.raw_finish_failed(&format!("discard refused: {}", err.message()));
+                let _ = self
+                    .r
+                    .raw_finish_failed(&format!("discard refused: {}", err.message()));
             }
         }
         res
@@ -721,7 +804,11 @@ impl SessionRef {
 
     /// Errors deferred so far (at most 16 are kept), without clearing them.
     pub fn deferred_errors(&self) -> Vec<String> {
-        self.0.deferred.lock().map(|d| d.1.iter().map(|e| e.to_string()).collect()).unwrap_or_default()
+        self.0
+            .deferred
+            .lock()
+            .map(|d| d.1.iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
     }
 
     fn take_deferred(&self) -> Option<Error> {
@@ -732,7 +819,10 @@ impl SessionRef {
         let count = d.0;
         let first = d.1.drain(..).next().expect("count > 0 keeps one");
         d.0 = 0;
-        Some(Error::Deferred { count, first: Box::new(first) })
+        Some(Error::Deferred {
+            count,
+            first: Box::new(first),
+        })
     }
 
     // ---- spans ----
@@ -765,7 +855,11 @@ impl SessionRef {
             Ok(g) => g,
             Err(e) => {
                 self.defer(e);
-                SpanGuard { session: self, id: 0, _not_send: PhantomData }
+                SpanGuard {
+                    session: self,
+                    id: 0,
+                    _not_send: PhantomData,
+                }
             }
         }
     }
@@ -775,9 +869,15 @@ impl SessionRef {
     pub fn try_span(&self, name: &str, kind: SpanKind, step: Step) -> Result<SpanGuard<'_>> {
         let mut id: ffi::ct_span = 0;
         // SAFETY: the name is NUL-terminated for the duration of the call.
-        let st = with_cstr(name, |p| unsafe { ffi::ct_span_begin(self.0.handle, p, kind.raw(), step.raw(), &mut id) })?;
+        let st = with_cstr(name, |p| unsafe {
+            ffi::ct_span_begin(self.0.handle, p, kind.raw(), step.raw(), &mut id)
+        })?;
         check(st)?;
-        Ok(SpanGuard { session: self, id, _not_send: PhantomData })
+        Ok(SpanGuard {
+            session: self,
+            id,
+            _not_send: PhantomData,
+        })
     }
 
     /// Opens the session's single measured region. While the returned guard
@@ -787,24 +887,54 @@ impl SessionRef {
     pub fn measure(&self, name: &str) -> Result<Measured<'_>> {
         let mut id: ffi::ct_span = 0;
         // SAFETY: the name is NUL-terminated for the duration of the call.
-        check(with_cstr(name, |p| unsafe { ffi::ct_measurement_begin(self.0.handle, p, &mut id) })?)?;
+        check(with_cstr(name, |p| unsafe {
+            ffi::ct_measurement_begin(self.0.handle, p, &mut id)
+        })?)?;
         let active = self.activate();
-        Ok(Measured { span: SpanGuard { session: self, id, _not_send: PhantomData }, before_end: None, _active: active })
+        Ok(Measured {
+            span: SpanGuard {
+                session: self,
+                id,
+                _not_send: PhantomData,
+            },
+            before_end: None,
+            _active: active,
+        })
     }
 
     /// Makes this session the calling thread's current session until the
     /// guard drops (then the previous one is restored).
     pub fn activate(&self) -> Active {
-        self.0.activated.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .activated
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let previous = CURRENT.with(|c| c.replace(Some(self.clone())));
-        Active { previous, _not_send: PhantomData }
+        Active {
+            previous,
+            _not_send: PhantomData,
+        }
     }
 
     /// Records host work measured elsewhere as a closed span under the root.
-    pub fn completed_span(&self, name: &str, kind: SpanKind, start_ns: u64, duration_ns: u64) -> Result<SpanId> {
+    pub fn completed_span(
+        &self,
+        name: &str,
+        kind: SpanKind,
+        start_ns: u64,
+        duration_ns: u64,
+    ) -> Result<SpanId> {
         let mut id: ffi::ct_span = 0;
         // SAFETY: the name is NUL-terminated for the duration of the call.
-        check(with_cstr(name, |p| unsafe { ffi::ct_record_completed_span(self.0.handle, p, kind.raw(), start_ns, duration_ns, &mut id) })?)?;
+        check(with_cstr(name, |p| unsafe {
+            ffi::ct_record_completed_span(
+                self.0.handle,
+                p,
+                kind.raw(),
+                start_ns,
+                duration_ns,
+                &mut id,
+            )
+        })?)?;
         Ok(SpanId(id))
     }
 
@@ -823,7 +953,10 @@ impl SessionRef {
     pub fn tracer_work(&self) -> Result<TracerWork<'_>> {
         // SAFETY: plain handle.
         check(unsafe { ffi::ct_tracer_begin(self.0.handle) })?;
-        Ok(TracerWork { session: self, _not_send: PhantomData })
+        Ok(TracerWork {
+            session: self,
+            _not_send: PhantomData,
+        })
     }
 
     /// The tracer's time left out of the session clock so far, in ns
@@ -854,10 +987,18 @@ impl SessionRef {
             name: cstring("op name", op.name)?,
             dtype: cstring("dtype", op.dtype)?,
             device: cstring("device", op.device)?,
-            inputs: op.inputs.iter().map(|s| cstring("input tensor id", s)).collect::<Result<Vec<_>>>()?,
+            inputs: op
+                .inputs
+                .iter()
+                .map(|s| cstring("input tensor id", s))
+                .collect::<Result<Vec<_>>>()?,
             output: opt_cstring("output tensor id", op.output)?,
             shape: shape_i64(op.shape)?,
-            flags: if op.output_dense_bytes.is_some() { ffi::CT_HAS_OUTPUT_DENSE_BYTES } else { 0 },
+            flags: if op.output_dense_bytes.is_some() {
+                ffi::CT_HAS_OUTPUT_DENSE_BYTES
+            } else {
+                0
+            },
             duration_ns: op.duration_ns,
             timestamp_ns,
             output_dense_bytes: op.output_dense_bytes.unwrap_or(0),
@@ -874,7 +1015,11 @@ impl SessionRef {
             device: cstring("device", t.device)?,
             label: opt_cstring("label", t.label)?,
             shape: shape_i64(t.shape)?,
-            flags: if t.dense_bytes.is_some() { ffi::CT_HAS_DENSE_BYTES } else { 0 },
+            flags: if t.dense_bytes.is_some() {
+                ffi::CT_HAS_DENSE_BYTES
+            } else {
+                0
+            },
             requires_grad: t.requires_grad as i32,
             category: t.category.raw(),
             dense_bytes: t.dense_bytes.unwrap_or(0),
@@ -911,16 +1056,38 @@ impl SessionRef {
     /// Lets the library reduce a host f32 buffer of `shape`
     /// (`ct_record_tensor_stats_f32`). `data.len()` must equal the product of
     /// `shape` (checked here: the library cannot).
-    pub fn tensor_stats_f32(&self, span: impl Into<SpanId>, label: &str, data: &[f32], shape: &[usize]) -> Result<()> {
+    pub fn tensor_stats_f32(
+        &self,
+        span: impl Into<SpanId>,
+        label: &str,
+        data: &[f32],
+        shape: &[usize],
+    ) -> Result<()> {
         let n = elements(shape)?;
         if n != data.len() as u64 {
-            return Err(Error::invalid(format!("tensor_stats_f32 {label:?}: {} values for shape {shape:?} ({n} elements)", data.len())));
+            return Err(Error::invalid(format!(
+                "tensor_stats_f32 {label:?}: {} values for shape {shape:?} ({n} elements)",
+                data.len()
+            )));
         }
         let label = cstring("label", label)?;
         let shape = shape_i64(shape)?;
-        let data_ptr = if data.is_empty() { ptr::null() } else { data.as_ptr() };
+        let data_ptr = if data.is_empty() {
+            ptr::null()
+        } else {
+            data.as_ptr()
+        };
         // SAFETY: data holds product(shape) floats; strings and shape live across the call.
-        check(unsafe { ffi::ct_record_tensor_stats_f32(self.0.handle, span.into().0, label.as_ptr(), data_ptr, shape.as_ptr(), shape.len()) })
+        check(unsafe {
+            ffi::ct_record_tensor_stats_f32(
+                self.0.handle,
+                span.into().0,
+                label.as_ptr(),
+                data_ptr,
+                shape.as_ptr(),
+                shape.len(),
+            )
+        })
     }
 
     /// A scalar observation, e.g. a loss (`ct_record_scalar`).
@@ -928,18 +1095,35 @@ impl SessionRef {
         let span = span.into().0;
         if !self.holds() {
             // SAFETY: the label is NUL-terminated for the duration of the call.
-            return check(with_cstr(label, |p| unsafe { ffi::ct_record_scalar(self.0.handle, span, p, value) })?);
+            return check(with_cstr(label, |p| unsafe {
+                ffi::ct_record_scalar(self.0.handle, span, p, value)
+            })?);
         }
-        self.submit(Record::Scalar { span, label: cstring("label", label)?, value })
+        self.submit(Record::Scalar {
+            span,
+            label: cstring("label", label)?,
+            value,
+        })
     }
 
     /// A logical allocation or free (`ct_record_memory`).
-    pub fn memory(&self, span: impl Into<SpanId>, action: MemoryAction, m: &Memory<'_>) -> Result<()> {
+    pub fn memory(
+        &self,
+        span: impl Into<SpanId>,
+        action: MemoryAction,
+        m: &Memory<'_>,
+    ) -> Result<()> {
         self.memory_or(span.into(), None, action, m)
     }
 
     /// [`memory`](Self::memory), recorded on `fallback` where `span` refuses it.
-    pub(crate) fn memory_or(&self, span: SpanId, fallback: Option<SpanId>, action: MemoryAction, m: &Memory<'_>) -> Result<()> {
+    pub(crate) fn memory_or(
+        &self,
+        span: SpanId,
+        fallback: Option<SpanId>,
+        action: MemoryAction,
+        m: &Memory<'_>,
+    ) -> Result<()> {
         let mut timestamp_ns = m.timestamp_ns;
         if timestamp_ns == 0 && self.holds() {
             timestamp_ns = self.now_ns().max(1);
@@ -1000,7 +1184,11 @@ impl SessionRef {
         let name = opt_cstring("name", d.name)?;
         let raw = ffi::ct_device_interval {
             size: std::mem::size_of::<ffi::ct_device_interval>() as u32,
-            flags: if d.correlation_id.is_some() { ffi::CT_HAS_CORRELATION_ID } else { 0 },
+            flags: if d.correlation_id.is_some() {
+                ffi::CT_HAS_CORRELATION_ID
+            } else {
+                0
+            },
             device: device.as_ptr(),
             stream_id: stream.as_ptr(),
             clock_id: opt_ptr(&clock),
@@ -1016,14 +1204,29 @@ impl SessionRef {
 
     /// A call edge from `from` to its child `to`. `host_duration_ns` `None`
     /// takes `to`'s duration (written when `to` closes).
-    pub fn call_edge(&self, from: impl Into<SpanId>, to: impl Into<SpanId>, host_duration_ns: Option<u64>) -> Result<()> {
+    pub fn call_edge(
+        &self,
+        from: impl Into<SpanId>,
+        to: impl Into<SpanId>,
+        host_duration_ns: Option<u64>,
+    ) -> Result<()> {
         // SAFETY: plain values.
-        check(unsafe { ffi::ct_record_call_edge(self.0.handle, from.into().0, to.into().0, host_duration_ns.unwrap_or(0)) })
+        check(unsafe {
+            ffi::ct_record_call_edge(
+                self.0.handle,
+                from.into().0,
+                to.into().0,
+                host_duration_ns.unwrap_or(0),
+            )
+        })
     }
 
     /// A data edge between two tensor ids already known to the session.
     pub fn data_edge(&self, from_tensor: &str, to_tensor: &str) -> Result<()> {
-        self.submit(Record::DataEdge { from: cstring("from tensor", from_tensor)?, to: cstring("to tensor", to_tensor)? })
+        self.submit(Record::DataEdge {
+            from: cstring("from tensor", from_tensor)?,
+            to: cstring("to tensor", to_tensor)?,
+        })
     }
 
     /// One gradient fact for parameter `key` under `root`.
@@ -1034,7 +1237,12 @@ impl SessionRef {
             Gradient::Missing => (ffi::CT_GRADIENT_MISSING, None),
             Gradient::NonFinite => (ffi::CT_GRADIENT_NON_FINITE, None),
         };
-        self.submit(Record::Gradient { root: cstring("gradient root", root)?, key: cstring("gradient key", key)?, state, norm })?;
+        self.submit(Record::Gradient {
+            root: cstring("gradient root", root)?,
+            key: cstring("gradient key", key)?,
+            state,
+            norm,
+        })?;
         if self.0.contract.is_some() {
             if let Ok(mut gs) = self.0.gradients.lock() {
                 gs.insert((root.to_string(), key.to_string()), g);
@@ -1081,7 +1289,15 @@ impl SessionRef {
     /// `triggers` (`ct_aggregate_trigger`): the update (≥ 1), the trigger's
     /// name, the value it measured and its threshold, a line of detail, and
     /// either the trace written for it or, in `written`, why none was.
-    pub fn aggregate_trigger(&self, update: u64, trigger: &str, value: f64, threshold: f64, detail: Option<&str>, written: TriggerTrace<'_>) -> Result<()> {
+    pub fn aggregate_trigger(
+        &self,
+        update: u64,
+        trigger: &str,
+        value: f64,
+        threshold: f64,
+        detail: Option<&str>,
+        written: TriggerTrace<'_>,
+    ) -> Result<()> {
         let trigger = cstring("trigger", trigger)?;
         let detail = opt_cstring("detail", detail)?;
         let (trace, no_trace) = match written {
@@ -1090,7 +1306,16 @@ impl SessionRef {
         };
         // SAFETY: every string is NUL-terminated and outlives the call.
         check(unsafe {
-            ffi::ct_aggregate_trigger(self.0.handle, update, trigger.as_ptr(), value, threshold, opt_ptr(&detail), opt_ptr(&trace), opt_ptr(&no_trace))
+            ffi::ct_aggregate_trigger(
+                self.0.handle,
+                update,
+                trigger.as_ptr(),
+                value,
+                threshold,
+                opt_ptr(&detail),
+                opt_ptr(&trace),
+                opt_ptr(&no_trace),
+            )
         })
     }
 }

@@ -110,7 +110,9 @@ impl Triggers {
     pub fn check(&self) -> Result<()> {
         if let Some(k) = self.slow {
             if !(k > 1.0 && k.is_finite()) {
-                return Err(Error::invalid(format!("triggers.slow must be a finite factor > 1 (or None), got {k}")));
+                return Err(Error::invalid(format!(
+                    "triggers.slow must be a finite factor > 1 (or None), got {k}"
+                )));
             }
         }
         if self.warmup < 1 {
@@ -119,9 +121,14 @@ impl Triggers {
         if self.window < 1 {
             return Err(Error::invalid("triggers.window must be >= 1, got 0"));
         }
-        for (name, v) in [("slow_spread", self.slow_spread), ("slow_wait_share", self.slow_wait_share)] {
+        for (name, v) in [
+            ("slow_spread", self.slow_spread),
+            ("slow_wait_share", self.slow_wait_share),
+        ] {
             if v.is_nan() || v < 0.0 {
-                return Err(Error::invalid(format!("triggers.{name} must be a number >= 0, got {v}")));
+                return Err(Error::invalid(format!(
+                    "triggers.{name} must be a number >= 0, got {v}"
+                )));
             }
         }
         Ok(())
@@ -326,7 +333,8 @@ impl CpuWait {
             self.file = std::fs::File::open("/proc/thread-self/schedstat").ok();
             let stat = self.file.as_ref().and_then(Self::read);
             self.last = stat.map_or(0, |s| s.1);
-            (self.cpu, self.sched, self.blocks) = (cpu, stat.map(|s| s.0), sys::voluntary_switches());
+            (self.cpu, self.sched, self.blocks) =
+                (cpu, stat.map(|s| s.0), sys::voluntary_switches());
             return 0.0;
         }
         let stat = self.file.as_ref().and_then(Self::read);
@@ -334,7 +342,10 @@ impl CpuWait {
         let waited = now.saturating_sub(self.last) as f64 / 1e9;
         self.last = now;
         let sched = stat.map(|s| s.0);
-        let elapsed = |now: Option<u64>, then: Option<u64>| now.zip(then).map(|(c, c0)| c.saturating_sub(c0) as f64 / 1e9);
+        let elapsed = |now: Option<u64>, then: Option<u64>| {
+            now.zip(then)
+                .map(|(c, c0)| c.saturating_sub(c0) as f64 / 1e9)
+        };
         // The clock at both ends, else schedstat's (less what its error could
         // make of nothing).
         let ran = match elapsed(cpu, self.cpu) {
@@ -408,7 +419,11 @@ mod sys {
     }
 
     pub(super) fn voluntary_switches() -> Option<i64> {
-        let mut ru = Rusage { times: [0; 4], counts: [0; 14], reserved: [0; 16] };
+        let mut ru = Rusage {
+            times: [0; 4],
+            counts: [0; 14],
+            reserved: [0; 16],
+        };
         // SAFETY: a valid out-pointer, at least as large as the struct rusage
         // of this platform.
         let ok = unsafe { getrusage(RUSAGE_THREAD, &mut ru) } == 0;
@@ -445,7 +460,14 @@ impl Evaluator {
     /// ([`Triggers::check`]).
     pub fn new(cfg: Triggers) -> Result<Self> {
         cfg.check()?;
-        Ok(Evaluator { cfg, times: VecDeque::new(), sorted: Vec::new(), seen: 0, loss_was_finite: true, asked: None })
+        Ok(Evaluator {
+            cfg,
+            times: VecDeque::new(),
+            sorted: Vec::new(),
+            seen: 0,
+            loss_was_finite: true,
+            asked: None,
+        })
     }
 
     /// The configuration.
@@ -455,7 +477,11 @@ impl Evaluator {
 
     /// The program's own trigger, for the update under way.
     pub fn ask(&mut self, why: &str) {
-        self.asked = Some(if why.is_empty() { "trigger()".to_string() } else { why.to_string() });
+        self.asked = Some(if why.is_empty() {
+            "trigger()".to_string()
+        } else {
+            why.to_string()
+        });
     }
 
     /// The median of the update times in the window (0 before the first).
@@ -488,8 +514,23 @@ impl Evaluator {
     /// and joins the window; `seconds` `None`: the update is not timed
     /// (captured in full: its time is the capture's), the slow trigger skips
     /// it.
-    pub fn end_of_update(&mut self, update: u64, seconds: Option<f64>, loss: Option<f64>, cpu_wait: f64) -> Option<Fired> {
-        let fired_at = |trigger, value, threshold, detail| Some(Fired { update, trigger, value, threshold, detail, trace: None });
+    pub fn end_of_update(
+        &mut self,
+        update: u64,
+        seconds: Option<f64>,
+        loss: Option<f64>,
+        cpu_wait: f64,
+    ) -> Option<Fired> {
+        let fired_at = |trigger, value, threshold, detail| {
+            Some(Fired {
+                update,
+                trigger,
+                value,
+                threshold,
+                detail,
+                trace: None,
+            })
+        };
         let mut fired = None;
         if let Some(why) = self.asked.take() {
             fired = fired_at(Trigger::User, seconds.unwrap_or(0.0), 0.0, why);
@@ -517,7 +558,11 @@ impl Evaluator {
     fn slow(&self, update: u64, seconds: f64, waited: f64) -> Option<Fired> {
         let k = self.cfg.slow?;
         let median = self.median();
-        let (min_excess, share, spread) = (self.cfg.slow_min_excess.as_nanos() as f64, self.cfg.slow_wait_share, self.cfg.slow_spread);
+        let (min_excess, share, spread) = (
+            self.cfg.slow_min_excess.as_nanos() as f64,
+            self.cfg.slow_wait_share,
+            self.cfg.slow_spread,
+        );
         let bars = [(k - 1.0) * median, min_excess / 1e9 + share * waited];
         if seconds <= median + bars[0].max(bars[1]) {
             return None;
@@ -532,13 +577,33 @@ impl Evaluator {
         let held = waited >= HELD_UP_SHOWN;
         let why = match at {
             0 => format!("{k} x median"),
-            1 if held => format!("median + {} ms + {share} x the {:.1} ms the machine held it up", min_excess / 1e6, waited * 1e3),
+            1 if held => format!(
+                "median + {} ms + {share} x the {:.1} ms the machine held it up",
+                min_excess / 1e6,
+                waited * 1e3
+            ),
             1 => format!("median + {} ms", min_excess / 1e6),
             _ => format!("median + {spread} x MAD"),
         };
-        let wait = if held { format!("; {:.1} ms the machine held it up left out", waited * 1e3) } else { String::new() };
-        let detail = format!("{:.1} ms > {:.1} ms ({why}; median {:.1} ms{wait})", seconds * 1e3, limit * 1e3, median * 1e3);
-        Some(Fired { update, trigger: Trigger::Slow, value: seconds, threshold: limit, detail, trace: None })
+        let wait = if held {
+            format!("; {:.1} ms the machine held it up left out", waited * 1e3)
+        } else {
+            String::new()
+        };
+        let detail = format!(
+            "{:.1} ms > {:.1} ms ({why}; median {:.1} ms{wait})",
+            seconds * 1e3,
+            limit * 1e3,
+            median * 1e3
+        );
+        Some(Fired {
+            update,
+            trigger: Trigger::Slow,
+            value: seconds,
+            threshold: limit,
+            detail,
+            trace: None,
+        })
     }
 
     fn add(&mut self, seconds: f64) {
@@ -567,7 +632,10 @@ mod tests {
         let t = Instant::now();
         std::thread::sleep(Duration::from_millis(50)); // blocks: its 50 ms off the CPU are the program's
         let wall = t.elapsed().as_secs_f64();
-        assert!(w.take(Some(wall)) <= wall - 0.049, "at most the CPU wait after waking");
+        assert!(
+            w.take(Some(wall)) <= wall - 0.049,
+            "at most the CPU wait after waking"
+        );
         // A wall time longer than the thread ran, with no block between: the
         // difference is the machine's (as a vCPU taken away by the host leaves it).
         let (t, c) = (Instant::now(), sys::thread_cpu_ns().unwrap());
@@ -588,7 +656,10 @@ mod tests {
 
     #[test]
     fn after_a_slow_clock_read_the_calls_take_schedstats_cpu_time() {
-        assert_eq!(CpuWait::parse("123456789 2000 31\n"), Some((123_456_789, 2000)));
+        assert_eq!(
+            CpuWait::parse("123456789 2000 31\n"),
+            Some((123_456_789, 2000))
+        );
         assert_eq!(CpuWait::parse("123456789\n"), None);
         let mut w = CpuWait::default();
         w.take(None);
@@ -604,7 +675,11 @@ mod tests {
             let tick = CpuWait::TICK_S;
             assert!(0.029 - 2.0 * tick < held && held < 0.031 + ran, "{held}");
         }
-        assert_eq!(w.fallback, CpuWait::FALLBACK_TAKES - 6, "no clock read meanwhile");
+        assert_eq!(
+            w.fallback,
+            CpuWait::FALLBACK_TAKES - 6,
+            "no clock read meanwhile"
+        );
         // used up: the clock is read again
         w.fallback = 1;
         w.take(None);

@@ -10,7 +10,9 @@ use std::collections::BTreeSet;
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Optimizer, VarMap, SGD};
-use candle_trace::candle::{backward_step, gradient_contract, gradient_norms, gradient_of, tensor_stats, Stats, Traced};
+use candle_trace::candle::{
+    backward_step, gradient_contract, gradient_norms, gradient_of, tensor_stats, Stats, Traced,
+};
 use candle_trace::*;
 use common::*;
 
@@ -34,9 +36,14 @@ fn example_trace_is_valid_and_complete() {
     }
     assert_eq!(span_named(&l, "fc1")["step"], "forward");
     assert!(of_kind(&l, "op").len() >= 2);
-    assert!(of_kind(&l, "tensor_stats").iter().any(|s| s["label"] == "fc2/output"));
+    assert!(of_kind(&l, "tensor_stats")
+        .iter()
+        .any(|s| s["label"] == "fc2/output"));
     let issues = summary["health"]["issues"].as_array().unwrap();
-    assert!(issues.iter().all(|i| i["severity"] != "error"), "{issues:?}");
+    assert!(
+        issues.iter().all(|i| i["severity"] != "error"),
+        "{issues:?}"
+    );
 }
 
 #[test]
@@ -48,31 +55,75 @@ fn gradients_match_the_varmap_one_to_one() {
     let vars: BTreeSet<String> = s.varmap.data().lock().unwrap().keys().cloned().collect();
     assert_eq!(vars.len(), 4);
     let grads = of_kind(&l, "gradient");
-    let keys: Vec<String> = grads.iter().map(|g| g["key"].as_str().unwrap().to_string()).collect();
+    let keys: Vec<String> = grads
+        .iter()
+        .map(|g| g["key"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(keys.len(), vars.len(), "one event per variable: {keys:?}");
     assert_eq!(keys.iter().cloned().collect::<BTreeSet<_>>(), vars);
-    assert!(grads.iter().all(|g| g["root"] == mlp::ROOT && g["state"] == "present" && g["norm"].as_f64().unwrap() > 0.0));
-    let expected: Vec<String> = l[0]["capture_contract"]["gradient_contract"]["expected"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap().to_string()).collect();
-    assert_eq!(expected, vars.iter().cloned().collect::<Vec<_>>(), "the contract is the VarMap, sorted");
+    assert!(grads.iter().all(|g| g["root"] == mlp::ROOT
+        && g["state"] == "present"
+        && g["norm"].as_f64().unwrap() > 0.0));
+    let expected: Vec<String> = l[0]["capture_contract"]["gradient_contract"]["expected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        expected,
+        vars.iter().cloned().collect::<Vec<_>>(),
+        "the contract is the VarMap, sorted"
+    );
 }
 
 #[test]
 fn gradient_states_missing_zero_present() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
-    let used = varmap.get((2, 2), "used.weight", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
-    let zeroed = varmap.get(2, "zeroed.bias", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
-    let _unused = varmap.get(3, "unused.weight", candle_nn::Init::Const(1.0), DType::F32, &dev).unwrap();
+    let used = varmap
+        .get(
+            (2, 2),
+            "used.weight",
+            candle_nn::Init::Const(1.0),
+            DType::F32,
+            &dev,
+        )
+        .unwrap();
+    let zeroed = varmap
+        .get(
+            2,
+            "zeroed.bias",
+            candle_nn::Init::Const(1.0),
+            DType::F32,
+            &dev,
+        )
+        .unwrap();
+    let _unused = varmap
+        .get(
+            3,
+            "unused.weight",
+            candle_nn::Init::Const(1.0),
+            DType::F32,
+            &dev,
+        )
+        .unwrap();
     let x = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &dev).unwrap();
     // zeroed.bias gets an all-zero gradient: d(z - z)/dz = 1 - 1. (candle
     // prunes `z * 0.0` from the graph, which would make it missing.)
-    let loss = (x.matmul(&used).unwrap().sum_all().unwrap() + (&zeroed - &zeroed).unwrap().sum_all().unwrap()).unwrap();
+    let loss = (x.matmul(&used).unwrap().sum_all().unwrap()
+        + (&zeroed - &zeroed).unwrap().sum_all().unwrap())
+    .unwrap();
 
     let dir = fresh_dir("states");
     let path = dir.path().join("t.jsonl");
-    let run = Run::training("rust::grads", 1, "cpu").capture_contract(CaptureContract::new().gradient_contract(
-        gradient_contract("vb", &varmap).family("unused", Expectation::Inactive, 0).family("zeroed", Expectation::DataConditional, 1),
-    ));
+    let run = Run::training("rust::grads", 1, "cpu").capture_contract(
+        CaptureContract::new().gradient_contract(
+            gradient_contract("vb", &varmap)
+                .family("unused", Expectation::Inactive, 0)
+                .family("zeroed", Expectation::DataConditional, 1),
+        ),
+    );
     let session = Session::open(&path, run).unwrap();
     let mut opt = SGD::new(varmap.all_vars(), 0.1).unwrap();
     {
@@ -85,9 +136,16 @@ fn gradient_states_missing_zero_present() {
     }
     session.finish().unwrap();
     let (_, summary, _) = common::summary(&path, false);
-    assert_eq!(summary["health"]["structurally_valid"], true, "{}", summary["health"]);
+    assert_eq!(
+        summary["health"]["structurally_valid"], true,
+        "{}",
+        summary["health"]
+    );
     let l = lines(&path);
-    let zero = of_kind(&l, "gradient").into_iter().find(|g| g["key"] == "zeroed.bias").unwrap();
+    let zero = of_kind(&l, "gradient")
+        .into_iter()
+        .find(|g| g["key"] == "zeroed.bias")
+        .unwrap();
     assert_eq!(zero["state"], "zero");
     assert_eq!(zero["norm"].as_f64(), Some(0.0));
 }
@@ -95,7 +153,13 @@ fn gradient_states_missing_zero_present() {
 #[test]
 fn stats_count_non_finite_and_reduce_the_finite_rest() {
     let dev = Device::Cpu;
-    let t = Tensor::new(&[1f32, -2.0, f32::NAN, f32::INFINITY, 3.0, f32::NEG_INFINITY], &dev).unwrap().reshape((2, 3)).unwrap();
+    let t = Tensor::new(
+        &[1f32, -2.0, f32::NAN, f32::INFINITY, 3.0, f32::NEG_INFINITY],
+        &dev,
+    )
+    .unwrap()
+    .reshape((2, 3))
+    .unwrap();
     let s = tensor_stats(&t).unwrap();
     assert_eq!((s.elements, s.non_finite), (6, 3));
     assert!((s.mean - 2.0 / 3.0).abs() < 1e-12);
@@ -109,7 +173,10 @@ fn stats_count_non_finite_and_reduce_the_finite_rest() {
     let empty = Tensor::zeros((0, 4), DType::F32, &dev).unwrap();
     assert_eq!(tensor_stats(&empty).unwrap().elements, 0);
 
-    let half = Tensor::new(&[1f32, -3.0], &dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let half = Tensor::new(&[1f32, -3.0], &dev)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
     let s = tensor_stats(&half).unwrap();
     assert_eq!((s.abs_max, s.mean), (3.0, -1.0));
 
@@ -120,14 +187,25 @@ fn stats_count_non_finite_and_reduce_the_finite_rest() {
     // Recorded through the library, which checks the invariants again.
     let dir = fresh_dir("stats");
     let path = dir.path().join("t.jsonl");
-    let session = Session::open(&path, Run::inference("rust::stats", 1, "cpu").measured_root()).unwrap();
-    session.record_tensor_stats(SpanId::ROOT, "mixed", &t).unwrap();
-    session.record_tensor_stats(SpanId::ROOT, "bf16", &half).unwrap();
+    let session = Session::open(
+        &path,
+        Run::inference("rust::stats", 1, "cpu").measured_root(),
+    )
+    .unwrap();
+    session
+        .record_tensor_stats(SpanId::ROOT, "mixed", &t)
+        .unwrap();
+    session
+        .record_tensor_stats(SpanId::ROOT, "bf16", &half)
+        .unwrap();
     session.record_tensor(SpanId::ROOT, &t).unwrap();
     session.finish().unwrap();
     assert_valid_complete(&path);
     let l = lines(&path);
-    let mixed = of_kind(&l, "tensor_stats").into_iter().find(|s| s["label"] == "mixed").unwrap();
+    let mixed = of_kind(&l, "tensor_stats")
+        .into_iter()
+        .find(|s| s["label"] == "mixed")
+        .unwrap();
     assert_eq!(mixed["non_finite"], 3);
     assert_eq!(mixed["shape"], serde_json::json!([2, 3]));
     assert_eq!(of_kind(&l, "tensor")[0]["dtype"], "f32");
@@ -138,7 +216,11 @@ fn reference_sum(v: impl Iterator<Item = f64>) -> f64 {
     let (mut s, mut c) = (0f64, 0f64);
     for x in v {
         let t = s + x;
-        c += if s.abs() >= x.abs() { (s - t) + x } else { (x - t) + s };
+        c += if s.abs() >= x.abs() {
+            (s - t) + x
+        } else {
+            (x - t) + s
+        };
         s = t;
     }
     s + c
@@ -169,7 +251,11 @@ fn f32_stats_stay_within_1e12_of_an_f64_reference() {
     v[12_345] = f32::NAN;
     v[2_000_000] = f32::NEG_INFINITY;
     let t = Tensor::from_vec(v.clone(), n, &dev).unwrap();
-    let finite: Vec<f64> = v.iter().filter(|x| x.is_finite()).map(|&x| f64::from(x)).collect();
+    let finite: Vec<f64> = v
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|&x| f64::from(x))
+        .collect();
     let m = finite.len() as f64;
     let mean = reference_sum(finite.iter().copied()) / m;
     let rms = (reference_sum(finite.iter().map(|x| x * x)) / m).sqrt();
@@ -177,7 +263,10 @@ fn f32_stats_stay_within_1e12_of_an_f64_reference() {
     for x in [t.clone(), t.reshape((3, 1_000_001)).unwrap().t().unwrap()] {
         let s = tensor_stats(&x).unwrap();
         assert_eq!((s.elements, s.non_finite), (n as u64, 2));
-        assert!(rel(s.mean, mean) <= 1e-12 && rel(s.rms, rms) <= 1e-12, "{s:?} vs mean {mean} rms {rms}");
+        assert!(
+            rel(s.mean, mean) <= 1e-12 && rel(s.rms, rms) <= 1e-12,
+            "{s:?} vs mean {mean} rms {rms}"
+        );
         assert_eq!(s.abs_max, abs_max);
     }
 }
@@ -186,19 +275,46 @@ fn f32_stats_stay_within_1e12_of_an_f64_reference() {
 fn stats_of_every_cpu_dtype_and_layout() {
     let dev = Device::Cpu;
     let base = Tensor::new(&[[1f32, -2.0, 3.5], [0.25, -8.0, 4.0]], &dev).unwrap();
-    let exact = Stats { elements: 6, non_finite: 0, rms: (97.3125f64 / 6.0).sqrt(), abs_max: 8.0, mean: -1.25 / 6.0 };
+    let exact = Stats {
+        elements: 6,
+        non_finite: 0,
+        rms: (97.3125f64 / 6.0).sqrt(),
+        abs_max: 8.0,
+        mean: -1.25 / 6.0,
+    };
     for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let x = base.to_dtype(dt).unwrap();
         assert_eq!(tensor_stats(&x).unwrap(), exact, "{dt:?}");
         let t = x.t().unwrap();
         assert_eq!(tensor_stats(&t).unwrap(), exact, "{dt:?} transposed");
-        let nan = Tensor::cat(&[&x.flatten_all().unwrap(), &Tensor::new(&[f32::NAN, f32::INFINITY], &dev).unwrap().to_dtype(dt).unwrap()], 0).unwrap();
-        assert_eq!(tensor_stats(&nan).unwrap(), Stats { elements: 8, non_finite: 2, ..exact }, "{dt:?} with NaN and inf");
+        let nan = Tensor::cat(
+            &[
+                &x.flatten_all().unwrap(),
+                &Tensor::new(&[f32::NAN, f32::INFINITY], &dev)
+                    .unwrap()
+                    .to_dtype(dt)
+                    .unwrap(),
+            ],
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            tensor_stats(&nan).unwrap(),
+            Stats {
+                elements: 8,
+                non_finite: 2,
+                ..exact
+            },
+            "{dt:?} with NaN and inf"
+        );
     }
     let ints = Tensor::new(&[[7i64, -3, 250], [0, 12, -250]], &dev).unwrap();
     let s = tensor_stats(&ints).unwrap();
     assert_eq!((s.non_finite, s.abs_max, s.mean), (0, 250.0, 16.0 / 6.0));
-    assert_eq!(s.rms, ((49.0f64 + 9.0 + 62500.0 + 144.0 + 62500.0) / 6.0).sqrt());
+    assert_eq!(
+        s.rms,
+        ((49.0f64 + 9.0 + 62500.0 + 144.0 + 62500.0) / 6.0).sqrt()
+    );
     let u8s = Tensor::new(&[[7u8, 3, 250], [0, 12, 255]], &dev).unwrap();
     let s = tensor_stats(&u8s.t().unwrap()).unwrap();
     assert_eq!((s.elements, s.abs_max, s.mean), (6, 255.0, 527.0 / 6.0));
@@ -208,12 +324,32 @@ fn stats_of_every_cpu_dtype_and_layout() {
     let s = tensor_stats(&Tensor::new(&[i64::MIN], &dev).unwrap()).unwrap();
     assert_eq!((s.abs_max, s.mean), (2f64.powi(63), -(2f64.powi(63))));
     // A broadcast view counts its repeats, like its contiguous copy.
-    let b = Tensor::new(&[2f32, -1.0], &dev).unwrap().broadcast_as((1000, 2)).unwrap();
-    assert_eq!(tensor_stats(&b).unwrap(), tensor_stats(&b.contiguous().unwrap()).unwrap());
-    assert_eq!(tensor_stats(&Tensor::zeros((3, 0), DType::U32, &dev).unwrap()).unwrap().elements, 0);
+    let b = Tensor::new(&[2f32, -1.0], &dev)
+        .unwrap()
+        .broadcast_as((1000, 2))
+        .unwrap();
+    assert_eq!(
+        tensor_stats(&b).unwrap(),
+        tensor_stats(&b.contiguous().unwrap()).unwrap()
+    );
+    assert_eq!(
+        tensor_stats(&Tensor::zeros((3, 0), DType::U32, &dev).unwrap())
+            .unwrap()
+            .elements,
+        0
+    );
     // f64 squares past f64::MAX: rms written as 0, the rest kept.
     let huge = Tensor::new(&[1e300f64, -1e300], &dev).unwrap();
-    assert_eq!(tensor_stats(&huge).unwrap(), Stats { elements: 2, non_finite: 0, rms: 0.0, abs_max: 1e300, mean: 0.0 });
+    assert_eq!(
+        tensor_stats(&huge).unwrap(),
+        Stats {
+            elements: 2,
+            non_finite: 0,
+            rms: 0.0,
+            abs_max: 1e300,
+            mean: 0.0
+        }
+    );
 }
 
 #[test]
@@ -229,12 +365,24 @@ fn gradient_norms_classify_in_place() {
     let norms = gradient_norms(&[&g, &zero, &nan, &inf, &overflow, &empty, &half]).unwrap();
     assert_eq!(
         norms,
-        [Gradient::Present(5.0), Gradient::Zero, Gradient::NonFinite, Gradient::NonFinite, Gradient::NonFinite, Gradient::Zero, Gradient::Present(5.0)]
+        [
+            Gradient::Present(5.0),
+            Gradient::Zero,
+            Gradient::NonFinite,
+            Gradient::NonFinite,
+            Gradient::NonFinite,
+            Gradient::Zero,
+            Gradient::Present(5.0)
+        ]
     );
     assert_eq!(gradient_of(&g).unwrap(), Gradient::Present(5.0));
     let v = noise(100_000, 3);
     let want = reference_sum(v.iter().map(|&x| f64::from(x) * f64::from(x))).sqrt();
-    let Gradient::Present(n) = gradient_of(&Tensor::from_vec(v, (100, 1000), &dev).unwrap()).unwrap() else { panic!("not present") };
+    let Gradient::Present(n) =
+        gradient_of(&Tensor::from_vec(v, (100, 1000), &dev).unwrap()).unwrap()
+    else {
+        panic!("not present")
+    };
     assert!(rel(n, want) <= 1e-12, "{n} vs {want}");
 }
 
@@ -256,12 +404,19 @@ fn variables_are_parameters() {
     let v = Var::ones(3, DType::F32, &dev).unwrap();
     let dir = fresh_dir("params");
     let path = dir.path().join("t.jsonl");
-    let session = Session::open(&path, Run::inference("rust::params", 1, "cpu").measured_root()).unwrap();
+    let session = Session::open(
+        &path,
+        Run::inference("rust::params", 1, "cpu").measured_root(),
+    )
+    .unwrap();
     session.record_tensor(SpanId::ROOT, v.as_tensor()).unwrap();
     session.finish().unwrap();
     let l = lines(&path);
     let t = of_kind(&l, "tensor")[0];
-    assert_eq!((t["category"].as_str(), t["requires_grad"].as_bool()), (Some("parameter"), Some(true)));
+    assert_eq!(
+        (t["category"].as_str(), t["requires_grad"].as_bool()),
+        (Some("parameter"), Some(true))
+    );
 }
 
 #[test]
@@ -271,13 +426,23 @@ fn aggregate_schedule_counts_every_update_and_keeps_the_capture() {
     let (trace, summary, losses) = mlp::train_aggregate(&out, &sum, Some(50), 200).unwrap();
     assert_eq!(losses.len(), 200);
     assert_valid_complete(&trace);
-    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(doc["schema"], "candle-trace/aggregate/1");
     assert_eq!(doc["final"], true);
     let spans = doc["spans"].as_array().unwrap();
     assert_eq!(spans.len(), 5, "{spans:?}");
-    for (name, step) in [(mlp::LABELS[0], "forward"), (mlp::LABELS[1], "backward"), (mlp::LABELS[2], "optimizer"), (mlp::AGG_STEP, ""), (mlp::AGG_DATA, "")] {
-        let s = spans.iter().find(|s| s["name"] == name).unwrap_or_else(|| panic!("no {name}"));
+    for (name, step) in [
+        (mlp::LABELS[0], "forward"),
+        (mlp::LABELS[1], "backward"),
+        (mlp::LABELS[2], "optimizer"),
+        (mlp::AGG_STEP, ""),
+        (mlp::AGG_DATA, ""),
+    ] {
+        let s = spans
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"));
         assert_eq!(s["count"], 200, "{s}");
         assert_eq!(s["step"].as_str().unwrap_or(""), step);
     }
@@ -291,10 +456,19 @@ fn aggregate_schedule_counts_every_update_and_keeps_the_capture() {
 fn heap_capture_refuses_without_the_tracing_allocator() {
     // This binary keeps the system allocator.
     let dir = fresh_dir("heap-none");
-    let session = Session::open(dir.path().join("t.jsonl"), Run::inference("rust::heap", 1, "cpu").measured_root()).unwrap();
+    let session = Session::open(
+        dir.path().join("t.jsonl"),
+        Run::inference("rust::heap", 1, "cpu").measured_root(),
+    )
+    .unwrap();
     let err = candle_trace::heap::HeapCapture::start(&session, SpanId::ROOT).unwrap_err();
     assert_eq!(err.status(), Some(Status::State));
-    assert!(err.message().contains("TracingAllocator is not the global allocator"), "{}", err.message());
+    assert!(
+        err.message()
+            .contains("TracingAllocator is not the global allocator"),
+        "{}",
+        err.message()
+    );
     assert!(!candle_trace::heap::capturing());
     session.finish().unwrap();
 }
@@ -303,27 +477,44 @@ fn heap_capture_refuses_without_the_tracing_allocator() {
 fn capture_helpers_count_as_the_tracers_work() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
-    let w = varmap.get((4, 4), "lin.weight", candle_nn::Init::Const(0.5), DType::F32, &dev).unwrap();
+    let w = varmap
+        .get(
+            (4, 4),
+            "lin.weight",
+            candle_nn::Init::Const(0.5),
+            DType::F32,
+            &dev,
+        )
+        .unwrap();
     let traced = Traced::new("lin", candle_nn::Linear::new(w.clone(), None));
     let x = Tensor::ones((2, 4), DType::F32, &dev).unwrap();
     let dir = fresh_dir("tracer-work");
     let path = dir.path().join("t.jsonl");
-    let run = Run::training("rust::tracer_work", 1, "cpu").capture_contract(CaptureContract::new().gradient_contract(gradient_contract("vb", &varmap)));
+    let run = Run::training("rust::tracer_work", 1, "cpu").capture_contract(
+        CaptureContract::new().gradient_contract(gradient_contract("vb", &varmap)),
+    );
     let session = Session::open(&path, run).unwrap();
     {
         let _m = session.measure("update").unwrap();
         let grew = |what: &str, f: &mut dyn FnMut()| {
             let before = session.tracer_ns();
             f();
-            assert!(session.tracer_ns() > before, "{what} is not bracketed as the tracer's work");
+            assert!(
+                session.tracer_ns() > before,
+                "{what} is not bracketed as the tracer's work"
+            );
         };
         let mut y = None;
-        grew("Traced::forward", &mut || y = Some(traced.forward(&x).unwrap()));
+        grew("Traced::forward", &mut || {
+            y = Some(traced.forward(&x).unwrap())
+        });
         let y = y.unwrap();
         grew("record_tensor_stats", &mut || {
             session.record_tensor_stats(SpanId::ROOT, "y", &y).unwrap();
         });
-        grew("record_tensor", &mut || session.record_tensor(SpanId::ROOT, &y).unwrap());
+        grew("record_tensor", &mut || {
+            session.record_tensor(SpanId::ROOT, &y).unwrap()
+        });
         grew("trace_op", &mut || {
             candle_trace::candle::trace_op("sum", &[&y], || y.sum_all()).unwrap();
         });

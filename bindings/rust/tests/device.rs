@@ -30,19 +30,42 @@ fn unavailable_collectors_are_errors_and_the_session_goes_on() {
 
     if !std::path::Path::new("/proc/driver/nvidia/version").exists() {
         // No driver here: NVML cannot start (no libnvidia-ml, or one with no driver behind it).
-        let err = session.start_devices(&DeviceOptions::new().collect(Collector::Nvml)).unwrap_err();
+        let err = session
+            .start_devices(&DeviceOptions::new().collect(Collector::Nvml))
+            .unwrap_err();
         assert_eq!(err.status(), Some(Status::Unavailable));
-        assert!(err.message().starts_with("ct_device_start: NVML is unavailable: "), "{}", err.message());
+        assert!(
+            err.message()
+                .starts_with("ct_device_start: NVML is unavailable: "),
+            "{}",
+            err.message()
+        );
     }
 
-    let err = session.start_devices(&DeviceOptions::new().collect(Collector::Cupti).cupti_lib("/nonexistent/cupti")).unwrap_err();
+    let err = session
+        .start_devices(
+            &DeviceOptions::new()
+                .collect(Collector::Cupti)
+                .cupti_lib("/nonexistent/cupti"),
+        )
+        .unwrap_err();
     assert_eq!(err.status(), Some(Status::Unavailable));
-    assert!(err.message().starts_with("ct_device_start: CUPTI is unavailable: no libcupti could be loaded ("), "{}", err.message());
+    assert!(
+        err.message()
+            .starts_with("ct_device_start: CUPTI is unavailable: no libcupti could be loaded ("),
+        "{}",
+        err.message()
+    );
 
     // The library judges the values: an interval it does not take.
-    let err = session.start_devices(&DeviceOptions::new().interval(Duration::from_secs(61))).unwrap_err();
+    let err = session
+        .start_devices(&DeviceOptions::new().interval(Duration::from_secs(61)))
+        .unwrap_err();
     assert_eq!(err.status(), Some(Status::InvalidArgument));
-    assert_eq!(err.message(), r#"ct_device_start: options_json: "interval_ms" must be an integer from 1 to 60000, got 61000"#);
+    assert_eq!(
+        err.message(),
+        r#"ct_device_start: options_json: "interval_ms" must be an integer from 1 to 60000, got 61000"#
+    );
 
     session.device_stop().unwrap(); // nothing runs: nothing to stop
     {

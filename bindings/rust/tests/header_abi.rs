@@ -40,7 +40,12 @@ fn strip_comments(src: &str) -> String {
 
 fn last_ident(decl: &str) -> String {
     let decl = decl.split('[').next().unwrap();
-    let ident: String = decl.chars().rev().skip_while(|c| !(c.is_alphanumeric() || *c == '_')).take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    let ident: String = decl
+        .chars()
+        .rev()
+        .skip_while(|c| !(c.is_alphanumeric() || *c == '_'))
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
     ident.chars().rev().collect()
 }
 
@@ -70,22 +75,38 @@ fn parse_header(src: &str) -> Header {
         }
     }
     let code = strip_comments(src);
-    let code: String = code.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut rest = code.as_str();
     while let Some(pos) = rest.find("typedef") {
         rest = &rest[pos + "typedef".len()..];
         let head = rest.trim_start();
-        if let Some(after) = head.strip_prefix("enum").or_else(|| head.strip_prefix("struct")) {
+        if let Some(after) = head
+            .strip_prefix("enum")
+            .or_else(|| head.strip_prefix("struct"))
+        {
             let is_enum = head.starts_with("enum");
             let open = after.find('{').unwrap();
             let name = after[..open].trim().to_string();
             let close = after.find('}').unwrap();
             let body = &after[open + 1..close];
             if is_enum {
-                let members = body.split(',').map(|m| m.split('=').next().unwrap().trim().to_string()).filter(|m| !m.is_empty()).collect();
+                let members = body
+                    .split(',')
+                    .map(|m| m.split('=').next().unwrap().trim().to_string())
+                    .filter(|m| !m.is_empty())
+                    .collect();
                 h.enums.push((name, members));
             } else {
-                let fields = body.split(';').map(|f| f.trim()).filter(|f| !f.is_empty()).map(last_ident).collect();
+                let fields = body
+                    .split(';')
+                    .map(|f| f.trim())
+                    .filter(|f| !f.is_empty())
+                    .map(last_ident)
+                    .collect();
                 h.structs.push((name, fields));
             }
             rest = &after[close..];
@@ -106,7 +127,10 @@ fn parse_header(src: &str) -> Header {
                 continue;
             }
         }
-        let name: String = flat[start..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let name: String = flat[start..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
         let after = flat[start + name.len()..].trim_start();
         if !after.starts_with('(') {
             continue;
@@ -116,7 +140,11 @@ fn parse_header(src: &str) -> Header {
             continue;
         }
         let params = &after[1..close];
-        let names = if params.trim() == "void" { vec![] } else { params.split(',').map(last_ident).collect() };
+        let names = if params.trim() == "void" {
+            vec![]
+        } else {
+            params.split(',').map(last_ident).collect()
+        };
         if !h.functions.iter().any(|(n, _)| *n == name) {
             h.functions.push((name, names));
         }
@@ -161,7 +189,11 @@ fn probe(h: &Header) -> BTreeMap<String, i64> {
         .arg(&exe)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
-    assert!(out.status.success(), "probe did not compile:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "probe did not compile:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let run = Command::new(&exe).output().unwrap();
     assert!(run.status.success());
     let _ = std::fs::remove_dir_all(&dir);
@@ -179,7 +211,10 @@ fn probe(h: &Header) -> BTreeMap<String, i64> {
 fn ffi_matches_header() {
     let src = std::fs::read_to_string(header_path()).unwrap();
     let h = parse_header(&src);
-    assert!(h.structs.len() >= 6 && h.enums.len() >= 6 && h.functions.len() >= 20, "parser found too little: {h:#?}");
+    assert!(
+        h.structs.len() >= 6 && h.enums.len() >= 6 && h.functions.len() >= 20,
+        "parser found too little: {h:#?}"
+    );
     let c = probe(&h);
     let mut problems = Vec::new();
 
@@ -187,13 +222,19 @@ fn ffi_matches_header() {
     let header_structs: Vec<&str> = h.structs.iter().map(|(n, _)| n.as_str()).collect();
     let rust_structs: Vec<&str> = ffi::STRUCTS.iter().map(|s| s.name).collect();
     if header_structs != rust_structs {
-        problems.push(format!("structs: header {header_structs:?}, ffi {rust_structs:?}"));
+        problems.push(format!(
+            "structs: header {header_structs:?}, ffi {rust_structs:?}"
+        ));
     }
     for (name, fields) in &h.structs {
-        let Some(rs) = ffi::STRUCTS.iter().find(|s| s.name == name) else { continue };
+        let Some(rs) = ffi::STRUCTS.iter().find(|s| s.name == name) else {
+            continue;
+        };
         let rfields: Vec<&str> = rs.fields.iter().map(|f| f.name).collect();
         if *fields != rfields {
-            problems.push(format!("{name}: header fields {fields:?}, ffi fields {rfields:?}"));
+            problems.push(format!(
+                "{name}: header fields {fields:?}, ffi fields {rfields:?}"
+            ));
             continue;
         }
         for (k, r) in [("sizeof", rs.size), ("alignof", rs.align)] {
@@ -216,7 +257,10 @@ fn ffi_matches_header() {
     let mut header_consts: Vec<(String, String)> = Vec::new();
     for (e, members) in &h.enums {
         if c[&format!("sizeof {e}")] != 4 {
-            problems.push(format!("sizeof({e}) is {}, ffi declares it u32", c[&format!("sizeof {e}")]));
+            problems.push(format!(
+                "sizeof({e}) is {}, ffi declares it u32",
+                c[&format!("sizeof {e}")]
+            ));
         }
         for m in members {
             header_consts.push((m.clone(), e.clone()));
@@ -230,7 +274,10 @@ fn ffi_matches_header() {
             None => problems.push(format!("{name} ({group}) is missing from ffi")),
             Some(k) => {
                 if k.group != group {
-                    problems.push(format!("{name}: header group {group}, ffi group {}", k.group));
+                    problems.push(format!(
+                        "{name}: header group {group}, ffi group {}",
+                        k.group
+                    ));
                 }
                 let cv = c[&format!("value {name}")];
                 if cv != k.value {
@@ -248,19 +295,32 @@ fn ffi_matches_header() {
     // Scalar typedefs.
     for (t, size) in [("ct_session", 8), ("ct_span", 8)] {
         if c.get(&format!("sizeof {t}")) != Some(&size) {
-            problems.push(format!("sizeof({t}) is {:?}, ffi declares u64", c.get(&format!("sizeof {t}"))));
+            problems.push(format!(
+                "sizeof({t}) is {:?}, ffi declares u64",
+                c.get(&format!("sizeof {t}"))
+            ));
         }
     }
 
     // Functions: same set, same parameter names in the same order.
     let mut header_fns = h.functions.clone();
     header_fns.sort();
-    let mut rust_fns: Vec<(String, Vec<String>)> = ffi::FUNCTIONS.iter().map(|f| (f.name.to_string(), f.params.iter().map(|p| p.to_string()).collect())).collect();
+    let mut rust_fns: Vec<(String, Vec<String>)> = ffi::FUNCTIONS
+        .iter()
+        .map(|f| {
+            (
+                f.name.to_string(),
+                f.params.iter().map(|p| p.to_string()).collect(),
+            )
+        })
+        .collect();
     rust_fns.sort();
     for (name, params) in &header_fns {
         match rust_fns.iter().find(|(n, _)| n == name) {
             None => problems.push(format!("function {name} is missing from ffi")),
-            Some((_, rp)) if rp != params => problems.push(format!("{name}: header params {params:?}, ffi params {rp:?}")),
+            Some((_, rp)) if rp != params => problems.push(format!(
+                "{name}: header params {params:?}, ffi params {rp:?}"
+            )),
             _ => {}
         }
     }
@@ -270,7 +330,11 @@ fn ffi_matches_header() {
         }
     }
 
-    assert!(problems.is_empty(), "ffi.rs and include/candle_trace.h differ:\n  {}", problems.join("\n  "));
+    assert!(
+        problems.is_empty(),
+        "ffi.rs and include/candle_trace.h differ:\n  {}",
+        problems.join("\n  ")
+    );
 }
 
 #[test]

@@ -17,14 +17,49 @@ fn record_all(s: &SessionRef) -> SpanId {
     let _m = s.measure("train/update").unwrap();
     let fwd = s.span_with("train/forward", SpanKind::Module, Step::Forward);
     std::thread::sleep(std::time::Duration::from_millis(1));
-    s.op(&fwd, &Op { name: "matmul", dtype: "f32", device: "cpu", inputs: &["x", "w"], output: Some("y"), shape: &[4, 8], duration_ns: 10, input_dense_bytes: 64, ..Default::default() })
-        .unwrap();
-    s.tensor(&fwd, &TensorMeta { tensor_id: "y", dtype: "f32", device: "cpu", label: Some("y"), shape: &[4, 8], category: Category::Activation, ..Default::default() }).unwrap();
+    s.op(
+        &fwd,
+        &Op {
+            name: "matmul",
+            dtype: "f32",
+            device: "cpu",
+            inputs: &["x", "w"],
+            output: Some("y"),
+            shape: &[4, 8],
+            duration_ns: 10,
+            input_dense_bytes: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.tensor(
+        &fwd,
+        &TensorMeta {
+            tensor_id: "y",
+            dtype: "f32",
+            device: "cpu",
+            label: Some("y"),
+            shape: &[4, 8],
+            category: Category::Activation,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     s.data_edge("x", "y").unwrap();
     s.scalar(&fwd, "loss", 0.25).unwrap();
-    let mem = Memory { storage_id: "st-y", tensor_id: "y", device: "cpu", dtype: "f32", bytes: 128, shape: &[4, 8], category: Category::Activation, ..Default::default() };
+    let mem = Memory {
+        storage_id: "st-y",
+        tensor_id: "y",
+        device: "cpu",
+        dtype: "f32",
+        bytes: 128,
+        shape: &[4, 8],
+        category: Category::Activation,
+        ..Default::default()
+    };
     s.memory(&fwd, MemoryAction::Alloc, &mem).unwrap();
-    s.gradient("vb", "fc.weight", Gradient::Present(0.5)).unwrap();
+    s.gradient("vb", "fc.weight", Gradient::Present(0.5))
+        .unwrap();
     fwd.id()
 }
 
@@ -33,7 +68,10 @@ fn record_all(s: &SessionRef) -> SpanId {
 fn records(lines: &[Value]) -> Vec<Value> {
     lines
         .iter()
-        .filter(|l| ["op", "tensor", "edge", "tensor_stats", "memory", "gradient"].contains(&l["kind"].as_str().unwrap()))
+        .filter(|l| {
+            ["op", "tensor", "edge", "tensor_stats", "memory", "gradient"]
+                .contains(&l["kind"].as_str().unwrap())
+        })
         .map(|l| {
             let mut l = l.clone();
             for k in ["timestamp_ns", "duration_ns"] {
@@ -53,19 +91,39 @@ fn held_records_reach_the_trace_as_sent_ones_do() {
         let s = Session::open(&path, buffered_run()).unwrap();
         s.hold_records(hold);
         let fwd = record_all(&s);
-        assert_eq!(s.held_records(), if hold > 0 { 6 } else { 0 }, "hold {hold}");
+        assert_eq!(
+            s.held_records(),
+            if hold > 0 { 6 } else { 0 },
+            "hold {hold}"
+        );
         s.finish().unwrap();
         assert_valid_complete(&path);
         let l = lines(&path);
         // A "now" held is the time it was recorded at: inside its span.
-        let span = of_kind(&l, "span_start").into_iter().find(|x| x["name"] == "train/forward").unwrap().clone();
+        let span = of_kind(&l, "span_start")
+            .into_iter()
+            .find(|x| x["name"] == "train/forward")
+            .unwrap()
+            .clone();
         let start = span["start_ns"].as_u64().unwrap();
-        let end = start + of_kind(&l, "span_end").into_iter().find(|x| x["id"] == span["id"]).unwrap()["duration_ns"].as_u64().unwrap();
+        let end = start
+            + of_kind(&l, "span_end")
+                .into_iter()
+                .find(|x| x["id"] == span["id"])
+                .unwrap()["duration_ns"]
+                .as_u64()
+                .unwrap();
         let op = of_kind(&l, "op")[0];
         let op_start = op["timestamp_ns"].as_u64().unwrap();
-        assert!(start + 1_000_000 <= op_start && op_start + 10 <= end, "op {op_start} in [{start}, {end}] after 1 ms");
+        assert!(
+            start + 1_000_000 <= op_start && op_start + 10 <= end,
+            "op {op_start} in [{start}, {end}] after 1 ms"
+        );
         let mem_at = of_kind(&l, "memory")[0]["timestamp_ns"].as_u64().unwrap();
-        assert!(op_start + 10 <= mem_at && mem_at <= end, "memory {mem_at} after the op, in its span");
+        assert!(
+            op_start + 10 <= mem_at && mem_at <= end,
+            "memory {mem_at} after the op, in its span"
+        );
         assert_ne!(fwd.0, 0);
         traces.push(records(&l));
     }
@@ -75,7 +133,15 @@ fn held_records_reach_the_trace_as_sent_ones_do() {
 #[test]
 fn a_dropped_session_s_held_records_never_reach_the_library() {
     let dir = fresh_dir("held-dropped");
-    let bad = Op { name: "matmul", dtype: "f32", device: "cpu", shape: &[1], duration_ns: 1, timestamp_ns: 1, ..Default::default() };
+    let bad = Op {
+        name: "matmul",
+        dtype: "f32",
+        device: "cpu",
+        shape: &[1],
+        duration_ns: 1,
+        timestamp_ns: 1,
+        ..Default::default()
+    };
     // Sent at once, a record on a span that does not exist is refused at once.
     let s = Session::open(dir.path().join("sent.jsonl"), buffered_run()).unwrap();
     let err = s.op(SpanId(999), &bad).unwrap_err();
@@ -103,10 +169,24 @@ fn a_held_record_the_library_refuses_fails_the_trace_at_finish() {
     s.hold_records(1 << 20);
     {
         let _m = s.measure("update").unwrap();
-        s.op(SpanId(999), &Op { name: "matmul", dtype: "f32", device: "cpu", shape: &[1], duration_ns: 1, timestamp_ns: 1, ..Default::default() }).unwrap();
+        s.op(
+            SpanId(999),
+            &Op {
+                name: "matmul",
+                dtype: "f32",
+                device: "cpu",
+                shape: &[1],
+                duration_ns: 1,
+                timestamp_ns: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     }
     let err = s.finish().unwrap_err();
-    let Error::Deferred { count, first } = &err else { panic!("deferred: {err}") };
+    let Error::Deferred { count, first } = &err else {
+        panic!("deferred: {err}")
+    };
     assert_eq!(*count, 1);
     assert!(first.message().contains("999"), "{first}");
     let last = lines(&path).pop().unwrap();
@@ -132,7 +212,11 @@ fn a_failed_or_dropped_session_keeps_its_held_evidence() {
         assert_eq!(of_kind(&l, "gradient").len(), 1, "{how}");
         let (ok, json, stderr) = summary(&path, false);
         assert!(ok, "{how}: {stderr}");
-        assert_eq!(json["health"]["structurally_valid"], true, "{how}: {}", json["health"]);
+        assert_eq!(
+            json["health"]["structurally_valid"], true,
+            "{how}: {}",
+            json["health"]
+        );
     }
 }
 
@@ -165,19 +249,40 @@ fn holding_less_sends_what_is_held_first_so_records_stay_in_order() {
                     s.hold_records(then); // the held "first" goes now, before "second"
                     assert_eq!(s.held_records(), 0, "{name}");
                 }
-                s.op(&fwd, &Op { name: op, dtype: "f32", device: "cpu", shape: &[1], duration_ns: 1, ..Default::default() }).unwrap();
+                s.op(
+                    &fwd,
+                    &Op {
+                        name: op,
+                        dtype: "f32",
+                        device: "cpu",
+                        shape: &[1],
+                        duration_ns: 1,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
             }
         }
-        assert_eq!(s.held_records(), 0, "{name}: held past its bound, or not at all");
+        assert_eq!(
+            s.held_records(),
+            0,
+            "{name}: held past its bound, or not at all"
+        );
         s.finish().unwrap();
         assert_valid_complete(&path);
-        let names: Vec<String> = of_kind(&lines(&path), "op").iter().map(|o| o["op_name"].as_str().unwrap().to_owned()).collect();
+        let names: Vec<String> = of_kind(&lines(&path), "op")
+            .iter()
+            .map(|o| o["op_name"].as_str().unwrap().to_owned())
+            .collect();
         assert_eq!(names, ["first", "second"], "{name}");
     }
 }
 
 fn listing(folder: &std::path::Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }

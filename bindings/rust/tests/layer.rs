@@ -21,19 +21,32 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 fn with_fixed_layer(name: &str, f: impl FnOnce()) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = fresh_dir(name);
     let path = dir.path().join("t.jsonl");
-    let session = Session::open(&path, Run::inference("rust::layer", 1, "cpu").measured_root()).unwrap();
+    let session = Session::open(
+        &path,
+        Run::inference("rust::layer", 1, "cpu").measured_root(),
+    )
+    .unwrap();
     let subscriber = tracing_subscriber::registry().with(TraceLayer::for_session(&session));
     tracing::subscriber::with_default(subscriber, f);
     let done = session.finish().unwrap();
     // (Other tests' callsites, registered before this layer, may be noted.)
-    assert!(done.findings().iter().all(|f| f.check == "tracing_spans_unreachable"), "{done}");
+    assert!(
+        done.findings()
+            .iter()
+            .all(|f| f.check == "tracing_spans_unreachable"),
+        "{done}"
+    );
     assert_valid_complete(&path);
     (dir, path)
 }
 
 /// The layer's notes among `done`'s findings.
 fn unreachable_notes(done: &Completed) -> Vec<String> {
-    done.findings().iter().filter(|f| f.check == "tracing_spans_unreachable").map(|f| f.message.clone()).collect()
+    done.findings()
+        .iter()
+        .filter(|f| f.check == "tracing_spans_unreachable")
+        .map(|f| f.message.clone())
+        .collect()
 }
 
 #[test]
@@ -105,14 +118,29 @@ fn spans_made_under_another_subscriber_are_named_by_finish() {
     });
     assert_valid_complete(&path);
     let l = lines(&path);
-    let names: Vec<&str> = of_kind(&l, "span_start").iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["rust::layer", "update", "built_late"], "the early span cannot be recorded");
+    let names: Vec<&str> = of_kind(&l, "span_start")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["rust::layer", "update", "built_late"],
+        "the early span cannot be recorded"
+    );
     let notes = unreachable_notes(&done);
     assert_eq!(notes.len(), 1, "{:?}", done.findings());
     let early = format!("built_early (tests/layer.rs:{line})");
     assert!(notes[0].contains(&early), "{}", notes[0]);
-    assert!(notes[0].contains("install the subscriber before building the model"), "{}", notes[0]);
-    assert!(!notes[0].contains("built_late"), "a span that reached the layer is not named: {}", notes[0]);
+    assert!(
+        notes[0].contains("install the subscriber before building the model"),
+        "{}",
+        notes[0]
+    );
+    assert!(
+        !notes[0].contains("built_late"),
+        "a span that reached the layer is not named: {}",
+        notes[0]
+    );
 }
 
 /// Installed first, the same model's spans are all captured, and 15 spans
@@ -125,8 +153,14 @@ fn repeated_span_names_carry_their_path_and_instance() {
     let subscriber = tracing_subscriber::registry().with(TraceLayer::current());
     let done = tracing::subscriber::with_default(subscriber, || {
         // "Model build": 3 blocks of an attn span and 5 linear spans, kept.
-        let blocks: Vec<(tracing::Span, Vec<tracing::Span>)> =
-            (0..3).map(|_| (tracing::trace_span!("attn"), (0..5).map(|_| tracing::trace_span!("linear")).collect())).collect();
+        let blocks: Vec<(tracing::Span, Vec<tracing::Span>)> = (0..3)
+            .map(|_| {
+                (
+                    tracing::trace_span!("attn"),
+                    (0..5).map(|_| tracing::trace_span!("linear")).collect(),
+                )
+            })
+            .collect();
         let session = Session::open(&path, Run::training("rust::layer", 1, "cpu")).unwrap();
         {
             let _m = session.measure("update").unwrap();
@@ -145,8 +179,17 @@ fn repeated_span_names_carry_their_path_and_instance() {
     });
     assert_valid_complete(&path);
     let l = lines(&path);
-    let names: Vec<String> = of_kind(&l, "span_start").iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
-    let n = |i: usize| if i == 0 { String::new() } else { format!("#{i}") };
+    let names: Vec<String> = of_kind(&l, "span_start")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    let n = |i: usize| {
+        if i == 0 {
+            String::new()
+        } else {
+            format!("#{i}")
+        }
+    };
     let mut want = vec!["rust::layer".to_string(), "update".to_string()];
     for b in 0..3 {
         want.push(format!("attn{}", n(b)));
@@ -154,7 +197,8 @@ fn repeated_span_names_carry_their_path_and_instance() {
     }
     want.extend(["step", "step", "step"].map(String::from));
     assert_eq!(names, want);
-    let linear: std::collections::BTreeSet<_> = names.iter().filter(|s| s.contains("linear")).collect();
+    let linear: std::collections::BTreeSet<_> =
+        names.iter().filter(|s| s.contains("linear")).collect();
     assert_eq!(linear.len(), 15, "15 distinct linear spans");
     // Nesting is kept as well: each linear's parent is its block's attn.
     let attn1 = span_named(&l, "attn#1");
@@ -162,7 +206,10 @@ fn repeated_span_names_carry_their_path_and_instance() {
     // (Another test's `attn` callsite may be named: it was registered before
     // this layer existed. `linear` and `step` are this test's alone.)
     for note in unreachable_notes(&done) {
-        assert!(!note.contains("linear (") && !note.contains("step ("), "spans that reached the layer: {note}");
+        assert!(
+            !note.contains("linear (") && !note.contains("step ("),
+            "spans that reached the layer: {note}"
+        );
     }
 }
 
@@ -181,8 +228,20 @@ fn more_than_64_live_spans_of_one_callsite_are_numbered_too() {
         let _e = again.enter();
     });
     let l = lines(&path);
-    let names: Vec<&str> = of_kind(&l, "span_start").iter().skip(1).map(|s| s["name"].as_str().unwrap()).collect();
-    let mut want: Vec<String> = (0..70).map(|i| if i == 0 { "many".into() } else { format!("many#{i}") }).collect();
+    let names: Vec<&str> = of_kind(&l, "span_start")
+        .iter()
+        .skip(1)
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    let mut want: Vec<String> = (0..70)
+        .map(|i| {
+            if i == 0 {
+                "many".into()
+            } else {
+                format!("many#{i}")
+            }
+        })
+        .collect();
     want.push("many".into());
     assert_eq!(names, want);
 }

@@ -18,7 +18,9 @@ struct Linear {
 
 impl Linear {
     fn new() -> Linear {
-        Linear { span: tracing::span!(tracing::Level::TRACE, "linear") }
+        Linear {
+            span: tracing::span!(tracing::Level::TRACE, "linear"),
+        }
     }
     fn forward(&self) {
         let _enter = self.span.enter();
@@ -40,10 +42,19 @@ fn a_subscriber_installed_after_the_model_is_built_is_a_finding() {
         let done = session.finish().unwrap();
         assert_valid_complete(&late);
         let starts = of_kind(&lines(&late), "span_start").len();
-        assert_eq!(starts, 2, "root and measured region only: the model's spans cannot be recorded");
-        let checks: Vec<(&str, Severity)> = done.findings().iter().map(|f| (f.check, f.severity)).collect();
+        assert_eq!(
+            starts, 2,
+            "root and measured region only: the model's spans cannot be recorded"
+        );
+        let checks: Vec<(&str, Severity)> = done
+            .findings()
+            .iter()
+            .map(|f| (f.check, f.severity))
+            .collect();
         assert_eq!(checks, [("tracing_layer_recorded_nothing", Severity::Note)]);
-        assert!(done.findings()[0].message.contains("install the subscriber before building the model"));
+        assert!(done.findings()[0]
+            .message
+            .contains("install the subscriber before building the model"));
 
         // Built again now that the subscriber is installed: every span is
         // recorded, told apart, and finish has nothing to say.
@@ -57,8 +68,20 @@ fn a_subscriber_installed_after_the_model_is_built_is_a_finding() {
         let done = session.finish().unwrap();
         assert_valid_complete(&early);
         let l = lines(&early);
-        let names: Vec<&str> = of_kind(&l, "span_start").iter().skip(2).map(|s| s["name"].as_str().unwrap()).collect();
-        let want: Vec<String> = (0..15).map(|i| if i == 0 { "linear".to_string() } else { format!("linear#{i}") }).collect();
+        let names: Vec<&str> = of_kind(&l, "span_start")
+            .iter()
+            .skip(2)
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        let want: Vec<String> = (0..15)
+            .map(|i| {
+                if i == 0 {
+                    "linear".to_string()
+                } else {
+                    format!("linear#{i}")
+                }
+            })
+            .collect();
         assert_eq!(names, want);
         assert!(done.is_clean(), "{done}");
     });

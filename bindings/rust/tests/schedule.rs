@@ -41,7 +41,9 @@ fn work(update: &Update<'_>) -> Result<()> {
 fn counts_every_update_and_captures_the_chosen_one() {
     let dir = fresh_dir("schedule");
     let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
-    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    let schedule = Schedule::new(&trace, run())
+        .with_aggregate(&summary, None)
+        .unwrap();
     assert_eq!(schedule.capture_step(), 3);
     let mut captured = vec![];
     for i in 0..50u64 {
@@ -62,22 +64,42 @@ fn counts_every_update_and_captures_the_chosen_one() {
 
     let lines = lines(&trace);
     assert_valid_complete(&trace);
-    assert_eq!(of_kind(&lines, "span_start").iter().filter(|l| l["name"] == "train/forward").count(), 1);
+    assert_eq!(
+        of_kind(&lines, "span_start")
+            .iter()
+            .filter(|l| l["name"] == "train/forward")
+            .count(),
+        1
+    );
 
     let doc = read_summary(&summary);
     assert_eq!(doc["final"], true);
     assert_eq!(span_count(&doc, DEFAULT_UPDATE_SPAN, None), 50, "{doc}");
     // The captured update's forward span went to the trace, not the statistics.
-    assert_eq!(span_count(&doc, "train/forward", Some("forward")), 49, "{doc}");
+    assert_eq!(
+        span_count(&doc, "train/forward", Some("forward")),
+        49,
+        "{doc}"
+    );
     let loss = &doc["scalars"][0];
-    assert_eq!((loss["label"].as_str(), loss["count"].as_u64(), loss["last"].as_f64()), (Some("loss"), Some(50), Some(49.0)));
+    assert_eq!(
+        (
+            loss["label"].as_str(),
+            loss["count"].as_u64(),
+            loss["last"].as_f64()
+        ),
+        (Some("loss"), Some(50), Some(49.0))
+    );
 }
 
 #[test]
 fn a_dropped_update_ends_like_end_and_one_update_at_a_time() {
     let dir = fresh_dir("schedule-drop");
     let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
-    let schedule = Schedule::new(&trace, run()).with_update_span("loop/update").with_aggregate(&summary, None).unwrap();
+    let schedule = Schedule::new(&trace, run())
+        .with_update_span("loop/update")
+        .with_aggregate(&summary, None)
+        .unwrap();
     for _ in 0..5 {
         let update = schedule.begin_update().unwrap();
         let err = schedule.begin_update().unwrap_err();
@@ -95,7 +117,9 @@ fn a_dropped_update_ends_like_end_and_one_update_at_a_time() {
 fn a_failed_capture_is_returned_and_the_summary_still_written() {
     let dir = fresh_dir("schedule-fail");
     let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
-    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    let schedule = Schedule::new(&trace, run())
+        .with_aggregate(&summary, None)
+        .unwrap();
     for _ in 0..4 {
         let update = schedule.begin_update().unwrap();
         // No measured region in the capture: ct_finish refuses it.
@@ -113,14 +137,20 @@ fn a_failed_capture_is_returned_and_the_summary_still_written() {
     assert_eq!(doc["final"], true);
     assert_eq!(span_count(&doc, DEFAULT_UPDATE_SPAN, None), 4);
     let last = lines(&trace).pop().unwrap();
-    assert_eq!((last["kind"].as_str(), last["outcome"].as_str()), (Some("terminal"), Some("failed")), "{last}");
+    assert_eq!(
+        (last["kind"].as_str(), last["outcome"].as_str()),
+        (Some("terminal"), Some("failed")),
+        "{last}"
+    );
 }
 
 #[test]
 fn a_panic_in_the_captured_update_fails_the_capture_only() {
     let dir = fresh_dir("schedule-panic");
     let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
-    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    let schedule = Schedule::new(&trace, run())
+        .with_aggregate(&summary, None)
+        .unwrap();
     let r = catch_unwind(AssertUnwindSafe(|| {
         for _ in 0..5 {
             let update = schedule.begin_update().unwrap();
@@ -137,8 +167,18 @@ fn a_panic_in_the_captured_update_fails_the_capture_only() {
     assert_eq!((done.trace, done.updates), (None, 4));
     let last = lines(&trace).pop().unwrap();
     assert_eq!(last["outcome"], "failed");
-    assert!(last["reason"].as_str().unwrap_or_default().contains("boom in update 3"), "{last}");
-    assert_eq!(span_count(&read_summary(&summary), DEFAULT_UPDATE_SPAN, None), 4, "the panicking update still ended");
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("boom in update 3"),
+        "{last}"
+    );
+    assert_eq!(
+        span_count(&read_summary(&summary), DEFAULT_UPDATE_SPAN, None),
+        4,
+        "the panicking update still ended"
+    );
 }
 
 #[test]
@@ -154,7 +194,18 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
         update.end().unwrap();
     }
     let done = schedule.finish().unwrap();
-    assert_eq!(done, Finished { trace: None, summary: None, updates: 2, fired: vec![], traces: vec![], findings: vec![], recorder_cost: None });
+    assert_eq!(
+        done,
+        Finished {
+            trace: None,
+            summary: None,
+            updates: 2,
+            fired: vec![],
+            traces: vec![],
+            findings: vec![],
+            recorder_cost: None
+        }
+    );
     assert!(!trace.exists(), "no capture was opened before update 3");
 }
 
@@ -162,7 +213,9 @@ fn without_statistics_only_the_capture_is_taken_and_stopping_early_writes_none()
 fn the_closure_form_runs_one_body_and_opens_the_measured_region_on_the_capture_step() {
     let dir = fresh_dir("schedule-closure");
     let (trace, summary) = (dir.path().join("t.jsonl"), dir.path().join("s.json"));
-    let schedule = Schedule::new(&trace, run()).with_aggregate(&summary, None).unwrap();
+    let schedule = Schedule::new(&trace, run())
+        .with_aggregate(&summary, None)
+        .unwrap();
     for i in 0..6u64 {
         let n = schedule
             .update(|u| {
@@ -181,15 +234,35 @@ fn the_closure_form_runs_one_body_and_opens_the_measured_region_on_the_capture_s
     assert_eq!(done.trace.as_deref(), Some(trace.as_path()));
     assert_valid_complete(&trace);
     let lines = lines(&trace);
-    let measured = lines.iter().find(|l| l["kind"] == "span_start" && l["measured"] == true).unwrap();
+    let measured = lines
+        .iter()
+        .find(|l| l["kind"] == "span_start" && l["measured"] == true)
+        .unwrap();
     assert_eq!(measured["name"], DEFAULT_UPDATE_SPAN);
-    assert_eq!(span_named(&lines, "train/forward")["parent_id"], measured["id"]);
-    let loss = of_kind(&lines, "tensor_stats").into_iter().find(|s| s["label"] == "loss").unwrap();
+    assert_eq!(
+        span_named(&lines, "train/forward")["parent_id"],
+        measured["id"]
+    );
+    let loss = of_kind(&lines, "tensor_stats")
+        .into_iter()
+        .find(|s| s["label"] == "loss")
+        .unwrap();
     assert_eq!(loss["mean"], 2.0, "update 3's loss in its measured region");
     let doc = read_summary(&summary);
-    assert_eq!(span_count(&doc, "train/forward", Some("forward")), 6, "every update in the statistics");
+    assert_eq!(
+        span_count(&doc, "train/forward", Some("forward")),
+        6,
+        "every update in the statistics"
+    );
     let loss = &doc["scalars"][0];
-    assert_eq!((loss["label"].as_str(), loss["count"].as_u64(), loss["last"].as_f64()), (Some("loss"), Some(6), Some(5.0)));
+    assert_eq!(
+        (
+            loss["label"].as_str(),
+            loss["count"].as_u64(),
+            loss["last"].as_f64()
+        ),
+        (Some("loss"), Some(6), Some(5.0))
+    );
 }
 
 #[test]
@@ -201,7 +274,10 @@ fn an_err_from_the_closure_on_the_capture_step_fails_the_capture_with_it() {
         let r = schedule.update(|u| {
             let _f = u.span("train/forward", Step::Forward)?;
             if u.number() == 3 {
-                return Err(Error::Trace { status: Status::Internal, message: "the loader died".into() });
+                return Err(Error::Trace {
+                    status: Status::Internal,
+                    message: "the loader died".into(),
+                });
             }
             Ok(())
         });
@@ -210,7 +286,10 @@ fn an_err_from_the_closure_on_the_capture_step_fails_the_capture_with_it() {
     let done = schedule.finish().unwrap();
     assert_eq!(done.trace, None);
     let last = lines(&trace).pop().unwrap();
-    assert_eq!((last["outcome"].as_str(), last["reason"].as_str()), (Some("failed"), Some("the loader died [CT_ERR_INTERNAL]")));
+    assert_eq!(
+        (last["outcome"].as_str(), last["reason"].as_str()),
+        (Some("failed"), Some("the loader died [CT_ERR_INTERNAL]"))
+    );
 }
 
 #[test]
@@ -221,7 +300,10 @@ fn reopen_refuses_a_bad_step_and_keeps_the_session() {
     let (kept, err) = s.reopen(dir.path().join("b.jsonl"), 0).unwrap_err();
     assert_eq!(err.status(), Some(Status::InvalidArgument));
     assert!(err.message().contains("capture_step"), "{err}");
-    let s = kept.expect("refused before the discard: still open").reopen(dir.path().join("b.jsonl"), 2).unwrap();
+    let s = kept
+        .expect("refused before the discard: still open")
+        .reopen(dir.path().join("b.jsonl"), 2)
+        .unwrap();
     assert_eq!(s.path(), dir.path().join("b.jsonl"));
     {
         let _m = s.measure("update").unwrap();
@@ -229,9 +311,16 @@ fn reopen_refuses_a_bad_step_and_keeps_the_session() {
     let path = s.finish().unwrap();
     assert_eq!(lines(&path)[0]["capture_step"], 2);
     assert_valid_complete(&path);
-    assert!(!dir.path().join("a.jsonl").exists(), "the first one was discarded unwritten");
+    assert!(
+        !dir.path().join("a.jsonl").exists(),
+        "the first one was discarded unwritten"
+    );
     // A session that writes as it records is refused, and stays open.
-    let plain = Session::open(dir.path().join("c.jsonl"), Run::training("rust::reopen", 1, "cpu")).unwrap();
+    let plain = Session::open(
+        dir.path().join("c.jsonl"),
+        Run::training("rust::reopen", 1, "cpu"),
+    )
+    .unwrap();
     let (kept, err) = plain.reopen(dir.path().join("d.jsonl"), 2).unwrap_err();
     assert_eq!(err.status(), Some(Status::State), "{err}");
     kept.unwrap().finish_failed("done").unwrap();
@@ -241,7 +330,8 @@ fn reopen_refuses_a_bad_step_and_keeps_the_session() {
 /// gradient of: each trace written has a note per family.
 fn run_without_gradients(capture_step: u64) -> Run {
     let contract = GradientContract::from_keys("vb", ["a.weight", "b.weight"]);
-    Run::training("rust::schedule", capture_step, "cpu").capture_contract(CaptureContract::new().gradient_contract(contract))
+    Run::training("rust::schedule", capture_step, "cpu")
+        .capture_contract(CaptureContract::new().gradient_contract(contract))
 }
 
 /// Both of the contract's parameters, recorded without a gradient.
@@ -252,7 +342,10 @@ fn no_gradients(trace: &SessionRef) {
 }
 
 fn noted_families(findings: &[Finding]) -> Vec<(&'static str, Severity, Option<String>)> {
-    findings.iter().map(|f| (f.check, f.severity, f.family.clone())).collect()
+    findings
+        .iter()
+        .map(|f| (f.check, f.severity, f.family.clone()))
+        .collect()
 }
 
 #[test]
@@ -271,10 +364,18 @@ fn the_fixed_captures_findings_are_handed_over_in_finished() {
     let done = schedule.finish().unwrap();
     assert_eq!(done.trace.as_deref(), Some(trace.as_path()));
     assert_valid_complete(&trace);
-    let [(path, findings)] = done.findings.as_slice() else { panic!("one trace with findings: {:?}", done.findings) };
+    let [(path, findings)] = done.findings.as_slice() else {
+        panic!("one trace with findings: {:?}", done.findings)
+    };
     assert_eq!(path, &trace);
     let note = "gradient_family_without_gradient";
-    assert_eq!(noted_families(findings), [(note, Severity::Note, Some("a".into())), (note, Severity::Note, Some("b".into()))]);
+    assert_eq!(
+        noted_families(findings),
+        [
+            (note, Severity::Note, Some("a".into())),
+            (note, Severity::Note, Some("b".into()))
+        ]
+    );
 }
 
 #[test]
@@ -292,14 +393,24 @@ fn a_watchs_findings_are_keyed_by_each_traces_final_name() {
         update.end().unwrap();
     }
     let done = schedule.finish().unwrap();
-    let (user, after) = (dir.path().join("update-000002-user.jsonl"), dir.path().join("update-000003-after-user.jsonl"));
+    let (user, after) = (
+        dir.path().join("update-000002-user.jsonl"),
+        dir.path().join("update-000003-after-user.jsonl"),
+    );
     assert_eq!(done.traces, [user.clone(), after.clone()]);
     let paths: Vec<&Path> = done.findings.iter().map(|(p, _)| p.as_path()).collect();
-    assert_eq!(paths, [user.as_path(), after.as_path()], "every written trace, under its final name");
+    assert_eq!(
+        paths,
+        [user.as_path(), after.as_path()],
+        "every written trace, under its final name"
+    );
     for (path, findings) in &done.findings {
         assert_valid_complete(path);
         assert_eq!(findings.len(), 2, "{path:?}: {findings:?}");
-        assert!(findings.iter().all(|f| f.severity == Severity::Note), "{findings:?}");
+        assert!(
+            findings.iter().all(|f| f.severity == Severity::Note),
+            "{findings:?}"
+        );
     }
 }
 
@@ -308,7 +419,13 @@ fn a_watchs_findings_are_keyed_by_each_traces_final_name() {
 /// as tracer work); measured once, over the 20 updates after the first 3.
 #[test]
 fn the_recorder_cost_is_the_tracer_and_arming_share_of_the_recorded_updates() {
-    let quiet = WatchOptions { triggers: Triggers { slow: None, ..Triggers::default() }, ..WatchOptions::default() };
+    let quiet = WatchOptions {
+        triggers: Triggers {
+            slow: None,
+            ..Triggers::default()
+        },
+        ..WatchOptions::default()
+    };
     // Sleeps overshoot on a loaded machine, each on its own: 1 ms over 2 is a
     // half on an idle one, plus each update's arming (its ct_reopen: tens of
     // µs idle, a millisecond or two loaded); the bounds ask only that it is
@@ -317,22 +434,33 @@ fn the_recorder_cost_is_the_tracer_and_arming_share_of_the_recorded_updates() {
     for (tracer_ms, low, high) in [(1u64, 0.05, 3.0), (0, f64::MIN_POSITIVE, 0.5)] {
         let dir = fresh_dir("schedule-recorder-cost");
         let summary = dir.path().join("summary.json");
-        let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), quiet.clone())
-            .unwrap()
-            .with_aggregate(&summary, None)
-            .unwrap();
+        let schedule = Schedule::watch_with(
+            dir.path(),
+            Run::training("rust::cost", 1, "cpu"),
+            quiet.clone(),
+        )
+        .unwrap()
+        .with_aggregate(&summary, None)
+        .unwrap();
         for n in 1..=24u64 {
             let u = schedule.begin_update().unwrap();
             std::thread::sleep(std::time::Duration::from_millis(2));
             if tracer_ms > 0 {
-                let _t = u.recorder().expect("flight-recorded").tracer_work().unwrap();
+                let _t = u
+                    .recorder()
+                    .expect("flight-recorded")
+                    .tracer_work()
+                    .unwrap();
                 std::thread::sleep(std::time::Duration::from_millis(tracer_ms));
             }
             u.end().unwrap();
             assert_eq!(schedule.recorder_cost().is_some(), n >= 23, "update {n}");
         }
         let share = schedule.recorder_cost().unwrap();
-        assert!((low..=high).contains(&share), "{tracer_ms} ms of tracer work in 2: share {share}");
+        assert!(
+            (low..=high).contains(&share),
+            "{tracer_ms} ms of tracer work in 2: share {share}"
+        );
         let done = schedule.finish().unwrap();
         assert_eq!((done.recorder_cost, done.traces.len()), (Some(share), 0));
         // stated once in the summary too
@@ -348,8 +476,12 @@ fn the_recorder_cost_is_the_tracer_and_arming_share_of_the_recorded_updates() {
     }
     // Without a flight recorder there is nothing to measure.
     let dir = fresh_dir("schedule-recorder-cost-off");
-    let off = WatchOptions { flight_recorder: None, ..quiet };
-    let schedule = Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), off).unwrap();
+    let off = WatchOptions {
+        flight_recorder: None,
+        ..quiet
+    };
+    let schedule =
+        Schedule::watch_with(dir.path(), Run::training("rust::cost", 1, "cpu"), off).unwrap();
     for _ in 0..30 {
         schedule.begin_update().unwrap().end().unwrap();
     }

@@ -31,7 +31,11 @@ fn stats_and_norms_of_a_large_tensor_allocate_at_most_1_2x_its_size() {
     let bf16 = t.to_dtype(DType::BF16).unwrap();
     let strided = t.transpose(1, 2).unwrap();
     let dir = common::fresh_dir("stats-memory");
-    let session = Session::open(dir.path().join("t.jsonl"), Run::inference("rust::stats_memory", 1, "cpu").measured_root()).unwrap();
+    let session = Session::open(
+        dir.path().join("t.jsonl"),
+        Run::inference("rust::stats_memory", 1, "cpu").measured_root(),
+    )
+    .unwrap();
 
     let cases: [(&str, &Tensor); 3] = [("f32", &t), ("f32 transposed", &strided), ("bf16", &bf16)];
     for (name, x) in cases {
@@ -43,8 +47,15 @@ fn stats_and_norms_of_a_large_tensor_allocate_at_most_1_2x_its_size() {
         let (g, norm) = extra(|| gradient_norms(&[x]).unwrap());
         assert!(matches!(g[0], candle_trace::Gradient::Present(_)), "{g:?}");
         eprintln!("{name}: {bytes}-byte tensor; bytes held on top: tensor_stats {stats}, record_tensor_stats {record}, gradient_norms {norm}");
-        for (what, used) in [("tensor_stats", stats), ("record_tensor_stats", record), ("gradient_norms", norm)] {
-            assert!(used <= limit, "{name}: {what} held {used} bytes on top of a {bytes}-byte tensor");
+        for (what, used) in [
+            ("tensor_stats", stats),
+            ("record_tensor_stats", record),
+            ("gradient_norms", norm),
+        ] {
+            assert!(
+                used <= limit,
+                "{name}: {what} held {used} bytes on top of a {bytes}-byte tensor"
+            );
         }
     }
     session.finish().unwrap();

@@ -89,7 +89,12 @@ pub fn run(s: &Setup) -> Run {
 
 /// The model, and the schedule watching it into `folder` (aggregate
 /// statistics in `summary` when given).
-pub fn watched(folder: &Path, wait: &Wait, opts: WatchOptions, summary: Option<&Path>) -> candle_trace::Result<(Setup, Schedule)> {
+pub fn watched(
+    folder: &Path,
+    wait: &Wait,
+    opts: WatchOptions,
+    summary: Option<&Path>,
+) -> candle_trace::Result<(Setup, Schedule)> {
     let s = mlp::setup()?;
     let mut schedule = Schedule::watch_with(folder, run(&s), opts)?;
     if let Wait::Clock(c) = wait {
@@ -103,14 +108,24 @@ pub fn watched(folder: &Path, wait: &Wait, opts: WatchOptions, summary: Option<&
 
 /// Trains `updates` updates of the MLP under `schedule`, `failure` going
 /// wrong on its update. Returns the losses, or the first error (`error`).
-pub fn train(s: &mut Setup, schedule: &Schedule, failure: Failure, updates: u64, wait: &Wait) -> candle_trace::Result<Vec<f32>> {
+pub fn train(
+    s: &mut Setup,
+    schedule: &Schedule,
+    failure: Failure,
+    updates: u64,
+    wait: &Wait,
+) -> candle_trace::Result<Vec<f32>> {
     let mut losses = Vec::with_capacity(updates as usize);
     for n in 1..=updates {
         let loss = schedule.update(|u| {
             let (x, y) = {
                 let _d = u.span("train/data", Step::None)?;
                 let slow = failure == Failure::Slow && n == SLOW_UPDATE;
-                wait.wait(if slow { DATA_WAIT * SLOW_FACTOR } else { DATA_WAIT });
+                wait.wait(if slow {
+                    DATA_WAIT * SLOW_FACTOR
+                } else {
+                    DATA_WAIT
+                });
                 mlp::batch(s)?
             };
             let loss = {

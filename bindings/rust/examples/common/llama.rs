@@ -26,8 +26,13 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
-use candle_nn::{embedding, linear_no_bias, rms_norm, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, RmsNorm, VarBuilder, VarMap};
-use candle_trace::candle::{backward_step, capture_contract, named_vars, phase, trace_op, TraceOps};
+use candle_nn::{
+    embedding, linear_no_bias, rms_norm, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, RmsNorm,
+    VarBuilder, VarMap,
+};
+use candle_trace::candle::{
+    backward_step, capture_contract, named_vars, phase, trace_op, TraceOps,
+};
 use candle_trace::heap::{HeapCapture, HeapSummary};
 use candle_trace::{Finding, Level, Run, Session, Step};
 
@@ -62,17 +67,39 @@ pub struct Config {
 impl Config {
     /// llama2-c's `Config::tiny_15m` (15 M parameters).
     pub fn tiny_15m() -> Config {
-        Config { dim: 288, hidden_dim: 768, n_layers: 6, n_heads: 6, n_kv_heads: 6, vocab_size: 32000, seq_len: 256, norm_eps: 1e-5 }
+        Config {
+            dim: 288,
+            hidden_dim: 768,
+            n_layers: 6,
+            n_heads: 6,
+            n_kv_heads: 6,
+            vocab_size: 32000,
+            seq_len: 256,
+            norm_eps: 1e-5,
+        }
     }
     /// The benchmark's: tiny_15m's layers, a 4096-token vocabulary and 64
     /// positions (4.8 M parameters).
     pub fn small() -> Config {
-        Config { vocab_size: 4096, seq_len: 64, ..Config::tiny_15m() }
+        Config {
+            vocab_size: 4096,
+            seq_len: 64,
+            ..Config::tiny_15m()
+        }
     }
     /// The tests': 2 layers of 32 with grouped KV heads (4 query heads, 2 KV
     /// heads), vocabulary 64, 16 positions.
     pub fn test() -> Config {
-        Config { dim: 32, hidden_dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 64, seq_len: 16, norm_eps: 1e-5 }
+        Config {
+            dim: 32,
+            hidden_dim: 64,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            vocab_size: 64,
+            seq_len: 16,
+            norm_eps: 1e-5,
+        }
     }
     /// `test`, `small` or `15m`.
     pub fn named(name: &str) -> Option<Config> {
@@ -98,11 +125,18 @@ struct Rope {
 impl Rope {
     fn new(cfg: &Config, dev: &Device) -> candle_core::Result<Rope> {
         let half = cfg.head_dim() / 2;
-        let theta: Vec<f32> = (0..half).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / cfg.head_dim() as f32)).collect();
+        let theta: Vec<f32> = (0..half)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / cfg.head_dim() as f32))
+            .collect();
         let theta = Tensor::new(theta, dev)?.reshape((1, half))?;
-        let pos = Tensor::arange(0u32, cfg.seq_len as u32, dev)?.to_dtype(DType::F32)?.reshape((cfg.seq_len, 1))?;
+        let pos = Tensor::arange(0u32, cfg.seq_len as u32, dev)?
+            .to_dtype(DType::F32)?
+            .reshape((cfg.seq_len, 1))?;
         let freqs = pos.matmul(&theta)?.reshape((cfg.seq_len, 1, half, 1))?;
-        Ok(Rope { cos: freqs.cos()?, sin: freqs.sin()? })
+        Ok(Rope {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        })
     }
 
     /// Rotates interleaved pairs of x (batch, seq, heads, head_dim), as
@@ -203,30 +237,58 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, cfg: &Config, rope: &Rope, mask: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        cfg: &Config,
+        rope: &Rope,
+        mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
         let n = &self.names;
         let (b, seq, dim) = x.dims3()?;
         let (h, kv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim());
         // Attention.
         let xs = x.traced_apply(&n.rms_1, &self.rms_1)?;
-        let q = xs.traced_apply(&n.q, &self.q_proj)?.reshape((b, seq, h, hd))?;
-        let k = xs.traced_apply(&n.k, &self.k_proj)?.reshape((b, seq, kv, hd))?;
-        let v = xs.traced_apply(&n.v, &self.v_proj)?.reshape((b, seq, kv, hd))?;
-        let q = q.traced(&n.rope_q, |q| rope.apply(q))?.transpose(1, 2)?.contiguous()?;
-        let k = k.traced(&n.rope_k, |k| rope.apply(k))?.transpose(1, 2)?.contiguous()?;
+        let q = xs
+            .traced_apply(&n.q, &self.q_proj)?
+            .reshape((b, seq, h, hd))?;
+        let k = xs
+            .traced_apply(&n.k, &self.k_proj)?
+            .reshape((b, seq, kv, hd))?;
+        let v = xs
+            .traced_apply(&n.v, &self.v_proj)?
+            .reshape((b, seq, kv, hd))?;
+        let q = q
+            .traced(&n.rope_q, |q| rope.apply(q))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let k = k
+            .traced(&n.rope_k, |k| rope.apply(k))?
+            .transpose(1, 2)?
+            .contiguous()?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = (repeat_kv(k, h / kv)?, repeat_kv(v, h / kv)?);
         let kt = k.t()?;
-        let att = trace_op(&n.scores, &[&q, &kt], || q.matmul(&kt)? / (hd as f64).sqrt())?;
-        let att = mask.broadcast_as(att.shape())?.where_cond(&Tensor::new(f32::NEG_INFINITY, x.device())?.broadcast_as(att.shape())?, &att)?;
+        let att = trace_op(&n.scores, &[&q, &kt], || {
+            q.matmul(&kt)? / (hd as f64).sqrt()
+        })?;
+        let att = mask.broadcast_as(att.shape())?.where_cond(
+            &Tensor::new(f32::NEG_INFINITY, x.device())?.broadcast_as(att.shape())?,
+            &att,
+        )?;
         let att = att.traced_softmax(&n.softmax, D::Minus1)?;
-        let y = att.traced_matmul(&n.attend, &v)?.transpose(1, 2)?.reshape((b, seq, dim))?;
+        let y = att
+            .traced_matmul(&n.attend, &v)?
+            .transpose(1, 2)?
+            .reshape((b, seq, dim))?;
         let x = (y.traced_apply(&n.o, &self.o_proj)? + x)?;
         // SwiGLU MLP.
         let xs = x.traced_apply(&n.rms_2, &self.rms_2)?;
         let gate = xs.traced_apply(&n.gate, &self.gate_proj)?;
         let up = xs.traced_apply(&n.up, &self.up_proj)?;
-        let act = trace_op(&n.swiglu, &[&gate, &up], || candle_nn::ops::silu(&gate)? * &up)?;
+        let act = trace_op(&n.swiglu, &[&gate, &up], || {
+            candle_nn::ops::silu(&gate)? * &up
+        })?;
         act.traced_apply(&n.down, &self.down_proj)? + x
     }
 }
@@ -247,8 +309,18 @@ impl Llama {
     pub fn new(cfg: Config, vb: VarBuilder) -> candle_core::Result<Llama> {
         let dev = vb.device().clone();
         let m = vb.pp("model");
-        let blocks = (0..cfg.n_layers).map(|i| Block::new(&cfg, m.pp(format!("layers.{i}")), &format!("model.layers.{i}"))).collect::<candle_core::Result<_>>()?;
-        let mask: Vec<u8> = (0..cfg.seq_len).flat_map(|i| (0..cfg.seq_len).map(move |j| u8::from(j > i))).collect();
+        let blocks = (0..cfg.n_layers)
+            .map(|i| {
+                Block::new(
+                    &cfg,
+                    m.pp(format!("layers.{i}")),
+                    &format!("model.layers.{i}"),
+                )
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let mask: Vec<u8> = (0..cfg.seq_len)
+            .flat_map(|i| (0..cfg.seq_len).map(move |j| u8::from(j > i)))
+            .collect();
         Ok(Llama {
             wte: embedding(cfg.vocab_size, cfg.dim, m.pp("embed_tokens"))?,
             blocks,
@@ -268,7 +340,8 @@ impl Llama {
         for block in &self.blocks {
             x = block.forward(&x, &self.cfg, &self.rope, &mask)?;
         }
-        x.traced_apply("model.norm", &self.ln_f)?.traced_apply("lm_head", &self.lm_head)
+        x.traced_apply("model.norm", &self.ln_f)?
+            .traced_apply("lm_head", &self.lm_head)
     }
 }
 
@@ -295,18 +368,36 @@ pub fn setup(cfg: Config, batch: usize) -> candle_core::Result<Setup> {
         }
         let dims = var.dims().to_vec();
         let scale = 1.0 / (*dims.last().unwrap_or(&1) as f32).sqrt();
-        let v: Vec<f32> = (0..var.elem_count()).map(|_| rng.uniform() * scale).collect();
+        let v: Vec<f32> = (0..var.elem_count())
+            .map(|_| rng.uniform() * scale)
+            .collect();
         varmap.set_one(&name, &Tensor::from_vec(v, dims, &device)?)?;
     }
-    let opt = AdamW::new(varmap.all_vars(), ParamsAdamW { lr: LR, ..ParamsAdamW::default() })?;
-    Ok(Setup { cfg, batch, device, varmap, model, opt, rng })
+    let opt = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: LR,
+            ..ParamsAdamW::default()
+        },
+    )?;
+    Ok(Setup {
+        cfg,
+        batch,
+        device,
+        varmap,
+        model,
+        opt,
+        rng,
+    })
 }
 
 /// The next synthetic batch: tokens (batch, seq_len) and their successors,
 /// both u32.
 pub fn batch(s: &mut Setup) -> candle_core::Result<(Tensor, Tensor)> {
     let (b, seq) = (s.batch, s.cfg.seq_len);
-    let v: Vec<u32> = (0..b * (seq + 1)).map(|_| (s.rng.next_u64() % s.cfg.vocab_size as u64) as u32).collect();
+    let v: Vec<u32> = (0..b * (seq + 1))
+        .map(|_| (s.rng.next_u64() % s.cfg.vocab_size as u64) as u32)
+        .collect();
     let all = Tensor::from_vec(v, (b, seq + 1), &s.device)?;
     Ok((all.narrow(1, 0, seq)?, all.narrow(1, 1, seq)?))
 }
@@ -326,10 +417,18 @@ pub fn run_description(s: &Setup) -> Run {
     let c = &s.cfg;
     Run::training("llama2_c::train", CAPTURE_STEP, "cpu")
         .tag("example", "rust")
-        .tag("model", format!("llama2-c dim {} hidden {} layers {} heads {}/{} vocab {} seq {}", c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len))
+        .tag(
+            "model",
+            format!(
+                "llama2-c dim {} hidden {} layers {} heads {}/{} vocab {} seq {}",
+                c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len
+            ),
+        )
         .tag("batch", s.batch.to_string())
         .capture_contract(
-            capture_contract(ROOT, &s.varmap).logical_memory(Level::Partial).required_labels(LABELS),
+            capture_contract(ROOT, &s.varmap)
+                .logical_memory(Level::Partial)
+                .required_labels(LABELS),
         )
 }
 
@@ -344,7 +443,12 @@ pub struct Captured {
 /// capture and the three phases — `train/forward` (the model's op spans, the
 /// logits' stats, the loss), `train/backward`, the gradient facts and
 /// `train/optimizer` ([`backward_step`]).
-pub fn captured_update(session: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<Captured> {
+pub fn captured_update(
+    session: &Session,
+    s: &mut Setup,
+    x: &Tensor,
+    y: &Tensor,
+) -> candle_trace::Result<Captured> {
     let update = session.measure(UPDATE)?;
     let heap = HeapCapture::start(session, &update)?;
     let loss = {
@@ -374,7 +478,12 @@ pub struct Trained {
 
 /// Trains `steps` updates of `cfg` at `batch` and captures update 3 into
 /// `out`.
-pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_trace::Result<Trained> {
+pub fn train(
+    out: &Path,
+    cfg: Config,
+    batch_size: usize,
+    steps: u64,
+) -> candle_trace::Result<Trained> {
     assert!(steps >= CAPTURE_STEP);
     let mut s = setup(cfg, batch_size)?;
     let mut losses = Vec::new();
@@ -392,5 +501,10 @@ pub fn train(out: &Path, cfg: Config, batch_size: usize, steps: u64) -> candle_t
         }
     }
     let (path, heap, findings) = written.expect("capture step reached");
-    Ok(Trained { path, heap, findings, losses })
+    Ok(Trained {
+        path,
+        heap,
+        findings,
+        losses,
+    })
 }

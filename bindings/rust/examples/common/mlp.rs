@@ -46,7 +46,12 @@ pub struct Setup {
     pub rng: Rng,
 }
 
-fn uniform_tensor(rng: &mut Rng, scale: f32, shape: &[usize], dev: &Device) -> candle_core::Result<Tensor> {
+fn uniform_tensor(
+    rng: &mut Rng,
+    scale: f32,
+    shape: &[usize],
+    dev: &Device,
+) -> candle_core::Result<Tensor> {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.uniform() * scale).collect();
     Tensor::from_vec(v, shape, dev)
@@ -69,13 +74,24 @@ pub fn setup() -> candle_core::Result<Setup> {
         varmap.set_one(name, &t)?;
     }
     let opt = SGD::new(varmap.all_vars(), LR)?;
-    Ok(Setup { device, varmap, model: Mlp { fc1: Traced::new("fc1", fc1), fc2: Traced::new("fc2", fc2) }, opt, rng })
+    Ok(Setup {
+        device,
+        varmap,
+        model: Mlp {
+            fc1: Traced::new("fc1", fc1),
+            fc2: Traced::new("fc2", fc2),
+        },
+        opt,
+        rng,
+    })
 }
 
 /// The next synthetic batch: inputs [32, 64] f32, labels [32] u32.
 pub fn batch(s: &mut Setup) -> candle_core::Result<(Tensor, Tensor)> {
     let x = uniform_tensor(&mut s.rng, 1.0, &[BATCH, IN], &s.device)?;
-    let y: Vec<u32> = (0..BATCH).map(|_| (s.rng.next_u64() % OUT as u64) as u32).collect();
+    let y: Vec<u32> = (0..BATCH)
+        .map(|_| (s.rng.next_u64() % OUT as u64) as u32)
+        .collect();
     Ok((x, Tensor::from_vec(y, BATCH, &s.device)?))
 }
 
@@ -108,9 +124,7 @@ pub fn run_description(s: &Setup) -> Run {
         .tag("example", "rust")
         .tag("batch", BATCH.to_string())
         .tag("model", "mlp-64-64-10")
-        .capture_contract(
-            capture_contract(ROOT, &s.varmap).required_labels(LABELS),
-        )
+        .capture_contract(capture_contract(ROOT, &s.varmap).required_labels(LABELS))
         .comparison_identity(identity())
 }
 
@@ -118,17 +132,33 @@ pub fn run_description(s: &Setup) -> Run {
 /// `train/forward`), loss, then `train/backward`, gradients and
 /// `train/optimizer` — all inside the measured region `train/update`.
 /// Returns the loss.
-pub fn captured_update(session: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
+pub fn captured_update(
+    session: &Session,
+    s: &mut Setup,
+    x: &Tensor,
+    y: &Tensor,
+) -> candle_trace::Result<f32> {
     captured_update_with(session, None, s, x, y)
 }
 
-fn agg_span<'a>(agg: Option<&'a Session>, name: &str, kind: SpanKind, step: Step) -> candle_trace::Result<Option<candle_trace::SpanGuard<'a>>> {
+fn agg_span<'a>(
+    agg: Option<&'a Session>,
+    name: &str,
+    kind: SpanKind,
+    step: Step,
+) -> candle_trace::Result<Option<candle_trace::SpanGuard<'a>>> {
     agg.map(|a| a.try_span(name, kind, step)).transpose()
 }
 
 /// [`captured_update`], its phases also spanned in the aggregate session
 /// `agg` (when given) under the same names; the trace is the same.
-pub fn captured_update_with(session: &Session, agg: Option<&Session>, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
+pub fn captured_update_with(
+    session: &Session,
+    agg: Option<&Session>,
+    s: &mut Setup,
+    x: &Tensor,
+    y: &Tensor,
+) -> candle_trace::Result<f32> {
     let _update = session.measure("train/update")?;
     let loss = {
         let _agg = agg_span(agg, LABELS[0], SpanKind::Module, Step::Forward)?;
@@ -187,7 +217,12 @@ pub const AGG_DATA: &str = "train/data";
 
 /// One update with the aggregate session's phase spans (the same arithmetic
 /// as [`plain_update`]). Returns the loss.
-pub fn aggregated_update(agg: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -> candle_trace::Result<f32> {
+pub fn aggregated_update(
+    agg: &Session,
+    s: &mut Setup,
+    x: &Tensor,
+    y: &Tensor,
+) -> candle_trace::Result<f32> {
     let loss = {
         let _f = agg.try_span(LABELS[0], SpanKind::Module, Step::Forward)?;
         let logits = s.model.forward(x)?;
@@ -212,12 +247,21 @@ pub fn aggregated_update(agg: &Session, s: &mut Setup, x: &Tensor, y: &Tensor) -
 /// captured update is counted too: its `train/step` carries the capture's
 /// cost). The aggregate session is finished also when the capture fails.
 /// Returns the trace path, the summary path and the losses.
-pub fn train_aggregate(out: &Path, summary: &Path, interval_ms: Option<u64>, steps: u64) -> candle_trace::Result<(PathBuf, PathBuf, Vec<f32>)> {
+pub fn train_aggregate(
+    out: &Path,
+    summary: &Path,
+    interval_ms: Option<u64>,
+    steps: u64,
+) -> candle_trace::Result<(PathBuf, PathBuf, Vec<f32>)> {
     assert!(steps >= CAPTURE_STEP);
     let mut s = setup()?;
     let run = run_description(&s);
-    let schedule = Schedule::new(out, run).with_update_span(AGG_STEP).with_aggregate(summary, interval_ms)?;
-    let agg = schedule.aggregate().expect("aggregate statistics requested");
+    let schedule = Schedule::new(out, run)
+        .with_update_span(AGG_STEP)
+        .with_aggregate(summary, interval_ms)?;
+    let agg = schedule
+        .aggregate()
+        .expect("aggregate statistics requested");
     let result = (|| -> candle_trace::Result<Vec<f32>> {
         let mut losses = Vec::with_capacity(steps as usize);
         for _ in 1..=steps {
@@ -239,7 +283,11 @@ pub fn train_aggregate(out: &Path, summary: &Path, interval_ms: Option<u64>, ste
     match result {
         Ok(losses) => {
             let done = schedule.finish()?;
-            Ok((done.trace.expect("capture step reached"), done.summary.expect("aggregate statistics kept"), losses))
+            Ok((
+                done.trace.expect("capture step reached"),
+                done.summary.expect("aggregate statistics kept"),
+                losses,
+            ))
         }
         Err(e) => {
             let _ = schedule.finish_failed(&e.to_string());

@@ -23,7 +23,9 @@ use candle_core::{Module, Tensor, D};
 
 use crate::error::Result;
 use crate::heap;
-use crate::session::{current, Category, SessionRef, SpanGuard, SpanId, SpanKind, Step, TracerWork};
+use crate::session::{
+    current, Category, SessionRef, SpanGuard, SpanId, SpanKind, Step, TracerWork,
+};
 
 use super::record_op_of;
 
@@ -35,7 +37,11 @@ pub(crate) fn tracer_work(session: &SessionRef) -> (Option<TracerWork<'_>>, heap
 
 /// Runs `f` as the op `name` reading `inputs` (see the module
 /// documentation). Returns what `f` returns.
-pub fn trace_op(name: &str, inputs: &[&Tensor], f: impl FnOnce() -> candle_core::Result<Tensor>) -> candle_core::Result<Tensor> {
+pub fn trace_op(
+    name: &str,
+    inputs: &[&Tensor],
+    f: impl FnOnce() -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
     let Some(session) = current() else {
         return f();
     };
@@ -74,14 +80,34 @@ pub trait TraceOps {
     /// `candle_nn::ops::softmax(self, dim)` (differentiable).
     fn traced_softmax(&self, name: &str, dim: D) -> candle_core::Result<Tensor>;
     /// `self.conv1d(kernel, padding, stride, dilation, groups)`.
-    fn traced_conv1d(&self, name: &str, kernel: &Tensor, padding: usize, stride: usize, dilation: usize, groups: usize) -> candle_core::Result<Tensor>;
+    fn traced_conv1d(
+        &self,
+        name: &str,
+        kernel: &Tensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> candle_core::Result<Tensor>;
     /// `self.conv2d(kernel, padding, stride, dilation, groups)`.
-    fn traced_conv2d(&self, name: &str, kernel: &Tensor, padding: usize, stride: usize, dilation: usize, groups: usize) -> candle_core::Result<Tensor>;
+    fn traced_conv2d(
+        &self,
+        name: &str,
+        kernel: &Tensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> candle_core::Result<Tensor>;
     /// `module.forward(self)`: a `Linear`, `Embedding`, `RmsNorm`... inside
     /// a model that is not a `Module` itself.
     fn traced_apply<M: Module>(&self, name: &str, module: &M) -> candle_core::Result<Tensor>;
     /// `f(self)`, for any other op.
-    fn traced(&self, name: &str, f: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>) -> candle_core::Result<Tensor>;
+    fn traced(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor>;
 }
 
 impl TraceOps for Tensor {
@@ -94,16 +120,40 @@ impl TraceOps for Tensor {
     fn traced_softmax(&self, name: &str, dim: D) -> candle_core::Result<Tensor> {
         trace_op(name, &[self], || candle_nn::ops::softmax(self, dim))
     }
-    fn traced_conv1d(&self, name: &str, kernel: &Tensor, padding: usize, stride: usize, dilation: usize, groups: usize) -> candle_core::Result<Tensor> {
-        trace_op(name, &[self, kernel], || self.conv1d(kernel, padding, stride, dilation, groups))
+    fn traced_conv1d(
+        &self,
+        name: &str,
+        kernel: &Tensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> candle_core::Result<Tensor> {
+        trace_op(name, &[self, kernel], || {
+            self.conv1d(kernel, padding, stride, dilation, groups)
+        })
     }
-    fn traced_conv2d(&self, name: &str, kernel: &Tensor, padding: usize, stride: usize, dilation: usize, groups: usize) -> candle_core::Result<Tensor> {
-        trace_op(name, &[self, kernel], || self.conv2d(kernel, padding, stride, dilation, groups))
+    fn traced_conv2d(
+        &self,
+        name: &str,
+        kernel: &Tensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> candle_core::Result<Tensor> {
+        trace_op(name, &[self, kernel], || {
+            self.conv2d(kernel, padding, stride, dilation, groups)
+        })
     }
     fn traced_apply<M: Module>(&self, name: &str, module: &M) -> candle_core::Result<Tensor> {
         trace_op(name, &[self], || module.forward(self))
     }
-    fn traced(&self, name: &str, f: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>) -> candle_core::Result<Tensor> {
+    fn traced(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
         trace_op(name, &[self], || f(self))
     }
 }
@@ -151,8 +201,15 @@ pub fn phase_category(step: Step) -> Category {
 /// otherwise) and attributes the heap traffic until it ends to it, in the
 /// phase's category ([`phase_category`]).
 pub fn phase<'a>(session: &'a SessionRef, name: &str, step: Step) -> Result<Phase<'a>> {
-    let kind = if step == Step::Forward { SpanKind::Module } else { SpanKind::Function };
+    let kind = if step == Step::Forward {
+        SpanKind::Module
+    } else {
+        SpanKind::Function
+    };
     let span = session.try_span(name, kind, step)?;
     let attribution = heap::attribute(&span, phase_category(step));
-    Ok(Phase { _attribution: attribution, span })
+    Ok(Phase {
+        _attribution: attribution,
+        span,
+    })
 }

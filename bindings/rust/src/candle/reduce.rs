@@ -110,21 +110,45 @@ impl Totals {
 
     fn finish(self, elements: u64) -> Stats {
         let finite = elements.saturating_sub(self.non_finite);
-        finish_stats(elements, finite as f64, self.sum.value() + self.int_sum as f64, self.sumsq.value(), self.abs_max)
+        finish_stats(
+            elements,
+            finite as f64,
+            self.sum.value() + self.int_sum as f64,
+            self.sumsq.value(),
+            self.abs_max,
+        )
     }
 }
 
 /// Stats from the totals of the finite elements: all 0 when none is finite,
 /// a non-finite reduction (an overflowed sum of squares) written as 0.
-pub(crate) fn finish_stats(elements: u64, finite: f64, sum: f64, sumsq: f64, abs_max: f64) -> Stats {
+pub(crate) fn finish_stats(
+    elements: u64,
+    finite: f64,
+    sum: f64,
+    sumsq: f64,
+    abs_max: f64,
+) -> Stats {
     let finite_n = finite.round().max(0.0) as u64;
     let non_finite = elements.saturating_sub(finite_n);
     let fin = |v: f64| if v.is_finite() { v } else { 0.0 };
     if finite_n == 0 {
-        return Stats { elements, non_finite, rms: 0.0, abs_max: 0.0, mean: 0.0 };
+        return Stats {
+            elements,
+            non_finite,
+            rms: 0.0,
+            abs_max: 0.0,
+            mean: 0.0,
+        };
     }
     let n = finite_n as f64;
-    Stats { elements, non_finite, rms: fin((sumsq / n).sqrt()).max(0.0), abs_max: fin(abs_max).max(0.0), mean: fin(sum / n) }
+    Stats {
+        elements,
+        non_finite,
+        rms: fin((sumsq / n).sqrt()).max(0.0),
+        abs_max: fin(abs_max).max(0.0),
+        mean: fin(sum / n),
+    }
 }
 
 /// A floating-point element the CPU kernels reduce in place.
@@ -218,7 +242,9 @@ fn scan<T: Float>(xs: &[T]) -> (bool, T) {
             m[i] = a;
         }
     }
-    let max = m.iter().fold(T::ZERO, |acc, &v| if v > acc { v } else { acc });
+    let max = m
+        .iter()
+        .fold(T::ZERO, |acc, &v| if v > acc { v } else { acc });
     (bad.iter().all(|&b| b == 0), max)
 }
 
@@ -245,12 +271,23 @@ fn float_block_any<T: Float>(xs: &[T]) -> Block {
         s[i] += v;
         q[i] += v * v;
     }
-    Block { non_finite: 0, sum: lanes_sum(s), sumsq: lanes_sum(q), abs_max: max.wide(), int_sum: 0 }
+    Block {
+        non_finite: 0,
+        sum: lanes_sum(s),
+        sumsq: lanes_sum(q),
+        abs_max: max.wide(),
+        int_sum: 0,
+    }
 }
 
 /// [`float_block`] of a block with non-finite elements.
 fn masked_block<T: Float>(xs: &[T]) -> Block {
-    let (mut s, mut q, mut m, mut bad) = ([0f64; LANES], [0f64; LANES], [T::ZERO; LANES], [0u64; LANES]);
+    let (mut s, mut q, mut m, mut bad) = (
+        [0f64; LANES],
+        [0f64; LANES],
+        [T::ZERO; LANES],
+        [0u64; LANES],
+    );
     let mut lanes = xs.chunks_exact(LANES);
     for c in &mut lanes {
         for i in 0..LANES {
@@ -261,7 +298,13 @@ fn masked_block<T: Float>(xs: &[T]) -> Block {
         float_step(x, &mut s[i], &mut q[i], &mut m[i], &mut bad[i]);
     }
     let abs_max = m.iter().fold(0f64, |acc, v| acc.max(v.wide()));
-    Block { non_finite: bad.iter().sum(), sum: lanes_sum(s), sumsq: lanes_sum(q), abs_max, int_sum: 0 }
+    Block {
+        non_finite: bad.iter().sum(),
+        sum: lanes_sum(s),
+        sumsq: lanes_sum(q),
+        abs_max,
+        int_sum: 0,
+    }
 }
 
 /// The sum of squares of all elements (NaN or inf when one is not finite).
@@ -325,7 +368,13 @@ fn int_block<T: Int>(xs: &[T]) -> Block {
         q[i % LANES] += f * f;
         m = m.max(v.unsigned_abs());
     }
-    Block { non_finite: 0, sum: 0.0, sumsq: lanes_sum(q), abs_max: m as f64, int_sum: sum }
+    Block {
+        non_finite: 0,
+        sum: 0.0,
+        sumsq: lanes_sum(q),
+        abs_max: m as f64,
+        int_sum: sum,
+    }
 }
 
 fn int_sumsq<T: Int>(xs: &[T]) -> f64 {
@@ -374,7 +423,9 @@ impl Kernel for SumSq {
 }
 
 fn layout_error(layout: &Layout, len: usize) -> candle_core::Error {
-    candle_core::Error::Msg(format!("candle-trace: layout {layout:?} reaches past its storage of {len} elements"))
+    candle_core::Error::Msg(format!(
+        "candle-trace: layout {layout:?} reaches past its storage of {len} elements"
+    ))
 }
 
 /// Calls `f` with the elements of `layout` in `data`, in logical order, in
@@ -382,13 +433,23 @@ fn layout_error(layout: &Layout, len: usize) -> candle_core::Error {
 /// that long, else gathered into one block-sized buffer. `part` (logical
 /// element indices) restricts a contiguous layout; a strided one is read
 /// whole.
-fn for_each_block<T: Copy>(data: &[T], layout: &Layout, part: Option<Range<usize>>, mut f: impl FnMut(&[T])) -> candle_core::Result<()> {
+fn for_each_block<T: Copy>(
+    data: &[T],
+    layout: &Layout,
+    part: Option<Range<usize>>,
+    mut f: impl FnMut(&[T]),
+) -> candle_core::Result<()> {
     if layout.shape().elem_count() == 0 {
         return Ok(());
     }
     if let Some((start, end)) = layout.contiguous_offsets() {
-        let (a, b) = part.map_or((start, end), |r| (start + r.start, (start + r.end).min(end)));
-        data.get(a..b).ok_or_else(|| layout_error(layout, data.len()))?.chunks(BLOCK).for_each(f);
+        let (a, b) = part.map_or((start, end), |r| {
+            (start + r.start, (start + r.end).min(end))
+        });
+        data.get(a..b)
+            .ok_or_else(|| layout_error(layout, data.len()))?
+            .chunks(BLOCK)
+            .for_each(f);
         return Ok(());
     }
     let (dims, strides) = (layout.dims(), layout.stride());
@@ -400,14 +461,21 @@ fn for_each_block<T: Copy>(data: &[T], layout: &Layout, part: Option<Range<usize
     }
     if k == 0 {
         let start = layout.start_offset();
-        data.get(start..start + run).ok_or_else(|| layout_error(layout, data.len()))?.chunks(BLOCK).for_each(f);
+        data.get(start..start + run)
+            .ok_or_else(|| layout_error(layout, data.len()))?
+            .chunks(BLOCK)
+            .for_each(f);
         return Ok(());
     }
     // Rows: the innermost remaining dim, `len` runs `stride` apart.
     let (len, stride) = (dims[k - 1], strides[k - 1]);
     let (outer, outer_strides) = (&dims[..k - 1], &strides[..k - 1]);
     let gather = run < BLOCK / 4;
-    let mut buf: Vec<T> = if gather { Vec::with_capacity(BLOCK) } else { Vec::new() };
+    let mut buf: Vec<T> = if gather {
+        Vec::with_capacity(BLOCK)
+    } else {
+        Vec::new()
+    };
     let mut idx = vec![0usize; outer.len()];
     let mut off = layout.start_offset();
     loop {
@@ -449,7 +517,11 @@ fn for_each_block<T: Copy>(data: &[T], layout: &Layout, part: Option<Range<usize
 }
 
 /// Widens f16/bf16 blocks into `w` and hands them on as f32.
-fn widened<'a, K: Kernel, H: Copy>(k: &'a mut K, w: &'a mut [f32; BLOCK], widen: impl Fn(&[H], &mut [f32]) + 'a) -> impl FnMut(&[H]) + 'a {
+fn widened<'a, K: Kernel, H: Copy>(
+    k: &'a mut K,
+    w: &'a mut [f32; BLOCK],
+    widen: impl Fn(&[H], &mut [f32]) + 'a,
+) -> impl FnMut(&[H]) + 'a {
     move |b: &[H]| {
         let n = b.len().min(BLOCK);
         widen(&b[..n], &mut w[..n]);
@@ -460,7 +532,11 @@ fn widened<'a, K: Kernel, H: Copy>(k: &'a mut K, w: &'a mut [f32; BLOCK], widen:
 /// Runs `k` over a CPU tensor's storage in place (over `part` of it, see
 /// [`for_each_block`]). `false` when the tensor is not on the CPU or its
 /// dtype is not one the kernels read.
-fn visit_cpu<K: Kernel>(t: &Tensor, part: Option<Range<usize>>, k: &mut K) -> candle_core::Result<bool> {
+fn visit_cpu<K: Kernel>(
+    t: &Tensor,
+    part: Option<Range<usize>>,
+    k: &mut K,
+) -> candle_core::Result<bool> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
         return Ok(false);
@@ -470,12 +546,21 @@ fn visit_cpu<K: Kernel>(t: &Tensor, part: Option<Range<usize>>, k: &mut K) -> ca
         CpuStorage::F64(v) => for_each_block(v, layout, part, |b| k.float(b))?,
         CpuStorage::F16(v) => {
             let mut w = [0f32; BLOCK];
-            for_each_block(v, layout, part, widened(k, &mut w, |b: &[half::f16], w| b.convert_to_f32_slice(w)))?
+            for_each_block(
+                v,
+                layout,
+                part,
+                widened(k, &mut w, |b: &[half::f16], w| b.convert_to_f32_slice(w)),
+            )?
         }
         CpuStorage::BF16(v) => {
             let mut w = [0f32; BLOCK];
             // bf16 is the top half of an f32.
-            let widen = |b: &[half::bf16], w: &mut [f32]| b.iter().zip(w.iter_mut()).for_each(|(x, y)| *y = f32::from_bits(u32::from(x.to_bits()) << 16));
+            let widen = |b: &[half::bf16], w: &mut [f32]| {
+                b.iter()
+                    .zip(w.iter_mut())
+                    .for_each(|(x, y)| *y = f32::from_bits(u32::from(x.to_bits()) << 16))
+            };
             for_each_block(v, layout, part, widened(k, &mut w, widen))?
         }
         CpuStorage::U8(v) => for_each_block(v, layout, part, |b| k.int(b))?,
@@ -514,14 +599,22 @@ fn cpu_parts(t: &Tensor) -> Option<Vec<Option<Range<usize>>>> {
         return Some(vec![None]);
     }
     let n = layout.shape().elem_count();
-    Some((0..n).step_by(SEGMENT).map(|s| Some(s..(s + SEGMENT).min(n))).collect())
+    Some(
+        (0..n)
+            .step_by(SEGMENT)
+            .map(|s| Some(s..(s + SEGMENT).min(n)))
+            .collect(),
+    )
 }
 
 /// A fresh `K` run over each tensor of `ts` the CPU pass reads (`None` for
 /// the others): contiguous ones segment by segment, the segments' results
 /// merged in order; on candle's CPU thread pool when there are at least
 /// `parallel_min` elements in all.
-fn reduce_cpu<K: Kernel>(ts: &[&Tensor], parallel_min: usize) -> candle_core::Result<Vec<Option<K>>> {
+fn reduce_cpu<K: Kernel>(
+    ts: &[&Tensor],
+    parallel_min: usize,
+) -> candle_core::Result<Vec<Option<K>>> {
     let mut out: Vec<Option<K>> = ts.iter().map(|_| None).collect();
     let mut tasks: Vec<(usize, Option<Range<usize>>)> = Vec::new();
     let mut total = 0usize;
@@ -537,21 +630,35 @@ fn reduce_cpu<K: Kernel>(ts: &[&Tensor], parallel_min: usize) -> candle_core::Re
         if visit_cpu(ts[*i], part.clone(), &mut k)? {
             Ok(k)
         } else {
-            Err(candle_core::Error::Msg("candle-trace: a tensor left the CPU during its statistics".to_string()))
+            Err(candle_core::Error::Msg(
+                "candle-trace: a tensor left the CPU during its statistics".to_string(),
+            ))
         }
     };
     let results: Vec<candle_core::Result<K>> = if total < parallel_min || tasks.len() < 2 {
         tasks.iter().map(run).collect()
     } else {
-        let slots: Vec<Mutex<Option<candle_core::Result<K>>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Mutex<Option<candle_core::Result<K>>>> =
+            tasks.iter().map(|_| Mutex::new(None)).collect();
         candle_core::utils::barrier_pool().execute_chunked(tasks.len(), |range| {
             for j in range {
                 let r = run(&tasks[j]);
                 *slots[j].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
             }
         });
-        let missing = || Err(candle_core::Error::Msg("candle-trace: a part of the statistics was not reduced".to_string()));
-        slots.into_iter().map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner).unwrap_or_else(missing)).collect()
+        let missing = || {
+            Err(candle_core::Error::Msg(
+                "candle-trace: a part of the statistics was not reduced".to_string(),
+            ))
+        };
+        slots
+            .into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .unwrap_or_else(missing)
+            })
+            .collect()
     };
     for ((i, _), r) in tasks.iter().zip(results) {
         let k = r?;
@@ -581,12 +688,17 @@ fn ops_dtype(dtype: DType, device: &Device) -> DType {
 
 /// `t` flattened and cut in chunks of at most `chunk` elements, each in the
 /// op path's dtype; one contiguous copy of `t` first when it is strided.
-fn chunks(t: &Tensor, chunk: usize) -> candle_core::Result<impl Iterator<Item = candle_core::Result<Tensor>>> {
+fn chunks(
+    t: &Tensor,
+    chunk: usize,
+) -> candle_core::Result<impl Iterator<Item = candle_core::Result<Tensor>>> {
     let n = t.elem_count();
     let cd = ops_dtype(t.dtype(), t.device());
     let flat = t.flatten_all()?;
     let chunk = chunk.max(1);
-    Ok((0..n).step_by(chunk).map(move |start| flat.narrow(0, start, chunk.min(n - start))?.to_dtype(cd)))
+    Ok((0..n)
+        .step_by(chunk)
+        .map(move |start| flat.narrow(0, start, chunk.min(n - start))?.to_dtype(cd)))
 }
 
 /// `[non_finite, sum, sumsq, abs_max]` of one flat chunk, on its device.
@@ -594,30 +706,56 @@ fn chunk_partials(x: &Tensor, int: bool) -> candle_core::Result<Tensor> {
     let (dev, cd) = (x.device(), x.dtype());
     if int {
         let zero = Tensor::zeros(1, cd, dev)?;
-        return Tensor::cat(&[zero, x.sum_all()?.reshape(1)?, x.sqr()?.sum_all()?.reshape(1)?, x.abs()?.max_all()?.reshape(1)?], 0);
+        return Tensor::cat(
+            &[
+                zero,
+                x.sum_all()?.reshape(1)?,
+                x.sqr()?.sum_all()?.reshape(1)?,
+                x.abs()?.max_all()?.reshape(1)?,
+            ],
+            0,
+        );
     }
-    let max = if cd == DType::F64 { f64::MAX } else { f32::MAX as f64 };
+    let max = if cd == DType::F64 {
+        f64::MAX
+    } else {
+        f32::MAX as f64
+    };
     let a = x.abs()?;
     // |x| <= MAX is false for NaN and ±inf.
     let finite = a.le(max)?;
-    let non_finite = finite.to_dtype(cd)?.sum_all()?.affine(-1.0, x.elem_count() as f64)?;
+    let non_finite = finite
+        .to_dtype(cd)?
+        .sum_all()?
+        .affine(-1.0, x.elem_count() as f64)?;
     let zero = Tensor::zeros((), cd, dev)?.broadcast_as(x.shape())?;
     let abs_max = finite.where_cond(&a, &zero)?.max_all()?;
     drop(a);
     let xf = finite.where_cond(x, &zero)?;
     drop(finite);
-    Tensor::stack(&[non_finite, xf.sum_all()?, xf.sqr()?.sum_all()?, abs_max], 0)
+    Tensor::stack(
+        &[non_finite, xf.sum_all()?, xf.sqr()?.sum_all()?, abs_max],
+        0,
+    )
 }
 
 /// The statistics of a non-empty tensor by candle ops on its device, in
 /// chunks of at most `chunk` elements; one transfer to the host.
 pub(crate) fn stats_by_ops(t: &Tensor, chunk: usize) -> candle_core::Result<Stats> {
     let int = t.dtype().is_int();
-    let parts = chunks(t, chunk)?.map(|x| chunk_partials(&x?, int)).collect::<candle_core::Result<Vec<_>>>()?;
+    let parts = chunks(t, chunk)?
+        .map(|x| chunk_partials(&x?, int))
+        .collect::<candle_core::Result<Vec<_>>>()?;
     let v = to_f64s(&Tensor::cat(&parts, 0)?)?;
     let mut totals = Totals::default();
     for p in v.chunks_exact(4) {
-        totals.add(Block { non_finite: p[0].round().max(0.0) as u64, sum: p[1], sumsq: p[2], abs_max: p[3], int_sum: 0 });
+        totals.add(Block {
+            non_finite: p[0].round().max(0.0) as u64,
+            sum: p[1],
+            sumsq: p[2],
+            abs_max: p[3],
+            int_sum: 0,
+        });
     }
     Ok(totals.finish(t.elem_count() as u64))
 }
@@ -626,7 +764,12 @@ pub(crate) fn stats_by_ops(t: &Tensor, chunk: usize) -> candle_core::Result<Stat
 pub(crate) fn to_f64s(t: &Tensor) -> candle_core::Result<Vec<f64>> {
     match t.dtype() {
         DType::F64 => t.to_vec1::<f64>(),
-        _ => Ok(t.to_dtype(DType::F32)?.to_vec1::<f32>()?.into_iter().map(f64::from).collect()),
+        _ => Ok(t
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect()),
     }
 }
 
@@ -634,9 +777,17 @@ pub(crate) fn to_f64s(t: &Tensor) -> candle_core::Result<Vec<f64>> {
 /// rest (all of them unless `in_place`), one transfer per device for all of
 /// them. NaN or inf for a gradient
 /// with a non-finite element.
-pub(crate) fn sums_of_squares(grads: &[&Tensor], chunk: usize, in_place: bool) -> candle_core::Result<Vec<f64>> {
+pub(crate) fn sums_of_squares(
+    grads: &[&Tensor],
+    chunk: usize,
+    in_place: bool,
+) -> candle_core::Result<Vec<f64>> {
     let mut out = vec![0f64; grads.len()];
-    let cpu = if in_place { reduce_cpu::<SumSq>(grads, PARALLEL_MIN)? } else { grads.iter().map(|_| None).collect() };
+    let cpu = if in_place {
+        reduce_cpu::<SumSq>(grads, PARALLEL_MIN)?
+    } else {
+        grads.iter().map(|_| None).collect()
+    };
     // Per device: its chunks' partial sums, and which gradient each is of.
     let mut pending: Vec<(Device, Vec<usize>, Vec<Tensor>)> = Vec::new();
     for ((i, g), k) in grads.iter().enumerate().zip(cpu) {
@@ -644,14 +795,21 @@ pub(crate) fn sums_of_squares(grads: &[&Tensor], chunk: usize, in_place: bool) -
             out[i] = k.0.value();
             continue;
         }
-        let at = match pending.iter().position(|(d, _, _)| d.same_device(g.device())) {
+        let at = match pending
+            .iter()
+            .position(|(d, _, _)| d.same_device(g.device()))
+        {
             Some(at) => at,
             None => {
                 pending.push((g.device().clone(), Vec::new(), Vec::new()));
                 pending.len() - 1
             }
         };
-        let rd = if g.device().is_metal() { DType::F32 } else { DType::F64 };
+        let rd = if g.device().is_metal() {
+            DType::F32
+        } else {
+            DType::F64
+        };
         for x in chunks(g, chunk)? {
             let partial = x?.sqr()?.sum_all()?.to_dtype(rd)?.reshape(1)?;
             pending[at].1.push(i);
@@ -681,8 +839,17 @@ mod tests {
     }
 
     fn assert_same(a: Stats, b: Stats, rel: f64) {
-        assert_eq!((a.elements, a.non_finite), (b.elements, b.non_finite), "{a:?} vs {b:?}");
-        assert!(close(a.rms, b.rms, rel) && close(a.mean, b.mean, rel) && close(a.abs_max, b.abs_max, rel), "{a:?} vs {b:?}");
+        assert_eq!(
+            (a.elements, a.non_finite),
+            (b.elements, b.non_finite),
+            "{a:?} vs {b:?}"
+        );
+        assert!(
+            close(a.rms, b.rms, rel)
+                && close(a.mean, b.mean, rel)
+                && close(a.abs_max, b.abs_max, rel),
+            "{a:?} vs {b:?}"
+        );
     }
 
     fn values(n: usize) -> Vec<f32> {
@@ -716,11 +883,21 @@ mod tests {
             t.i((2, .., 5)).unwrap(),
             t.i((.., .., 1..2)).unwrap(),
             t.i((1..2, .., ..)).unwrap().transpose(0, 1).unwrap(),
-            t.i((.., 0..1, ..)).unwrap().broadcast_as((6, 3, 70)).unwrap(),
-            Tensor::new(&[1f32, f32::NAN], &dev).unwrap().broadcast_as((5000, 2)).unwrap(),
+            t.i((.., 0..1, ..))
+                .unwrap()
+                .broadcast_as((6, 3, 70))
+                .unwrap(),
+            Tensor::new(&[1f32, f32::NAN], &dev)
+                .unwrap()
+                .broadcast_as((5000, 2))
+                .unwrap(),
         ];
         for v in views {
-            assert!(!v.is_contiguous() || v.layout().start_offset() > 0, "{:?}", v.layout());
+            assert!(
+                !v.is_contiguous() || v.layout().start_offset() > 0,
+                "{:?}",
+                v.layout()
+            );
             let copy = v.contiguous().unwrap().copy().unwrap();
             let (a, b) = (stats(&v).unwrap(), stats(&copy).unwrap());
             assert_same(a, b, 1e-13);
@@ -735,18 +912,37 @@ mod tests {
     fn dispatched_kernels_give_the_portable_bits() {
         let v = values(BLOCK);
         let w: Vec<f64> = v.iter().map(|&x| f64::from(x) * 1e5).collect();
-        let finite: Vec<f32> = v.iter().map(|&x| if x.is_finite() { x } else { 1.0 }).collect();
+        let finite: Vec<f32> = v
+            .iter()
+            .map(|&x| if x.is_finite() { x } else { 1.0 })
+            .collect();
         for xs in [&v[..], &finite[..], &finite[..1000], &v[3..]] {
             let (a, b) = (float_block(xs), float_block_any(xs));
             assert_eq!(
-                (a.non_finite, a.sum.to_bits(), a.sumsq.to_bits(), a.abs_max.to_bits()),
-                (b.non_finite, b.sum.to_bits(), b.sumsq.to_bits(), b.abs_max.to_bits())
+                (
+                    a.non_finite,
+                    a.sum.to_bits(),
+                    a.sumsq.to_bits(),
+                    a.abs_max.to_bits()
+                ),
+                (
+                    b.non_finite,
+                    b.sum.to_bits(),
+                    b.sumsq.to_bits(),
+                    b.abs_max.to_bits()
+                )
             );
             assert_eq!(float_sumsq(xs).to_bits(), float_sumsq_any(xs).to_bits());
         }
         let (a, b) = (float_block(&w[..]), float_block_any(&w[..]));
-        assert_eq!((a.sum.to_bits(), a.sumsq.to_bits()), (b.sum.to_bits(), b.sumsq.to_bits()));
-        assert_eq!(float_sumsq(&w[..]).to_bits(), float_sumsq_any(&w[..]).to_bits());
+        assert_eq!(
+            (a.sum.to_bits(), a.sumsq.to_bits()),
+            (b.sum.to_bits(), b.sumsq.to_bits())
+        );
+        assert_eq!(
+            float_sumsq(&w[..]).to_bits(),
+            float_sumsq_any(&w[..]).to_bits()
+        );
     }
 
     #[test]
@@ -754,21 +950,61 @@ mod tests {
         let dev = Device::Cpu;
         let big = Tensor::from_vec(values(5 * SEGMENT + 123), 5 * SEGMENT + 123, &dev).unwrap();
         let bf = big.to_dtype(DType::BF16).unwrap();
-        let ints = big.affine(100.0, 0.0).unwrap().clamp(-1e6f32, 1e6f32).unwrap().to_dtype(DType::I64).unwrap();
-        let strided = big.narrow(0, 0, 3 * SEGMENT).unwrap().reshape((3, SEGMENT)).unwrap().t().unwrap();
+        let ints = big
+            .affine(100.0, 0.0)
+            .unwrap()
+            .clamp(-1e6f32, 1e6f32)
+            .unwrap()
+            .to_dtype(DType::I64)
+            .unwrap();
+        let strided = big
+            .narrow(0, 0, 3 * SEGMENT)
+            .unwrap()
+            .reshape((3, SEGMENT))
+            .unwrap()
+            .t()
+            .unwrap();
         let small = Tensor::new(&[1f32, 2.0], &dev).unwrap();
         let ts = [&big, &bf, &ints, &strided, &small];
         let bits = |v: Vec<Option<Totals>>| -> Vec<(u64, u64, u64, u64, i128)> {
-            v.into_iter().flatten().map(|t| (t.non_finite, t.sum.value().to_bits(), t.sumsq.value().to_bits(), t.abs_max.to_bits(), t.int_sum)).collect()
+            v.into_iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        t.non_finite,
+                        t.sum.value().to_bits(),
+                        t.sumsq.value().to_bits(),
+                        t.abs_max.to_bits(),
+                        t.int_sum,
+                    )
+                })
+                .collect()
         };
         let one = bits(reduce_cpu::<Totals>(&ts, usize::MAX).unwrap());
         assert_eq!(one.len(), ts.len());
         assert_eq!(one, bits(reduce_cpu::<Totals>(&ts, 0).unwrap()));
-        let sq = |min| reduce_cpu::<SumSq>(&ts, min).unwrap().into_iter().flatten().map(|k| k.0.value().to_bits()).collect::<Vec<_>>();
+        let sq = |min| {
+            reduce_cpu::<SumSq>(&ts, min)
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .map(|k| k.0.value().to_bits())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(sq(usize::MAX), sq(0));
         // Segments of the contiguous tensor against the strided read of it.
-        let flat = reduce_cpu::<Totals>(&[&big.narrow(0, 0, 3 * SEGMENT).unwrap()], 0).unwrap().pop().flatten().unwrap().finish(3 * SEGMENT as u64);
-        let t = reduce_cpu::<Totals>(&[&strided], 0).unwrap().pop().flatten().unwrap().finish(3 * SEGMENT as u64);
+        let flat = reduce_cpu::<Totals>(&[&big.narrow(0, 0, 3 * SEGMENT).unwrap()], 0)
+            .unwrap()
+            .pop()
+            .flatten()
+            .unwrap()
+            .finish(3 * SEGMENT as u64);
+        let t = reduce_cpu::<Totals>(&[&strided], 0)
+            .unwrap()
+            .pop()
+            .flatten()
+            .unwrap()
+            .finish(3 * SEGMENT as u64);
         assert_same(flat, t, 1e-13);
     }
 
@@ -780,11 +1016,26 @@ mod tests {
             let x = t.to_dtype(dt).unwrap();
             assert_same(stats_by_ops(&x, 777).unwrap(), stats(&x).unwrap(), 1e-5);
         }
-        let ints = Tensor::from_vec((0..10_001i64).map(|i| (i * 7919) % 2001 - 1000).collect::<Vec<_>>(), 10_001, &dev).unwrap();
+        let ints = Tensor::from_vec(
+            (0..10_001i64)
+                .map(|i| (i * 7919) % 2001 - 1000)
+                .collect::<Vec<_>>(),
+            10_001,
+            &dev,
+        )
+        .unwrap();
         for dt in [DType::I64, DType::U8, DType::U32] {
-            let x = if dt == DType::I64 { ints.clone() } else { ints.abs().unwrap().to_dtype(dt).unwrap() };
+            let x = if dt == DType::I64 {
+                ints.clone()
+            } else {
+                ints.abs().unwrap().to_dtype(dt).unwrap()
+            };
             let (a, b) = (stats_by_ops(&x, 777).unwrap(), stats(&x).unwrap());
-            assert_eq!((a.mean, a.abs_max, a.non_finite), (b.mean, b.abs_max, 0), "{dt:?}");
+            assert_eq!(
+                (a.mean, a.abs_max, a.non_finite),
+                (b.mean, b.abs_max, 0),
+                "{dt:?}"
+            );
             assert!(close(a.rms, b.rms, 1e-14), "{dt:?}: {a:?} {b:?}");
         }
     }
@@ -792,7 +1043,10 @@ mod tests {
     #[test]
     fn sums_of_squares_by_ops_and_in_place_agree() {
         let dev = Device::Cpu;
-        let clean: Vec<f32> = values(5000).into_iter().map(|v| if v.is_finite() { v } else { 0.5 }).collect();
+        let clean: Vec<f32> = values(5000)
+            .into_iter()
+            .map(|v| if v.is_finite() { v } else { 0.5 })
+            .collect();
         let g = Tensor::from_vec(clean, (50, 100), &dev).unwrap();
         let bf = g.to_dtype(DType::BF16).unwrap();
         let t = g.t().unwrap();
@@ -801,13 +1055,28 @@ mod tests {
         let ints = Tensor::new(&[3u32, 4], &dev).unwrap();
         let grads = [&g, &bf, &t, &nan, &empty, &ints];
         let v = sums_of_squares(&grads, OPS_CHUNK, true).unwrap();
-        let want = |x: &Tensor| x.to_dtype(DType::F64).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
-        assert!(close(v[0], want(&g), 1e-14) && close(v[2], want(&g), 1e-14), "{v:?}");
+        let want = |x: &Tensor| {
+            x.to_dtype(DType::F64)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
+        assert!(
+            close(v[0], want(&g), 1e-14) && close(v[2], want(&g), 1e-14),
+            "{v:?}"
+        );
         assert!(close(v[1], want(&bf), 1e-14), "{v:?}");
         assert!(v[3].is_nan() && v[4] == 0.0 && v[5] == 25.0, "{v:?}");
         let ops = sums_of_squares(&grads, 333, false).unwrap();
         for (a, b) in v.iter().zip(&ops) {
-            assert!(close(*a, *b, 1e-5) || (a.is_nan() && b.is_nan()), "{v:?} vs {ops:?}");
+            assert!(
+                close(*a, *b, 1e-5) || (a.is_nan() && b.is_nan()),
+                "{v:?} vs {ops:?}"
+            );
         }
     }
 }

@@ -18,7 +18,13 @@ impl Update<'_> {
     /// `optimizer.step` in a `train/optimizer` span (tagged optimizer). In a
     /// flight recorder the gradients are kept (shared, not copied) and reduced
     /// only if the update is written. Returns the gradients.
-    pub fn backward_step<O: Optimizer>(&self, optimizer: &mut O, loss: &Tensor, root: &str, varmap: &VarMap) -> Result<GradStore> {
+    pub fn backward_step<O: Optimizer>(
+        &self,
+        optimizer: &mut O,
+        loss: &Tensor,
+        root: &str,
+        varmap: &VarMap,
+    ) -> Result<GradStore> {
         self.backward_step_named(optimizer, loss, root, varmap, UpdateSpans::default())
     }
 
@@ -41,8 +47,14 @@ impl Update<'_> {
             // not in every update (reading every gradient is memory traffic of
             // the size of the optimizer's).
             Some(_) if self.kind == super::Kind::Flight => {
-                let (root, taken) = (root.to_string(), crate::candle::gradients_of(&grads, varmap));
-                *self.gradients.borrow_mut() = Some(Box::new(move |t: &crate::session::SessionRef| t.record_gradients_of(&root, &taken).map(|_| ())));
+                let (root, taken) = (
+                    root.to_string(),
+                    crate::candle::gradients_of(&grads, varmap),
+                );
+                *self.gradients.borrow_mut() =
+                    Some(Box::new(move |t: &crate::session::SessionRef| {
+                        t.record_gradients_of(&root, &taken).map(|_| ())
+                    }));
             }
             Some(t) => {
                 let _w = t.tracer_work()?;
@@ -71,7 +83,9 @@ impl UpdateSpan<'_> {
     /// an update that is not recorded: then `Ok(None)`, nothing computed),
     /// as the tracer's own work.
     pub fn record_tensor_stats(&self, label: &str, t: &Tensor) -> Result<Option<Stats>> {
-        let (Some(s), Some(id)) = (self.full_capture(), self.id()) else { return Ok(None) };
+        let (Some(s), Some(id)) = (self.full_capture(), self.id()) else {
+            return Ok(None);
+        };
         let _w = s.tracer_work()?;
         s.record_tensor_stats(id, label, t).map(Some)
     }

@@ -38,7 +38,8 @@ impl RecorderCost {
         // A tracer time above the wall time is a clock's skew: the update's
         // own time is then taken as a thousandth of its wall time.
         let own = (wall_s - tracer_s).max(wall_s * 1e-3);
-        self.shares.push(((tracer_s + arming_s) / own).clamp(0.0, MAX_SHARE));
+        self.shares
+            .push(((tracer_s + arming_s) / own).clamp(0.0, MAX_SHARE));
         if self.shares.len() < UPDATES {
             return None;
         }
@@ -81,12 +82,18 @@ mod tests {
 
     #[test]
     fn the_arming_counts_and_a_skewed_clock_is_bounded() {
-        let mut c = RecorderCost { skipped: SKIP, ..Default::default() };
+        let mut c = RecorderCost {
+            skipped: SKIP,
+            ..Default::default()
+        };
         for _ in 0..UPDATES {
             c.add(0.0, 1.0, 0.25); // a reopen of a quarter of the update, nothing bracketed
         }
         assert_eq!(c.share(), Some(0.25));
-        let mut c = RecorderCost { skipped: SKIP, ..Default::default() };
+        let mut c = RecorderCost {
+            skipped: SKIP,
+            ..Default::default()
+        };
         c.add(1.0, 0.0, 0.0); // no wall time: ignored
         for _ in 0..UPDATES {
             c.add(2.0, 1.0, 0.0); // a tracer time above the wall: bounded, not infinite

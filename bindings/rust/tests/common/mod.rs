@@ -12,13 +12,20 @@ pub fn candle_graph() -> PathBuf {
         return PathBuf::from(p);
     }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/tools/bin/candle-graph");
-    assert!(p.is_file(), "candle-graph not found at {} (run `make tools` in the repo root or set CANDLE_GRAPH)", p.display());
+    assert!(
+        p.is_file(),
+        "candle-graph not found at {} (run `make tools` in the repo root or set CANDLE_GRAPH)",
+        p.display()
+    );
     p
 }
 
 /// A fresh folder for one test's trace.
 pub fn fresh_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("ct-rust-{name}-")).tempdir().unwrap()
+    tempfile::Builder::new()
+        .prefix(&format!("ct-rust-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Copies the trace alone into a fresh folder and runs
@@ -34,13 +41,22 @@ pub fn summary(trace: &Path, require_valid: bool) -> (bool, Value, String) {
     }
     let out = cmd.output().expect("run candle-graph");
     let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.success(), json, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        json,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Asserts the trace is structurally valid and complete (`--require-valid` exits 0).
 pub fn assert_valid_complete(trace: &Path) -> Value {
     let (ok, json, stderr) = summary(trace, true);
-    assert!(ok, "candle-graph --require-valid refused {}: {stderr}\nhealth: {}", trace.display(), json["health"]);
+    assert!(
+        ok,
+        "candle-graph --require-valid refused {}: {stderr}\nhealth: {}",
+        trace.display(),
+        json["health"]
+    );
     assert_eq!(json["health"]["structurally_valid"], Value::Bool(true));
     assert_eq!(json["health"]["capture_complete"], Value::Bool(true));
     json
@@ -48,7 +64,11 @@ pub fn assert_valid_complete(trace: &Path) -> Value {
 
 /// The trace's lines, parsed.
 pub fn lines(trace: &Path) -> Vec<Value> {
-    std::fs::read_to_string(trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// Lines of one kind.
@@ -58,7 +78,10 @@ pub fn of_kind<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 /// The span_start line named `name` (the only one).
 pub fn span_named<'a>(lines: &'a [Value], name: &str) -> &'a Value {
-    let v: Vec<_> = lines.iter().filter(|l| l["kind"] == "span_start" && l["name"] == name).collect();
+    let v: Vec<_> = lines
+        .iter()
+        .filter(|l| l["kind"] == "span_start" && l["name"] == name)
+        .collect();
     assert_eq!(v.len(), 1, "spans named {name}: {v:?}");
     v[0]
 }
