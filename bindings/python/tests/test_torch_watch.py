@@ -295,6 +295,23 @@ def stolen_s():
         return [int(line.split()[8]) / tick for line in f if line.startswith("cpu") and line[3].isdigit()]
 
 
+def test_a_run_shorter_than_the_slow_triggers_warm_up_says_it_never_armed(tmp_path):
+    """A stall in a run's first updates cannot fire: the window has no median yet. The
+    watch says so (``candle-trace run`` prints it), rather than a bare "no triggers
+    fired" that reads as "nothing was slow"."""
+    w, _ = watched(tmp_path, 4, work_s=0.001, triggers=Triggers(warmup=5), flight_recorder=False)
+    m = re.fullmatch(r"the slow trigger arms after 5 timed updates; this run timed (\d+)",
+                     w.slow_unarmed or "")
+    assert m and int(m.group(1)) < 5, w.slow_unarmed
+    timed = int(m.group(1))
+    # the same run one update per missing one longer: armed, nothing to say
+    w, _ = watched(tmp_path / "longer", 4 + 5 - timed, work_s=0.001,
+                   triggers=Triggers(warmup=5), flight_recorder=False)
+    assert w.slow_unarmed is None
+    w, _ = watched(tmp_path / "off", 3, work_s=0.001, triggers=NO_SLOW, flight_recorder=False)
+    assert w.slow_unarmed is None  # off: nothing to arm
+
+
 def test_a_run_without_anomaly_writes_nothing(tmp_path):
     # the slow trigger at its defaults: the machine's stalls are not the program's
     # (a 10,000-update run of this machine's: test_torch_triggers.py). Where the VM's

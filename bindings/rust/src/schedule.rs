@@ -389,6 +389,23 @@ impl Schedule {
             .and_then(|w| w.state.borrow().recorder_cost.share())
     }
 
+    /// Why the slow trigger could not fire yet, or `None` where it can, is
+    /// off, or the schedule does not watch: it times [`Triggers::warmup`]
+    /// updates first, so a run shorter than that is never slow -- what to say
+    /// beside "no trigger fired", which otherwise reads as "nothing was slow".
+    pub fn slow_unarmed(&self) -> Option<String> {
+        let w = self.watch.as_ref()?;
+        let st = w.state.borrow();
+        if st.eval.triggers().slow.is_none() || st.eval.slow_armed() {
+            return None;
+        }
+        Some(format!(
+            "the slow trigger arms after {} timed updates; this run timed {}",
+            st.eval.triggers().warmup,
+            st.eval.timed()
+        ))
+    }
+
     /// The traces written so far by a watching schedule.
     pub fn traces(&self) -> Vec<PathBuf> {
         self.watch

@@ -484,6 +484,18 @@ impl Evaluator {
         });
     }
 
+    /// How many updates' times the slow trigger has seen (an update captured
+    /// in full is not timed).
+    pub fn timed(&self) -> u64 {
+        self.seen
+    }
+
+    /// Whether the slow trigger can fire: on, and [`Triggers::warmup`]
+    /// updates timed.
+    pub fn slow_armed(&self) -> bool {
+        self.cfg.slow.is_some() && self.seen >= self.cfg.warmup
+    }
+
     /// The median of the update times in the window (0 before the first).
     pub fn median(&self) -> f64 {
         let s = &self.sorted;

@@ -338,6 +338,28 @@ fn a_run_without_anomaly_writes_nothing_and_its_summary_lists_no_trigger() {
 }
 
 #[test]
+fn a_run_shorter_than_the_slow_triggers_warm_up_says_it_never_armed() {
+    let dir = fresh_dir("watch-unarmed");
+    let folder = dir.path().join("traces");
+    let wait = Wait::Clock(ManualClock::new());
+    let (mut s, schedule) =
+        failures::watched(&folder, &wait, WatchOptions::default(), None).unwrap();
+    failures::train(&mut s, &schedule, Failure::None, 4, &wait).unwrap();
+    let said = schedule.slow_unarmed().expect("4 updates: not armed");
+    let timed: u64 = said
+        .strip_prefix("the slow trigger arms after 10 timed updates; this run timed ")
+        .unwrap_or_else(|| panic!("{said}"))
+        .parse()
+        .unwrap();
+    assert!(timed < 10, "{said}");
+    failures::train(&mut s, &schedule, Failure::None, 10 - timed, &wait).unwrap();
+    assert_eq!(schedule.slow_unarmed(), None);
+    assert_eq!(schedule.finish().unwrap().fired.len(), 0);
+    let plain = Schedule::new(dir.path().join("t.jsonl"), failures::run(&s));
+    assert_eq!(plain.slow_unarmed(), None, "not watching: nothing to arm");
+}
+
+#[test]
 fn triggers_fold_into_the_summary_and_the_cap_bounds_the_traces() {
     let dir = fresh_dir("watch-cap");
     let (folder, summary_path) = (dir.path().join("traces"), dir.path().join("s.json"));
@@ -695,8 +717,10 @@ fn the_slow_rule_by_numbers() {
     // Warm-up: nothing fires before 3 updates were seen, however slow.
     assert_eq!(e.end_of_update(1, Some(0.010), None, 0.0), None);
     assert_eq!(e.end_of_update(2, Some(0.010), None, 0.0), None);
+    assert!(!e.slow_armed() && e.timed() == 2);
     assert_eq!(e.end_of_update(3, Some(1.000), None, 0.0), None);
     assert_eq!((e.median(), e.mad()), (0.010, 0.0));
+    assert!(e.slow_armed() && e.timed() == 3);
     // median 10 ms + 2 x median (above the 5 ms floor and 10 x MAD 0) = 30 ms.
     let f = e.end_of_update(4, Some(0.031), None, 0.0).unwrap();
     assert_eq!((f.trigger, f.value), (Trigger::Slow, 0.031));

@@ -709,8 +709,10 @@ def watch_summary(w: watch) -> str:
     fired, with its trace or why none was written (the runner's verdicts follow)."""
     rank = f"rank {w.rank}: " if w.world_size > 1 else ""  # torchrun: each rank says its own
     n = w.updates - w.first_update + 1
+    unarmed = w.slow_unarmed
     lines = [f"candle-trace: {rank}watched {n} update{'s' if n != 1 else ''}; "
-             f"{len(w.fired) or 'no'} trigger{'s' if len(w.fired) != 1 else ''} fired"]
+             f"{len(w.fired) or 'no'} trigger{'s' if len(w.fired) != 1 else ''} fired"
+             + (f" ({unarmed})" if unarmed else "")]
     for f in w.fired:
         what = f"value {f.value:.6g}" + (f" > threshold {f.threshold:.6g}" if f.threshold else "")
         if f.detail:

@@ -254,6 +254,16 @@ class Evaluator:
         """The program's own trigger, for the update under way."""
         self._asked = why or "trigger()"
 
+    @property
+    def timed(self) -> int:
+        """How many updates' times the slow trigger has seen (captured ones are not)."""
+        return self._seen
+
+    @property
+    def slow_armed(self) -> bool:
+        """Whether the slow trigger can fire: on, and its warm-up's updates timed."""
+        return self.cfg.slow is not None and self._seen >= self.cfg.warmup
+
     def median(self) -> float:
         s = self._sorted
         n = len(s)

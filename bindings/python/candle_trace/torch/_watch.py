@@ -250,6 +250,15 @@ class watch:
             self.whole_run.add_optimizer(opt)
 
     @property
+    def slow_unarmed(self) -> Optional[str]:
+        """Why the slow trigger could not fire yet, or None where it can (or is off): it
+        times its warm-up's updates first, so a run shorter than that is never slow."""
+        if self._triggers.slow is None or self._eval.slow_armed:
+            return None
+        return (f"the slow trigger arms after {self._triggers.warmup} timed updates; "
+                f"this run timed {self._eval.timed}")
+
+    @property
     def in_update(self) -> bool:
         """An update is being recorded: its capture has begun."""
         return self._cap is not None and self._cap.state == "capturing"
