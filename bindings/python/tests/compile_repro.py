@@ -42,6 +42,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import candle_trace.torch as ctt  # noqa: E402
 
+# torch.compile as a script that wrote `from torch import compile` holds it: taken before
+# any profile exists, so it is torch's own function, never the tracer's (--compile-by)
+compile_taken_early = getattr(torch, "compile", None)
+
 
 class Attention(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
@@ -190,6 +194,11 @@ def main() -> int:
     ap.add_argument("--in-place", action="store_true",
                     help="compile with torch's method, model.compile(), which compiles the "
                          "module's call in place (no OptimizedModule)")
+    ap.add_argument("--compile-by", default="torch.compile",
+                    choices=["torch.compile", "taken-early", "dynamo.optimize"],
+                    help="how the model is compiled: torch.compile looked up at the call; "
+                         "the function taken at import (`from torch import compile`); "
+                         "torch._dynamo.optimize(backend)(model)")
     ap.add_argument("--infer", action="store_true",
                     help="the profile, made first (as --profile-first), is for inference "
                          "(phase infer, no optimizer): made before anything imports "
@@ -216,6 +225,11 @@ def main() -> int:
     if not args.no_compile and not args.whole_step:
         if args.in_place:
             model.compile(backend=args.backend)
+        elif args.compile_by == "taken-early":
+            model = compile_taken_early(model, backend=args.backend)
+        elif args.compile_by == "dynamo.optimize":
+            from torch import _dynamo
+            model = _dynamo.optimize(args.backend)(model)
         else:
             model = torch.compile(model, backend=args.backend)
 

@@ -129,12 +129,17 @@ def test_inductors_fused_kernels_are_ops_of_the_captured_update(tmp_path):
     ("infer", ["--profile-first", "--infer"]),
     ("train", ["--in-place"]),
     ("train", ["--in-place", "--profile-first"]),
-], ids=["train-compiled-after", "infer-compiled-after", "module.compile", "module.compile-after"])
+    ("train", ["--profile-first", "--compile-by", "taken-early"]),
+    ("train", ["--profile-first", "--compile-by", "dynamo.optimize"]),
+], ids=["train-compiled-after", "infer-compiled-after", "module.compile", "module.compile-after",
+        "from-torch-import-compile", "dynamo.optimize"])
 def test_a_model_compiled_after_the_profile_is_captured_as_it_runs(tmp_path, phase, how):
     """nanoGPT's order (the optimizer, then ``model = torch.compile(model)``; what
     ``candle-trace run`` meets, opening at the first optimizer), or any profile made of
     the plain model before it is compiled: the capture stands the compiled module in for
-    the plain one. Before, it wrapped the plain model's submodules for their spans, and
+    the plain one -- whichever way the program reached the compiler: torch.compile, a
+    ``compile`` it imported before the profile existed, ``torch._dynamo.optimize``.
+    Before, it wrapped the plain model's submodules for their spans, and
     their wrappers (outside dynamo) made the captured update alone run eagerly: module
     spans of every submodule, 0 inductor kernels and 5 eager layer norms where the
     program runs 14 fused kernels. For inference (no optimizer: nothing has imported

@@ -64,6 +64,38 @@ def test_a_compiled_function_or_a_dead_module_is_not_a_module_s():
     assert _compiled.compiled_as(m) is None  # weakly held: the program dropped it
 
 
+@pytest.mark.parametrize("how", ["taken-early", "dynamo.optimize"])
+def test_a_module_compiled_around_torch_compile_is_known_too(how):
+    """``from torch import compile`` taken before the tracer wrapped it (torch's own
+    function), or ``torch._dynamo.optimize``: the OptimizedModule made is noted all the
+    same, once."""
+    m = Net()
+    heard = []
+    remove = _compiled.on_compile(lambda: heard.append(1))
+    before = _compiled.generation()
+    if how == "taken-early":
+        om = torch.compile.__wrapped__(m, backend="eager")  # what the script holds
+    else:
+        from torch import _dynamo
+        om = _dynamo.optimize("eager")(m)
+    remove()
+    assert _compiled.compiled_as(m) is om
+    assert _compiled.generation() == before + 1 and heard == [1]
+
+
+def test_a_failure_noting_a_compiled_module_leaves_the_compile_alone(monkeypatch):
+    def broken(*_):
+        raise RuntimeError("noting broke")
+    monkeypatch.setattr(_compiled, "_made_of", broken)
+    monkeypatch.setattr(_compiled, "warn_once", lambda key, msg: warned.append(msg))
+    warned = []
+    from torch import _dynamo
+    m = Net()
+    om = _dynamo.optimize("eager")(m)
+    assert om._orig_mod is m
+    assert warned and "RuntimeError: noting broke" in warned[0], warned
+
+
 def test_listeners_hear_each_compile_until_removed():
     heard = []
     remove = _compiled.on_compile(lambda: heard.append(1))

@@ -17,6 +17,11 @@ the compiled one: one span for it, nothing inside the graph. Listeners
 (:func:`on_compile`) hear of every compile: a capture open before it turns inductor's
 kernel records on then (``_kernels``), before the graph's code is generated.
 
+A program that took ``from torch import compile`` before the tracer existed calls torch's
+own function, and ``torch._dynamo.optimize(backend)(model)`` never calls torch.compile:
+both make an OptimizedModule all the same, so its constructor notes what it wraps too
+(wrapped once, with torch.compile; torch.compile's own path notes each module once).
+
 ``module.compile()`` (torch's method) compiles the module's call in place: it calls
 torch.compile with the module's bound ``_call_impl``, which counts as a compile here (a
 layout looks again), and the module's span then wraps its ``_compiled_call_impl``
@@ -32,7 +37,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from ._common import compiled_inner
+from ._common import compiled_inner, warn_once
 
 __all__ = ["track", "compiled_as", "generation", "on_compile"]
 
@@ -64,6 +69,29 @@ def track() -> None:
         return out
 
     torch.compile = compile
+    _follow_optimized_modules()
+
+
+def _follow_optimized_modules() -> None:
+    """Wraps OptimizedModule's constructor to note the module it wraps (a torch without
+    dynamo's OptimizedModule is left as it is). The profile imports dynamo's eval_frame
+    for its own wrappers anyway (``_common.outside_dynamo``)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # noqa: BLE001 - no dynamo, or one laid out otherwise
+        return
+    real = OptimizedModule.__init__
+
+    @functools.wraps(real)
+    def __init__(self: Any, mod: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, mod, *args, **kwargs)
+        try:
+            _made_of(mod, self)
+        except Exception as e:  # noqa: BLE001 - the program's compile goes on whatever ours does
+            warn_once("optimized-module", f"a compiled module went unnoted ({type(e).__name__}: "
+                      f"{e}); a capture of it may run its plain modules")
+
+    OptimizedModule.__init__ = __init__
 
 
 def _made_of(model: Any, out: Any) -> None:
@@ -73,6 +101,9 @@ def _made_of(model: Any, out: Any) -> None:
         return  # a function compiled, or a module some backend did not wrap
     with _lock:
         if not in_place:
+            known = _made.get(model)
+            if known is not None and known() is out:
+                return  # noted by the constructor already
             _made[model] = weakref.ref(out)
         _generation += 1
         listeners = list(_listeners.values())
