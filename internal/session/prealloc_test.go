@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -153,4 +154,101 @@ func TestReservingFileRawWriteFailureNamesThePath(t *testing.T) {
 	require.ErrorContains(t, err, path)
 	require.Equal(t, int64(3), w.written)
 	require.NoError(t, w.Close())
+}
+
+// resident says, page by page, which of path's first n bytes are in the page
+// cache (mincore over a read-only mapping).
+func resident(t *testing.T, path string, n int) []bool {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	m, err := syscall.Mmap(int(f.Fd()), 0, n, syscall.PROT_READ, syscall.MAP_SHARED)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, syscall.Munmap(m)) }()
+	page := os.Getpagesize()
+	vec := make([]byte, (n+page-1)/page)
+	_, _, e := syscall.Syscall(syscall.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(n), uintptr(unsafe.Pointer(&vec[0])))
+	require.Zero(t, e, "mincore")
+	out := make([]bool, len(vec))
+	for i, v := range vec {
+		out[i] = v&1 != 0
+	}
+	return out
+}
+
+// diskDir is a fresh folder on a file system with a page cache of its own
+// (tmpfs's pages are the file: nothing to drop), removed after the test.
+func diskDir(t *testing.T) string {
+	dir := t.TempDir()
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(dir, &st))
+	if st.Type == 0x01021994 { // TMPFS_MAGIC
+		d, err := os.MkdirTemp(".", "drop-behind-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(d) })
+		dir = d
+	}
+	return dir
+}
+
+// A long trace leaves the page cache behind its end (a step at a time, past
+// dropFrom), every byte still in the file; a short one keeps its pages.
+func TestReservingFileDropsItsPagesBehindALongTrace(t *testing.T) {
+	from, step := dropFrom, dropStep
+	dropFrom, dropStep = 1<<20, 256<<10
+	t.Cleanup(func() { dropFrom, dropStep = from, step })
+	page := os.Getpagesize()
+	line := append(bytes.Repeat([]byte("y"), page-1), '\n') // a page a line
+	for _, tc := range []struct {
+		name  string
+		pages int // written before the file is synced
+		drops bool
+	}{
+		{"short of dropFrom", 100, false},
+		{"a long trace", 1200, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(diskDir(t), "t.jsonl")
+			f, err := outfile.Create(path, aggregate.OwnFile)
+			require.NoError(t, err)
+			w := reserving(f)
+			for i := 0; i < tc.pages; i++ {
+				_, err := w.Write(line)
+				require.NoError(t, err)
+			}
+			require.GreaterOrEqual(t, w.raw, 0)
+			// Written back now: the next step's advice finds the pages it covers clean.
+			require.NoError(t, syscall.Fdatasync(w.raw))
+			window := w.dropped // where the next advice begins
+			more := int(dropStep) / page
+			for i := 0; i < more; i++ {
+				_, err := w.Write(line)
+				require.NoError(t, err)
+			}
+			require.False(t, w.keepPages)
+			total := tc.pages + more
+			in := resident(t, path, total*page)
+			cached := 0
+			for _, r := range in {
+				if r {
+					cached++
+				}
+			}
+			if !tc.drops {
+				require.Zero(t, w.dropped+w.started, "no step taken")
+				require.Equal(t, total, cached, "every page kept")
+			} else {
+				first, last := int(window)/page, tc.pages
+				for p := first; p < last; p++ {
+					require.False(t, in[p], "page %d of the advised range, clean, is dropped", p)
+				}
+				require.Less(t, cached, total-(last-first)+1)
+			}
+			require.NoError(t, w.Close())
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			require.Equal(t, bytes.Repeat(line, total), data, "every byte in the file")
+		})
+	}
 }
