@@ -557,7 +557,7 @@ impl Evaluator {
         let Some(seconds) = seconds else { return fired };
         let waited = cpu_wait.max(0.0).min(seconds.max(0.0));
         let seconds = seconds - waited;
-        if fired.is_none() && self.seen >= self.cfg.warmup {
+        if fired.is_none() && self.slow_armed() {
             fired = self.slow(update, seconds, waited);
         }
         self.add(seconds);

@@ -9,7 +9,7 @@ dynamo: dynamo ran the whole model eagerly in that update alone. The trace showe
 aten ops (layer norms, GELUs) where the program runs inductor's fused kernels.
 
 So while a capture's layout of a model is alive, ``torch.compile`` is wrapped (once per
-process; the wrapper calls straight through): each ``nn.Module`` it compiles is kept,
+process; the wrapper calls straight through): each ``nn.Module`` compiled is kept,
 weakly, with the OptimizedModule it returned, and :func:`compiled_as` gives that back.
 A layout looks again at each arm (:func:`generation` says whether anything was compiled
 since), and stands the compiled module in for the plain one -- as if it had been given
@@ -19,8 +19,8 @@ kernel records on then (``_kernels``), before the graph's code is generated.
 
 A program that took ``from torch import compile`` before the tracer existed calls torch's
 own function, and ``torch._dynamo.optimize(backend)(model)`` never calls torch.compile:
-both make an OptimizedModule all the same, so its constructor notes what it wraps too
-(wrapped once, with torch.compile; torch.compile's own path notes each module once).
+both make an OptimizedModule all the same, so it is OptimizedModule's constructor that
+notes each module compiled, whatever made it (wrapped once, with torch.compile).
 
 ``module.compile()`` (torch's method) compiles the module's call in place: it calls
 torch.compile with the module's bound ``_call_impl``, which counts as a compile here (a
@@ -51,7 +51,8 @@ _tracked = False
 
 
 def track() -> None:
-    """Wraps ``torch.compile`` (once; a torch without it is left as it is)."""
+    """Wraps ``torch.compile`` and OptimizedModule's constructor (once; a torch without
+    them is left as it is)."""
     global _tracked
     with _lock:
         if _tracked or not callable(getattr(torch, "compile", None)):
@@ -62,9 +63,9 @@ def track() -> None:
     @functools.wraps(real)
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
         out = real(model, *args, **kwargs)
-        # (model None: torch.compile(...) with options returns a decorator, which calls
-        # torch.compile -- this -- with the model)
-        if model is not None:
+        # A module's OptimizedModule is noted by its constructor; what it cannot see is
+        # module.compile()'s, the module's bound call compiled in place.
+        if isinstance(getattr(model, "__self__", None), torch.nn.Module):
             _made_of(model, out)
         return out
 
@@ -101,9 +102,6 @@ def _made_of(model: Any, out: Any) -> None:
         return  # a function compiled, or a module some backend did not wrap
     with _lock:
         if not in_place:
-            known = _made.get(model)
-            if known is not None and known() is out:
-                return  # noted by the constructor already
             _made[model] = weakref.ref(out)
         _generation += 1
         listeners = list(_listeners.values())

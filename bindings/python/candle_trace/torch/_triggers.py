@@ -307,7 +307,7 @@ class Evaluator:
             return fired
         waited = min(max(cpu_wait, 0.0), seconds)
         seconds -= waited
-        if fired is None and self._seen >= self.cfg.warmup:
+        if fired is None and self.slow_armed:
             fired = self._slow(update, seconds, waited)
         self._add(seconds)
         return fired
