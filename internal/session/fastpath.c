@@ -464,24 +464,18 @@ int ct__utf8_len(const char *str, size_t *len, int *blank) {
 /* ---- per-thread state --------------------------------------------------- */
 
 /* A ring's address space: its own mapping, not malloc's, so that pages no
- * burst reached are never touched, so never resident. Past its first huge
- * page it asks for transparent huge pages: a burst stretches into
- * megabytes, and a 4 KiB page fault costs ~2 us on the VMs we measured, a
- * huge page ~0.2 us per 4 KiB of it. The everyday part stays in small
- * pages (resident as far as it is used). */
-#define CT_HUGE (2u << 20)
-
+ * burst reached are never touched, so never resident. In small pages
+ * whatever the system's transparent huge page setting: a burst stretches
+ * into megabytes, and a fresh huge page costs ~0.35 us per 4 KiB of it
+ * against ~2 us for a 4 KiB fault most of the time, but 11-65 us per 4 KiB
+ * at times on a VM whose host backs the guest's memory lazily -- up to
+ * ~30 ms for one page, paid by the thread that stretched into it, inside
+ * the program's update (BENCHMARKS.md, "Small pages"). */
 static uint8_t *ring_map(uint32_t cap) {
-    size_t len = (size_t)cap + (cap > CT_HUGE ? CT_HUGE : 0);
-    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    uint8_t *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    if (cap <= CT_HUGE) return p;
-    /* Aligned to a huge page, the excess at either end unmapped. */
-    uint8_t *a = (uint8_t *)(((uintptr_t)p + CT_HUGE - 1) & ~(uintptr_t)(CT_HUGE - 1));
-    if (a > p) munmap(p, (size_t)(a - p));
-    if (a + cap < p + len) munmap(a + cap, (size_t)(p + len - (a + cap)));
-    madvise(a + CT_HUGE, cap - CT_HUGE, MADV_HUGEPAGE);
-    return a;
+    madvise(p, cap, MADV_NOHUGEPAGE);
+    return p;
 }
 
 static ct_ring *ring_new(void) {

@@ -6,8 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -348,4 +351,58 @@ func TestAnEarlyWrapBackKeepsWakingTheDrainer(t *testing.T) {
 	assert.GreaterOrEqual(t, ownRingTail(), want, "the drainer was woken: %+v", ownRingProbe())
 	after := ownRingProbe()
 	assert.LessOrEqual(t, after.offset, after.soft+2*(after.soft/16), "the ring did not stretch past a step or two: %+v", after)
+}
+
+// A ring and the closed-span table are in small pages whatever the
+// system's transparent huge page setting (VmFlags "nh"): a fresh huge page
+// costs the thread that touches it up to ~30 ms at times on a VM whose host
+// backs the guest's memory lazily, and the thread stretching a ring is the
+// program's, inside its update. Before, a ring's stretch and the table
+// asked for huge pages ("hg").
+func TestRingsAndTheClosedSpanTableAreInSmallPages(t *testing.T) {
+	s, _ := openT(t, measuredRootRun, WithFlushInterval(time.Hour))
+	defer func() { assert.NoError(t, s.Finish()) }()
+	require.NoError(t, spanPairsC(s.Handle(), 2000))
+	require.NoError(t, s.Flush())
+	mu.Lock()
+	require.NotEmpty(t, s.closed.slots)
+	table := uintptr(unsafe.Pointer(&s.closed.slots[0]))
+	mu.Unlock()
+	ring := ownRingData()
+	require.NotZero(t, ring)
+	for _, m := range []struct {
+		what string
+		addr uintptr
+	}{{"the ring", ring}, {"the ring's stretch", ring + uintptr(ownRingProbe().cap) - 1}, {"the closed-span table", table}} {
+		flags := vmFlags(t, m.addr)
+		assert.Contains(t, flags, "nh", "%s at %#x: VmFlags %v", m.what, m.addr, flags)
+		assert.NotContains(t, flags, "hg", "%s at %#x", m.what, m.addr)
+	}
+}
+
+// vmFlags are the VmFlags of the mapping holding addr (/proc/self/smaps).
+func vmFlags(t *testing.T, addr uintptr) []string {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(fields[0], "-"); ok { // a mapping's header: lo-hi perms ...
+			l, errLo := strconv.ParseUint(lo, 16, 64)
+			h, errHi := strconv.ParseUint(hi, 16, 64)
+			if errLo == nil && errHi == nil {
+				in = uint64(addr) >= l && uint64(addr) < h
+				continue
+			}
+		}
+		if fields[0] == "VmFlags:" && in {
+			return fields[1:]
+		}
+	}
+	t.Fatalf("no mapping holds %#x", addr)
+	return nil
 }

@@ -66,6 +66,15 @@ func ownRingResidentIn(from, to uint64) uint64 {
 }
 func ownRingDrop(from, to uint64) { C.own_ring_drop(C.uint64_t(from), C.uint64_t(to)) }
 
+// ownRingData is the address of the calling thread's ring's memory (0
+// before its first span).
+func ownRingData() uintptr {
+	if r := C.ct__own_ring(); r != nil {
+		return uintptr(unsafe.Pointer(r.data))
+	}
+	return 0
+}
+
 // ownRingTail is the drainer's position in the calling thread's ring (tests).
 func ownRingTail() uint64 {
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))

@@ -126,18 +126,20 @@ func (t *closedTable) release() {
 // closedMaps are the mappings mapClosed made, by their first slot.
 var closedMaps = map[*closedSlot][]byte{}
 
-// mapClosed is the memory of a full-size table: a mapping of its own in
-// transparent huge pages where the kernel gives them (a table touches up to
-// 8 MiB as a session's span ids grow, and a 4 KiB page fault costs ~2 us
-// on the VMs we measured, a huge page ~0.2 us per 4 KiB of it); Go memory
-// where it cannot. mu is held.
+// mapClosed is the memory of a full-size table: a mapping of its own, in
+// small pages whatever the system's transparent huge page setting
+// (MADV_NOHUGEPAGE), faulted in only as span ids reach it; Go memory where
+// it cannot. A 4 KiB fault costs ~2 us on the VMs we measured; a huge page
+// ~0.35 us per 4 KiB of it most of the time, but 11-65 us at times (a host
+// backing the guest's memory lazily): milliseconds for one page, on the
+// drainer or on a record call's thread, the program's. mu is held.
 func mapClosed() []closedSlot {
 	n := MaxClosedSpans * int(unsafe.Sizeof(closedSlot{}))
 	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
 		return make([]closedSlot, 0, MaxClosedSpans)
 	}
-	_ = syscall.Madvise(b, 14 /* MADV_HUGEPAGE */)
+	_ = syscall.Madvise(b, syscall.MADV_NOHUGEPAGE)
 	s := unsafe.Slice((*closedSlot)(unsafe.Pointer(&b[0])), MaxClosedSpans)
 	closedMaps[&s[0]] = b
 	return s[:0]
