@@ -34,6 +34,7 @@ from ._common import (compiled_autograd_on, compiled_inner, dtype_name, exceptio
                       outside_dynamo, patch, restore, warn_once)
 from ._device import Device
 from ._kernels import KernelRecords
+from ._loaders import LoaderSpans
 from ._model import Parts
 from ._modules import ModuleSpans, module_spans
 from ._spans import Spans, spans_for
@@ -274,6 +275,8 @@ class Capture:
             self._compiles = Compilations(self._compile_begin, self._compile_end)
             self._compiles.install()
             self._undo.append(self._compiles.remove)
+            LoaderSpans.install(self)
+            self._undo.append(lambda: LoaderSpans.remove(self))
             if self.cfg.phase == "train":
                 self._wrap_backward()
                 ScaledLosses.install()  # the loss behind a GradScaler's product
