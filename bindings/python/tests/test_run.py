@@ -947,6 +947,30 @@ def test_a_watched_run_keeps_the_update_whose_loss_turns_nan(tmp_path):
     assert "extra_mix" in fwd and "unused" not in fwd
 
 
+def test_a_watched_run_names_the_loader_that_stalled_its_update(tmp_path):
+    # update 37's batch, from the program's DataLoader, waits 5x the median update: the
+    # slow update's trace says that batch is where its time went
+    r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "40", "--eval-every",
+                               "20", "--loader-ms", "20", "--stall-at", "37"], "--max-traces", "10")
+    assert r.returncode == 0, r.stderr
+    name = "update-000037-slow.jsonl"
+    assert (tmp_path / "traces" / name).exists(), r.stderr
+    verdict = next(x for x in r.stderr.splitlines() if x.startswith(f"candle-trace: trace traces/{name}: "))
+    assert "top span DataLoader.__next__ (" in verdict, verdict
+    lines = judged(tmp_path / "traces" / name, tmp_path)
+    starts = {e["id"]: e for e in lines if e["kind"] == "span_start"}
+    ends = {e["id"]: e["duration_ns"] for e in lines if e["kind"] == "span_end"}
+    measured = next(s for s in starts.values() if s.get("measured"))
+    [load] = [s for s in starts.values() if s["name"] == "DataLoader.__next__"]
+    assert load["parent_id"] == measured["id"]
+    # the stall is 5x a median of at least the 20 ms every batch waits
+    assert ends[load["id"]] >= 5 * 0.02e9 and ends[load["id"]] > ends[measured["id"]] / 2
+    # the batch's own ops (its windows stacked) are the span's, the model's are not
+    ops = [o for o in lines if o["kind"] == "op"]
+    assert {o["op_name"] for o in ops if o["span_id"] == load["id"]} >= {"aten::stack"}
+    assert "aten::addmm" not in {o["op_name"] for o in ops if o["span_id"] == load["id"]}
+
+
 def test_a_watched_run_that_dies_of_an_exception_keeps_its_update(tmp_path):
     r = run_watched(tmp_path, [str(PROGRAMS / "char_gpt.py"), "--updates", "25", "--eval-every",
                                "5", "--oom-at", "15"], "--max-traces", "10")

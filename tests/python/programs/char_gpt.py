@@ -16,7 +16,8 @@ that update N+1's loss is not finite; ``--oom-at N`` makes update N's backward r
 CUDA's out-of-memory RuntimeError (on any device), which ends the program;
 ``--stall-at N`` makes update N's data step wait 5x the median update so far. With
 ``--loader-ms MS`` every data step waits MS first (a loader), so that a stall stands
-well above the machine's noise.
+well above the machine's noise. The data step is a ``DataLoader`` (over an
+``IterableDataset``, no workers): the wait is inside its ``__next__``.
 
 ``--device`` runs it elsewhere than the CPU (tests/gpu/programs.py: ``cuda:0``).
 
@@ -36,6 +37,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader, IterableDataset
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 
@@ -112,12 +114,26 @@ class RaisingBackward(torch.autograd.Function):
         return g
 
 
-def batches(data: torch.Tensor, context: int, batch: int, gen: torch.Generator):
-    while True:
-        starts = torch.randint(len(data) - context - 1, (batch,), generator=gen)
-        x = torch.stack([data[s:s + context] for s in starts])
-        y = torch.stack([data[s + 1:s + context + 1] for s in starts])
-        yield x, y
+class Windows(IterableDataset):
+    """The data step, through a DataLoader as the public scripts' are: batches of random
+    windows of the text, each after ``wait_s`` (what ``--loader-ms`` and ``--stall-at``
+    set for the next one: a loader's wait for its disk)."""
+
+    def __init__(self, data: torch.Tensor, context: int, batch: int,
+                 gen: torch.Generator) -> None:
+        super().__init__()
+        self.data, self.context, self.batch, self.gen = data, context, batch, gen
+        self.wait_s = 0.0
+
+    def __iter__(self):
+        data, context = self.data, self.context
+        while True:
+            if self.wait_s:
+                time.sleep(self.wait_s)
+            starts = torch.randint(len(data) - context - 1, (self.batch,), generator=self.gen)
+            x = torch.stack([data[s:s + context] for s in starts])
+            y = torch.stack([data[s + 1:s + context + 1] for s in starts])
+            yield x, y
 
 
 def grad_norms(model: nn.Module) -> Dict[str, Optional[float]]:
@@ -143,13 +159,14 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.updates)
     norms_file = os.environ.get("CHAR_GPT_GRAD_NORMS")
-    stream = batches(data, context, batch, torch.Generator().manual_seed(1))
+    windows = Windows(data, context, batch, torch.Generator().manual_seed(1))
+    stream = iter(DataLoader(windows, batch_size=None))  # batches as the dataset makes them
     took: List[float] = []
     for update in range(1, args.updates + 1):
         began = time.perf_counter()
         model.train()
         stall = 5 * sorted(took)[len(took) // 2] if update == args.stall_at and took else 0.0
-        time.sleep(args.loader_ms / 1e3 + stall)
+        windows.wait_s = args.loader_ms / 1e3 + stall
         x, y = (t.to(args.device) for t in next(stream))
         logits = RaisingBackward.apply(model(x, mix=update % 2 == 0))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -167,6 +184,7 @@ def main() -> None:
         if update % args.eval_every == 0:
             model.eval()
             with torch.no_grad():
+                windows.wait_s = 0.0
                 vx, vy = (t.to(args.device) for t in next(stream))
                 vlogits = model(vx)
                 vloss = F.cross_entropy(vlogits.reshape(-1, vlogits.shape[-1]), vy.reshape(-1))
