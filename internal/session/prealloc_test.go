@@ -252,3 +252,39 @@ func TestReservingFileDropsItsPagesBehindALongTrace(t *testing.T) {
 		})
 	}
 }
+
+// The first step advises its own pages only: a trace just past dropFrom
+// does not have its writer start the writeback of everything before (the
+// kernel's to write back, as a short trace's is), and those pages stay
+// cached. Before, the first step advised the file from its start.
+func TestReservingFilesFirstStepAdvisesItsOwnPagesOnly(t *testing.T) {
+	from, step := dropFrom, dropStep
+	dropFrom, dropStep = 1<<20, 256<<10
+	t.Cleanup(func() { dropFrom, dropStep = from, step })
+	page := os.Getpagesize()
+	line := append(bytes.Repeat([]byte("z"), page-1), '\n')
+	path := filepath.Join(diskDir(t), "t.jsonl")
+	f, err := outfile.Create(path, aggregate.OwnFile)
+	require.NoError(t, err)
+	w := reserving(f)
+	write := func(pages int) {
+		for i := 0; i < pages; i++ {
+			_, err := w.Write(line)
+			require.NoError(t, err)
+		}
+	}
+	write(int(dropFrom) / page) // the first step is taken at the last of these
+	require.Equal(t, dropFrom, w.started, "one step taken")
+	first := int(dropFrom-dropStep) / page       // where the first step's advice began
+	require.NoError(t, syscall.Fdatasync(w.raw)) // every page clean: advice now drops it
+	write(int(dropStep) / page)                  // the second step
+	require.False(t, w.keepPages)
+	in := resident(t, path, int(dropFrom+dropStep))
+	for p := 0; p < first; p++ {
+		require.True(t, in[p], "page %d, before the first step, is the kernel's and stays", p)
+	}
+	for p := first; p < int(dropFrom)/page; p++ {
+		require.False(t, in[p], "page %d of the first step's range is dropped", p)
+	}
+	require.NoError(t, w.Close())
+}
