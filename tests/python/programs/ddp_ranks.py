@@ -10,6 +10,7 @@ gradients), for `candle-trace run --watch` to keep that rank's update and no oth
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -34,10 +35,14 @@ def main() -> None:
         model(x).pow(2).mean().backward()
         opt.step()
     print(f"rank {rank} of {dist.get_world_size()} done")
-    # Every rank past its last all-reduce before any tears gloo down: without the
-    # barrier, torch 2.15 itself aborted a rank at exit ("terminate called without an
-    # active exception") in 3 of 20 plain torchrun runs beside two CPU hogs (0 of 20 with)
+    # Every rank past its last all-reduce, and its DDP reducer gone, before any tears
+    # gloo down: torch 2.15 itself aborts a rank at exit otherwise ("terminate called
+    # without an active exception"): with neither, 3 of 20 plain torchrun runs beside two
+    # CPU hogs; with the barrier alone still 2 of 15 plain and 2 of 15 traced beside one
+    # hog (and a clean-clone CI run); with both, 0 of 20 plain and 0 of 20 traced
     dist.barrier()
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
