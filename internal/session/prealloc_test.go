@@ -192,12 +192,18 @@ func diskDir(t *testing.T) string {
 	return dir
 }
 
-// A long trace leaves the page cache behind its end (a step at a time, past
-// dropFrom), every byte still in the file; a short one keeps its pages.
-func TestReservingFileDropsItsPagesBehindALongTrace(t *testing.T) {
+// smallDropSteps makes the page-cache steps test-sized (1 MiB, then every
+// 256 KiB) until t ends.
+func smallDropSteps(t *testing.T) {
 	from, step := dropFrom, dropStep
 	dropFrom, dropStep = 1<<20, 256<<10
 	t.Cleanup(func() { dropFrom, dropStep = from, step })
+}
+
+// A long trace leaves the page cache behind its end (a step at a time, past
+// dropFrom), every byte still in the file; a short one keeps its pages.
+func TestReservingFileDropsItsPagesBehindALongTrace(t *testing.T) {
+	smallDropSteps(t)
 	page := os.Getpagesize()
 	line := append(bytes.Repeat([]byte("y"), page-1), '\n') // a page a line
 	for _, tc := range []struct {
@@ -258,9 +264,7 @@ func TestReservingFileDropsItsPagesBehindALongTrace(t *testing.T) {
 // kernel's to write back, as a short trace's is), and those pages stay
 // cached. Before, the first step advised the file from its start.
 func TestReservingFilesFirstStepAdvisesItsOwnPagesOnly(t *testing.T) {
-	from, step := dropFrom, dropStep
-	dropFrom, dropStep = 1<<20, 256<<10
-	t.Cleanup(func() { dropFrom, dropStep = from, step })
+	smallDropSteps(t)
 	page := os.Getpagesize()
 	line := append(bytes.Repeat([]byte("z"), page-1), '\n')
 	path := filepath.Join(diskDir(t), "t.jsonl")

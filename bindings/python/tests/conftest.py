@@ -43,6 +43,15 @@ def read_trace(path) -> list:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def spans_of(lines: list) -> dict:
+    """id -> span_start, with "duration_ns" (None while open) from its span_end."""
+    spans = {s["id"]: dict(s, duration_ns=None) for s in lines if s["kind"] == "span_start"}
+    for e in lines:
+        if e["kind"] == "span_end":
+            spans[e["id"]]["duration_ns"] = e["duration_ns"]
+    return spans
+
+
 def candle_graph(trace, tmp_path: Path, require_valid: bool = True) -> dict:
     """Runs candle-graph summary on a copy of the trace alone in a fresh folder;
     returns the parsed summary. With require_valid, asserts exit 0."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
-from conftest import REPO, candle_graph, judged, read_trace
+from conftest import REPO, candle_graph, judged, read_trace, spans_of
 
 torch = pytest.importorskip("torch")
 
@@ -958,13 +958,12 @@ def test_a_watched_run_names_the_loader_that_stalled_its_update(tmp_path):
     verdict = next(x for x in r.stderr.splitlines() if x.startswith(f"candle-trace: trace traces/{name}: "))
     assert "top span DataLoader.__next__ (" in verdict, verdict
     lines = judged(tmp_path / "traces" / name, tmp_path)
-    starts = {e["id"]: e for e in lines if e["kind"] == "span_start"}
-    ends = {e["id"]: e["duration_ns"] for e in lines if e["kind"] == "span_end"}
-    measured = next(s for s in starts.values() if s.get("measured"))
-    [load] = [s for s in starts.values() if s["name"] == "DataLoader.__next__"]
+    spans = spans_of(lines)
+    measured = next(s for s in spans.values() if s.get("measured"))
+    [load] = [s for s in spans.values() if s["name"] == "DataLoader.__next__"]
     assert load["parent_id"] == measured["id"]
     # the stall is 5x a median of at least the 20 ms every batch waits
-    assert ends[load["id"]] >= 5 * 0.02e9 and ends[load["id"]] > ends[measured["id"]] / 2
+    assert load["duration_ns"] >= 5 * 0.02e9 and load["duration_ns"] > measured["duration_ns"] / 2
     # the batch's own ops (its windows stacked) are the span's, the model's are not
     ops = [o for o in lines if o["kind"] == "op"]
     assert {o["op_name"] for o in ops if o["span_id"] == load["id"]} >= {"aten::stack"}

@@ -9,7 +9,7 @@ import gc
 import time
 
 import pytest
-from conftest import judged
+from conftest import judged, spans_of
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -43,12 +43,6 @@ def model_and_opt():
     return model, torch.optim.SGD(model.parameters(), lr=0.05)
 
 
-def spans_of(lines):
-    starts = {e["id"]: e for e in lines if e["kind"] == "span_start"}
-    ends = {e["id"]: e["duration_ns"] for e in lines if e["kind"] == "span_end"}
-    return starts, ends
-
-
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
 def test_a_batch_fetched_inside_the_captured_update_is_its_span(tmp_path, workers):
     # Gradient accumulation over two batches: the second batch of each update is fetched
@@ -73,22 +67,22 @@ def test_a_batch_fetched_inside_the_captured_update_is_its_span(tmp_path, worker
     assert on == [False, False, True, True, False], "on from the update before the captured one"
     assert not installed(), "the wrapper is taken off with the capture"
     lines = judged(path, tmp_path)
-    starts, ends = spans_of(lines)
-    measured = next(s for s in starts.values() if s.get("measured"))
-    loads = [s for s in starts.values() if s["name"] == SPAN_NAME]
+    spans = spans_of(lines)
+    measured = next(s for s in spans.values() if s.get("measured"))
+    loads = [s for s in spans.values() if s["name"] == SPAN_NAME]
     assert len(loads) == 1, loads  # the first batch came before the update began
     load = loads[0]
     assert load["span_kind"] == "function" and load["parent_id"] == measured["id"]
-    assert 0 < ends[load["id"]] < ends[measured["id"]]
+    assert 0 < load["duration_ns"] < measured["duration_ns"]
     stacks = [o for o in lines if o["kind"] == "op" and o["op_name"] == "aten::stack"]
     if workers == 0:
-        assert ends[load["id"]] >= 4 * 0.015e9
+        assert load["duration_ns"] >= 4 * 0.015e9
         # the collate of a loader without workers runs here: its ops are the span's
         assert stacks and all(o["span_id"] == load["id"] for o in stacks), stacks
     else:
         assert not stacks, "the workers collate, in their own processes"
     # and the model's forward spans are not inside it
-    forwards = [s for s in starts.values() if s["name"] == "Sequential"
+    forwards = [s for s in spans.values() if s["name"] == "Sequential"
                 and s.get("step") == "forward"]
     assert len(forwards) == 2 and all(f["parent_id"] == measured["id"] for f in forwards)
 
@@ -114,7 +108,8 @@ def test_a_stalled_loader_is_named_in_the_slow_updates_trace(tmp_path):
     gc.collect()
     gc.disable()  # a full collection's pause is a slow update too, not this test's
     try:
-        with ctt.watch(model, opt, folder, triggers=Triggers(slow=3.0)) as w:
+        # room for traces of slow updates the machine makes before 13 (the cap is 3)
+        with ctt.watch(model, opt, folder, triggers=Triggers(slow=3.0), max_traces=12) as w:
             for x, y in data:
                 opt.zero_grad()
                 ((model(busy(x)) - y) ** 2).mean().backward()
@@ -126,12 +121,12 @@ def test_a_stalled_loader_is_named_in_the_slow_updates_trace(tmp_path):
     slow = [f for f in w.fired if f.trigger == "slow"]
     assert 13 in [f.update for f in slow], [(f.update, f.detail) for f in w.fired]
     lines = judged(folder / "update-000013-slow.jsonl", tmp_path)
-    starts, ends = spans_of(lines)
-    measured = next(s for s in starts.values() if s.get("measured"))
-    loads = [s for s in starts.values() if s["name"] == SPAN_NAME]
+    spans = spans_of(lines)
+    measured = next(s for s in spans.values() if s.get("measured"))
+    loads = [s for s in spans.values() if s["name"] == SPAN_NAME]
     assert len(loads) == 1 and loads[0]["parent_id"] == measured["id"], loads
-    assert ends[loads[0]["id"]] >= 0.15e9
-    assert ends[loads[0]["id"]] > ends[measured["id"]] / 2, "most of the slow update"
+    assert loads[0]["duration_ns"] >= 0.15e9
+    assert loads[0]["duration_ns"] > measured["duration_ns"] / 2, "most of the slow update"
 
 
 def test_the_end_of_an_epoch_inside_the_update_closes_the_span(tmp_path):
@@ -152,7 +147,7 @@ def test_the_end_of_an_epoch_inside_the_update_closes_the_span(tmp_path):
         opt.step()
         prof.step()
     lines = judged(path, tmp_path)
-    starts, ends = spans_of(lines)
-    loads = [s for s in starts.values() if s["name"] == SPAN_NAME]
-    assert len(loads) == 3 and all(s["id"] in ends for s in loads)
+    spans = spans_of(lines)
+    loads = [s for s in spans.values() if s["name"] == SPAN_NAME]
+    assert len(loads) == 3 and all(s["duration_ns"] is not None for s in loads)
 

@@ -14,7 +14,7 @@ import time
 import warnings
 
 import pytest
-from conftest import REPO, candle_graph, judged, observer_expected, read_trace
+from conftest import REPO, candle_graph, judged, observer_expected, read_trace, spans_of
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -28,14 +28,6 @@ import workloads  # noqa: E402
 
 def by_kind(lines, kind):
     return [line for line in lines if line["kind"] == kind]
-
-
-def spans_of(lines):
-    """id -> span_start, with "duration_ns" (None while open) from its span_end."""
-    spans = {s["id"]: dict(s, duration_ns=None) for s in by_kind(lines, "span_start")}
-    for e in by_kind(lines, "span_end"):
-        spans[e["id"]]["duration_ns"] = e["duration_ns"]
-    return spans
 
 
 def loop(w, prof, steps, *, before_update=None):
