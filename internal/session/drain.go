@@ -148,6 +148,9 @@ func drainRing(r *C.ct_ring) {
 	compact.to(uint64(r.trace_cur), r)
 	waiting := (*uint32)(unsafe.Pointer(&r.waiting))
 	published, step := tail, uint64(r.soft)/drainSteps
+	// Every compact record moves these, whoever's session it is: the short
+	// forms are deltas from them (ct_rec_short).
+	lastID, lastTicks := uint64(r.id_cur), uint64(r.ticks_cur)
 	for tail < head {
 		if tail-published >= step {
 			// A producer waiting for room gets it now, not once the whole
@@ -163,28 +166,26 @@ func drainRing(r *C.ct_ring) {
 		size := uint64(h.size)
 		switch h._type {
 		case C.CT_REC_BEGIN:
+			b := (*C.ct_rec_begin)(unsafe.Pointer(h))
+			lastID, lastTicks = uint64(b.id), uint64(b.ticks)
 			if compact.usable() {
-				if tsc.n == 0 {
-					tsc.take()
-				}
-				b := (*C.ct_rec_begin)(unsafe.Pointer(h))
-				name := &slotsOf(r, &names)[uint32(b.slot)&(C.CT_NAME_SLOTS-1)]
-				parent := uint64(1)
-				if top := compact.stack.innermost(); top != nil {
-					parent = top.id
-				}
-				compact.s.onSpanStart(compact.stack, uint64(b.id), parent, name.raw, name.json,
-					tsc.ns(uint64(b.ticks))-compact.t0, uint32(b.kind), uint32(b.step), false, tid)
+				compact.begin(r, &names, &tsc, lastID, lastTicks, uint32(b.kind), uint32(b.step), uint32(b.slot), tid)
+			}
+		case C.CT_REC_BEGIN_NEXT:
+			w := uint32((*C.ct_rec_short)(unsafe.Pointer(h)).word)
+			lastID, lastTicks = lastID+1, lastTicks+uint64(w>>18)
+			if compact.usable() {
+				compact.begin(r, &names, &tsc, lastID, lastTicks, w>>8&3, w>>10&3, w>>12, tid)
 			}
 		case C.CT_REC_END:
+			lastTicks = uint64((*C.ct_rec_end)(unsafe.Pointer(h)).ticks)
 			if compact.usable() {
-				if tsc.n == 0 {
-					tsc.take()
-				}
-				if top := compact.stack.innermost(); top != nil {
-					end := tsc.ns(uint64((*C.ct_rec_end)(unsafe.Pointer(h)).ticks)) - compact.t0
-					compact.s.onSpanEnd(compact.stack, top.id, end-min(end, top.start), false, 0)
-				}
+				compact.end(&tsc, lastTicks)
+			}
+		case C.CT_REC_END_NEXT:
+			lastTicks += uint64(uint32((*C.ct_rec_short)(unsafe.Pointer(h)).word) >> 8)
+			if compact.usable() {
+				compact.end(&tsc, lastTicks)
 			}
 		case C.CT_REC_TRACE_SESSION:
 			r.trace_cur = (*C.ct_rec_agg)(unsafe.Pointer(h)).val
@@ -203,11 +204,38 @@ func drainRing(r *C.ct_ring) {
 		}
 		tail += size
 	}
+	r.id_cur, r.ticks_cur = C.uint64_t(lastID), C.uint64_t(lastTicks)
 	// As ct__ring_consumed: tail, then whether a producer waits for room
 	// (both sequentially consistent, against the producer's waiting-then-tail).
 	atomic.StoreUint64(tailp, tail)
 	if atomic.LoadUint32(waiting) != 0 {
 		C.ct__ring_consumed(r, C.uint64_t(tail))
+	}
+}
+
+// begin applies a compact span begin: its parent is the thread's innermost
+// open span in the session, else the root; mu is held.
+func (c *ringSession) begin(r *C.ct_ring, names **ringNameSlots, tsc *tscSnap, id, ticks uint64, kind, step, slot uint32, tid int64) {
+	if tsc.n == 0 {
+		tsc.take()
+	}
+	name := &slotsOf(r, names)[slot&(C.CT_NAME_SLOTS-1)]
+	parent := uint64(1)
+	if top := c.stack.innermost(); top != nil {
+		parent = top.id
+	}
+	c.s.onSpanStart(c.stack, id, parent, name.raw, name.json, tsc.ns(ticks)-c.t0, kind, step, false, tid)
+}
+
+// end applies a compact span end: it ends the thread's innermost open span
+// in the session, whose start the drainer kept; mu is held.
+func (c *ringSession) end(tsc *tscSnap, ticks uint64) {
+	if tsc.n == 0 {
+		tsc.take()
+	}
+	if top := c.stack.innermost(); top != nil {
+		end := tsc.ns(ticks) - c.t0
+		c.s.onSpanEnd(c.stack, top.id, end-min(end, top.start), false, 0)
 	}
 }
 

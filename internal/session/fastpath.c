@@ -1019,15 +1019,28 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
     uint64_t start = span_clock(s, &tracer, &ticks);
     if (__builtin_expect(ticks && (flags & CT_RECF_NAME_REF) && !measured, 1)) {
         p = trace_marker(r, h, p, marker);
-        ct_rec_begin *b = (ct_rec_begin *)p;
-        b->size = sizeof *b;
-        b->type = CT_REC_BEGIN;
-        b->kind = (uint8_t)kind;
-        b->step = (uint8_t)step;
-        b->slot = (uint8_t)(flags >> 8);
-        b->id = id;
-        b->ticks = start;
-        ring_commit(r, marker + sizeof *b);
+        uint64_t delta = start - r->last_ticks;
+        uint32_t used;
+        if (__builtin_expect(id == r->last_id + 1 && delta < (1u << CT_BEGIN_NEXT_DELTA_BITS), 1)) {
+            ct_rec_short *b = (ct_rec_short *)p;
+            b->size = sizeof *b;
+            b->word = CT_REC_BEGIN_NEXT | (uint32_t)kind << 8 | (uint32_t)step << 10 |
+                      (flags >> 8 & (CT_NAME_SLOTS - 1)) << 12 | (uint32_t)delta << 18;
+            used = sizeof *b;
+        } else {
+            ct_rec_begin *b = (ct_rec_begin *)p;
+            b->size = sizeof *b;
+            b->type = CT_REC_BEGIN;
+            b->kind = (uint8_t)kind;
+            b->step = (uint8_t)step;
+            b->slot = (uint8_t)(flags >> 8);
+            b->id = id;
+            b->ticks = start;
+            used = sizeof *b;
+        }
+        r->last_id = id;
+        r->last_ticks = start;
+        ring_commit(r, marker + used);
         begin_frame(s, ts, r, id, start, ticks, measured);
         *out = id;
         return CT_OK;
@@ -1181,11 +1194,22 @@ ct_status ct__span_end(ct_session h, ct_span span) {
     uint64_t end = span_clock(s, &tracer, &ticks);
     if (__builtin_expect(ticks && top.ticks && span != LOAD_RLX(&s->measure_id), 1)) {
         p = trace_marker(r, h, p, marker);
-        ct_rec_end *e = (ct_rec_end *)p;
-        e->size = sizeof *e;
-        e->type = CT_REC_END;
-        e->ticks = end;
-        ring_commit(r, marker + sizeof *e);
+        uint64_t delta = end - r->last_ticks;
+        uint32_t used;
+        if (__builtin_expect(delta < (1u << CT_END_NEXT_DELTA_BITS), 1)) {
+            ct_rec_short *e = (ct_rec_short *)p;
+            e->size = sizeof *e;
+            e->word = CT_REC_END_NEXT | (uint32_t)delta << 8;
+            used = sizeof *e;
+        } else {
+            ct_rec_end *e = (ct_rec_end *)p;
+            e->size = sizeof *e;
+            e->type = CT_REC_END;
+            e->ticks = end;
+            used = sizeof *e;
+        }
+        r->last_ticks = end;
+        ring_commit(r, marker + used);
         end_frame(s, ts, r);
         return CT_OK;
     }

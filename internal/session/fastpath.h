@@ -164,6 +164,8 @@ typedef struct ct_ring {
     uint64_t agg_cur;             /* consumer (Go): the same, as read so far */
     uint64_t trace_last;          /* producer: session of the last compact trace record */
     uint64_t trace_cur;           /* consumer (Go): the same, as read so far */
+    uint64_t last_id, last_ticks; /* producer: the id of the last compact begin, the counter of the last compact record */
+    uint64_t id_cur, ticks_cur;   /* consumer (Go): the same, as read so far */
     ct_tls_sess sess[CT_TLS_SESSIONS];
     ct_name_ent names[CT_NAME_SLOTS]; /* producer only */
 } ct_ring;
@@ -173,7 +175,8 @@ typedef struct ct_ring {
 
 /* Ring records are 8-byte aligned; a record never wraps (a PAD fills the end). */
 enum { CT_REC_PAD = 0, CT_REC_SPAN_START = 1, CT_REC_SPAN_END = 2, CT_REC_AGG_SESSION = 3, CT_REC_AGG = 4,
-       CT_REC_AGG_SCALAR = 5, CT_REC_TRACE_SESSION = 6, CT_REC_BEGIN = 7, CT_REC_END = 8 };
+       CT_REC_AGG_SCALAR = 5, CT_REC_TRACE_SESSION = 6, CT_REC_BEGIN = 7, CT_REC_END = 8,
+       CT_REC_BEGIN_NEXT = 9, CT_REC_END_NEXT = 10 };
 
 typedef struct ct_rec_hdr {
     uint32_t size;      /* whole record incl. header and name, multiple of 8 */
@@ -227,6 +230,27 @@ typedef struct ct_rec_end {
     uint8_t pad[3];
     uint64_t ticks; /* the end, a raw counter value */
 } ct_rec_end;
+
+/* The shortest form, 8 bytes, of a compact begin or end: what a burst of
+ * spans writes (40 bytes a span pair take 16), so that a burst the drainer
+ * cannot keep up with stretches its ring into a third as many fresh pages,
+ * each a page fault on the program's thread. Its counter value is a delta
+ * from the ring's last compact record's (last_ticks), and a begin's id is
+ * the ring's last compact begin's plus one (last_id); the drainer follows
+ * both along the ring (id_cur, ticks_cur), whatever session each record is
+ * of. word, by bits from the lowest (little-endian: type is byte 4 as in
+ * every record):
+ *   CT_REC_BEGIN_NEXT: type 0-7, kind 8-9, step 10-11, name slot 12-17,
+ *                      delta 18-31 (under 2^14 ticks, ~6 us, since the last record);
+ *   CT_REC_END_NEXT:   type 0-7, delta 8-31 (under 2^24 ticks, ~7 ms).
+ * A record that does not fit takes ct_rec_begin or ct_rec_end. */
+typedef struct ct_rec_short {
+    uint32_t size; /* sizeof(ct_rec_short) */
+    uint32_t word;
+} ct_rec_short;
+
+#define CT_BEGIN_NEXT_DELTA_BITS 14
+#define CT_END_NEXT_DELTA_BITS 24
 
 /* Aggregate sessions write 16 bytes per span end and no start record.
  * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see

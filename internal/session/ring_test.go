@@ -20,8 +20,10 @@ import (
 )
 
 // compactPairBytes is what a span pair of a cached name on the counter
-// clock takes in a ring: a 24-byte begin and a 16-byte end (fastpath.h).
-const compactPairBytes = 40
+// clock takes in a ring in a burst: an 8-byte begin and an 8-byte end
+// (ct_rec_short, fastpath.h). A pair the thread was preempted inside takes
+// more (a longer form), so a count of pairs from it is at least its bytes.
+const compactPairBytes = 16
 
 // holdDrainer keeps every drain out (it holds mu) until release is called
 // or patience runs out; stuck reports whether it had to give up, which
@@ -405,4 +407,117 @@ func vmFlags(t *testing.T, addr uintptr) []string {
 	}
 	t.Fatalf("no mapping holds %#x", addr)
 	return nil
+}
+
+// A burst of span pairs takes the 8-byte records (ct_rec_short): a third of
+// the ring's bytes the 24- and 16-byte compact forms took, so a third of
+// the fresh pages a stretching producer faults in.
+func TestABurstOfSpanPairsTakesEightBytesARecord(t *testing.T) {
+	onCounter(t)
+	s, path := openT(t, measuredRootRun)
+	require.NoError(t, spanPairsC(s.Handle(), 100)) // the name is in the ring's cache
+	const pairs = 20_000
+	before := ownRingProbe().head
+	require.NoError(t, spanPairsC(s.Handle(), pairs))
+	written := ownRingProbe().head - before
+	// A pair the thread was preempted inside, or that met the ring's end (a
+	// padding record), takes more: most take 16 bytes.
+	assert.GreaterOrEqual(t, written, uint64(pairs*16))
+	assert.Less(t, written, uint64(pairs*20), "%.1f bytes a pair", float64(written)/pairs)
+	require.NoError(t, s.Finish())
+	starts, ends := countSpanLines(t, path)
+	assert.Equal(t, 1+100+pairs, starts)
+	assert.Equal(t, 1+100+pairs, ends)
+	testutil.RequireValid(t, path)
+}
+
+// Records too far apart for a short record's delta take the long compact
+// forms, and the short ones after them count from them: a begin 200 us
+// after the ring's last record, an end 60 ms after it, and a burst after
+// both, whose spans start after them. Every bound comes out as the thread
+// made it.
+func TestSpansFarApartTakeTheLongFormsAndTheShortOnesCountOnFromThem(t *testing.T) {
+	onCounter(t)
+	const beginGap, endGap = 200 * time.Microsecond, 60 * time.Millisecond
+	s, path := openT(t, measuredRootRun)
+	names := newCNames("outer", "inner")
+	defer names.free()
+	h := s.Handle()
+	type pair struct{ outer, inner uint64 }
+	var rounds []pair
+	for round := 0; round < 3; round++ { // the first one puts the names in the cache
+		outer, err := names.begin(h, 0)
+		require.NoError(t, err)
+		spin(beginGap)
+		inner, err := names.begin(h, 1)
+		require.NoError(t, err)
+		require.NoError(t, s.EndSpan(inner))
+		spin(endGap)
+		require.NoError(t, s.EndSpan(outer))
+		rounds = append(rounds, pair{outer, inner})
+		require.NoError(t, spanPairsC(h, 500))
+	}
+	require.NoError(t, s.Finish())
+	testutil.RequireValid(t, path)
+
+	lines := testutil.Lines(t, path)
+	spans := spansOf(t, lines)
+	require.Len(t, spans, 1+3*(2+500))
+	for i, r := range rounds {
+		outer, inner := spans[fmt.Sprintf("s%d", r.outer)], spans[fmt.Sprintf("s%d", r.inner)]
+		require.NotNil(t, outer, "round %d", i)
+		require.NotNil(t, inner, "round %d", i)
+		assert.Equal(t, outer.id, inner.parent, "round %d", i)
+		assert.GreaterOrEqual(t, inner.start-outer.start, uint64(beginGap), "round %d: the begin gap", i)
+		assert.GreaterOrEqual(t, outer.end-inner.end, uint64(endGap), "round %d: the end gap", i)
+		assert.Less(t, outer.end-outer.start, uint64(beginGap+endGap+50*time.Millisecond), "round %d", i)
+		assert.LessOrEqual(t, inner.start, inner.end, "round %d", i)
+	}
+	// Every span of a burst starts after the round before it has ended, and
+	// the bursts' spans follow one another.
+	var last uint64
+	for _, l := range testutil.OfKind(lines, "span_start") {
+		sp := spans[l["id"].(string)]
+		if sp.parent == "" {
+			continue
+		}
+		assert.GreaterOrEqual(t, sp.start, last, "%s starts after the span before it", sp.id)
+		if sp.parent == "s1" && sp.end-sp.start < uint64(endGap) { // a burst's pair
+			last = sp.end
+		} else {
+			last = sp.start
+		}
+	}
+}
+
+// Two sessions' spans interleaved on one thread: the short records' ids and
+// deltas run along the ring, whoever's session each record is, so each
+// session gets exactly its own spans with their own ids.
+func TestShortRecordsOfTwoSessionsOnOneThread(t *testing.T) {
+	onCounter(t)
+	a, pathA := openT(t, measuredRootRun)
+	b, pathB := openT(t, measuredRootRun)
+	const rounds, k = 200, 7
+	for i := 0; i < rounds; i++ {
+		require.NoError(t, spanPairsC(a.Handle(), k))
+		require.NoError(t, spanPairsC(b.Handle(), k))
+	}
+	require.NoError(t, a.Finish())
+	require.NoError(t, b.Finish())
+	for _, path := range []string{pathA, pathB} {
+		testutil.RequireValid(t, path)
+		starts, ends := countSpanLines(t, path)
+		assert.Equal(t, 1+rounds*k, starts)
+		assert.Equal(t, 1+rounds*k, ends)
+		spans := spansOf(t, testutil.Lines(t, path))
+		var prev uint64
+		for id := uint64(2); id < uint64(2+rounds*k); id++ {
+			sp := spans[fmt.Sprintf("s%d", id)]
+			require.NotNil(t, sp, "%s: span s%d", path, id)
+			assert.Equal(t, "s1", sp.parent)
+			assert.GreaterOrEqual(t, sp.start, prev, "s%d starts after the span before it", id)
+			assert.LessOrEqual(t, sp.start, sp.end)
+			prev = sp.end
+		}
+	}
 }

@@ -64,13 +64,20 @@ const MaxClosedSpans = 1 << 18
 
 type closedTable struct {
 	slots []closedSlot
+	// fresh is where the array's never-written slots begin: they are zero
+	// already, and in a mapping of ours not yet in memory.
+	fresh int
 }
 
 // spareClosed is the slots of a finished session's table, kept (with its
 // pages) for the next session: a session opened and finished again and
 // again (a flight recorder's) grows its table into memory already mapped
-// instead of faulting in up to 8 MiB each time. Guarded by mu.
-var spareClosed []closedSlot
+// instead of faulting in up to 8 MiB each time; spareFresh is its fresh.
+// Guarded by mu.
+var (
+	spareClosed []closedSlot
+	spareFresh  int
+)
 
 func (t *closedTable) put(s closedSpan) {
 	if s.id >= uint64(len(t.slots)) && len(t.slots) < MaxClosedSpans {
@@ -86,20 +93,18 @@ func (t *closedTable) put(s closedSpan) {
 func (t *closedTable) grow(id uint64) {
 	if cap(t.slots) < MaxClosedSpans {
 		if cap(spareClosed) == MaxClosedSpans {
-			t.slots, spareClosed = spareClosed[:0], nil
+			t.slots, t.fresh, spareClosed = spareClosed[:0], spareFresh, nil
 		} else {
-			t.slots = mapClosed()
+			t.slots, t.fresh = mapClosed(), 0
 		}
 	}
 	for uint64(len(t.slots)) <= id && len(t.slots) < MaxClosedSpans {
 		n := len(t.slots)
 		if n == 0 {
-			t.slots = t.slots[:1024]
-			clear(t.slots)
+			t.extend(1024)
 			continue
 		}
-		t.slots = t.slots[:2*n]
-		clear(t.slots[n:])
+		t.extend(2 * n)
 		mask := uint64(2*n - 1)
 		for i := 0; i < n; i++ {
 			if e := t.slots[i]; e.id != 0 && e.id&mask != uint64(i) {
@@ -110,12 +115,37 @@ func (t *closedTable) grow(id uint64) {
 	}
 }
 
+// extend lengthens the table to n slots, all empty: slots written before
+// are cleared, fresh ones are zero already. A mapping's fresh pages are
+// faulted in with one madvise (MADV_POPULATE_WRITE, Linux 5.14; before it
+// they fault in as they are written): a burst of spans grows the table by
+// megabytes, and a page the clear faulted in one at a time cost ~2.2 us on
+// the VMs we measured against ~1.45 us populated.
+func (t *closedTable) extend(n int) {
+	from := len(t.slots)
+	t.slots = t.slots[:n]
+	if from < t.fresh {
+		clear(t.slots[from:min(n, t.fresh)])
+	}
+	if n > t.fresh {
+		if _, mapped := closedMaps[&t.slots[0]]; mapped {
+			lo := max(from, t.fresh)
+			b := unsafe.Slice((*byte)(unsafe.Pointer(&t.slots[lo])), (n-lo)*int(unsafe.Sizeof(closedSlot{})))
+			_ = syscall.Madvise(b, madvPopulateWrite)
+		}
+		t.fresh = n
+	}
+}
+
+// madvPopulateWrite is MADV_POPULATE_WRITE, which package syscall lacks.
+const madvPopulateWrite = 23
+
 // release gives the table's memory to the next session, or back to the
 // kernel when one is kept already; mu is held.
 func (t *closedTable) release() {
 	if cap(t.slots) == MaxClosedSpans {
 		if spareClosed == nil {
-			spareClosed = t.slots[:0]
+			spareClosed, spareFresh = t.slots[:0], t.fresh
 		} else {
 			unmapClosed(t.slots)
 		}

@@ -34,7 +34,20 @@ func TestClosedTableGrowsInPlaceAndForgetsTheLastSession(t *testing.T) {
 		_, ok := b.get(id)
 		assert.Equal(t, id == 2, ok, "s%d of the earlier session must be gone", id)
 	}
+	// Past where the first table reached: slots never written before (zero,
+	// faulted in, not cleared), which the next table must clear all the same.
+	b.put(closedSpan{id: 12000, start: 1, dur: 1})
 	b.release()
+
+	var c closedTable
+	c.put(closedSpan{id: 13000, start: 1, dur: 1})
+	for _, id := range []uint64{2, 6000, 12000} {
+		_, ok := c.get(id)
+		assert.False(t, ok, "s%d of an earlier session must be gone", id)
+	}
+	_, ok := c.get(13000)
+	assert.True(t, ok)
+	c.release()
 }
 
 // The table keeps a span in 32 bytes, the dropped flag in its parent's top

@@ -124,6 +124,35 @@ func tscNowC() uint64 { return uint64(C.ct__tsc_now()) }
 // tscPublish makes the counter clock publish a segment now (tests).
 func tscPublish() { C.ct__tsc_update(1) }
 
+// cNames are span names as a C program's literals: one pointer each for as
+// long as they live, so that a begin's name is found in the ring's name
+// cache from its second use on (tests).
+type cNames []*C.char
+
+func newCNames(names ...string) cNames {
+	n := make(cNames, len(names))
+	for i, name := range names {
+		n[i] = C.CString(name)
+	}
+	return n
+}
+
+func (n cNames) free() {
+	for _, c := range n {
+		C.free(unsafe.Pointer(c))
+	}
+}
+
+// begin opens a function span named n[i] on the calling thread through the
+// C fast path.
+func (n cNames) begin(h uint64, i int) (uint64, error) {
+	var id C.ct_span
+	if st := C.ct__span_begin(C.ct_session(h), n[i], C.CT_SPAN_FUNCTION, C.CT_STEP_NONE, 0, &id); st != C.CT_OK {
+		return 0, &Error{Code: Status(st), Msg: lastCError()}
+	}
+	return uint64(id), nil
+}
+
 // spanNestC makes depth nested spans named by level on the calling thread
 // through the C fast path, with one name pointer per level (as a C program's
 // literals), and ends them innermost first: n times (tests).

@@ -12,7 +12,8 @@
  * thread racing the producers, and a thread that exits inside a span. Every
  * aggregate record drained must match what the threads did, exactly, per
  * (session, name, step); trace spans come in both record forms, compact
- * (ct_rec_begin/ct_rec_end after a session marker) and long.
+ * (after a session marker: ct_rec_begin/ct_rec_end, and their 8-byte
+ * ct_rec_short forms, deltas along the ring) and long.
  *
  *   make test-sanitize   (builds it twice and runs both, CANDLE_TRACE_RING_KB=64)
  */
@@ -98,7 +99,7 @@ static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long drained[2][NAMES][STEPS];
 static unsigned long drained_scalars[2][NAMES];
 static double scalar_sum;
-static unsigned long trace_starts, trace_ends, bad_records;
+static unsigned long trace_starts, trace_ends, bad_records, short_records;
 /* Records read past a ring's everyday size (it stretched), and padding
  * records that wrapped a ring back before its end (the drainer caught up). */
 static unsigned long stretched_records, early_wraps;
@@ -117,7 +118,9 @@ static struct tick_ring {
     uint64_t start_ticks[8]; /* the counter's value at each open start (0: not on it) */
 } tick_rings[TICK_RINGS];
 
-static void tick_record(const ct_ring *r, const uint8_t *p) {
+/* ticks: the counter value of a compact record (CT_REC_BEGIN*, CT_REC_END*),
+ * its short forms' deltas added up along the ring as drain.go does. */
+static void tick_record(const ct_ring *r, const uint8_t *p, uint64_t ticks_now) {
     const ct_rec_hdr *h = (const ct_rec_hdr *)p;
     struct tick_ring *tr = NULL;
     for (int i = 0; i < TICK_RINGS && !tr; i++)
@@ -128,11 +131,11 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
     }
     tr->r = r;
     uint64_t t0 = ct__slot_of(tick_handle)->t0;
-    if (h->type == CT_REC_SPAN_START || h->type == CT_REC_BEGIN) {
+    if (h->type == CT_REC_SPAN_START || h->type == CT_REC_BEGIN || h->type == CT_REC_BEGIN_NEXT) {
         uint64_t start, ticks = 0;
-        if (h->type == CT_REC_BEGIN) {
+        if (h->type != CT_REC_SPAN_START) {
             /* Compact: on the counter, its name in the ring's cache. */
-            ticks = ((const ct_rec_begin *)p)->ticks;
+            ticks = ticks_now;
             start = ct__tsc_ns(ticks) - t0;
             tick_refs++;
         } else {
@@ -157,8 +160,8 @@ static void tick_record(const ct_ring *r, const uint8_t *p) {
     }
     tr->depth--;
     uint64_t start = tr->start[tr->depth], end;
-    if (h->type == CT_REC_END) {
-        end = ct__tsc_ns(((const ct_rec_end *)p)->ticks) - t0;
+    if (h->type == CT_REC_END || h->type == CT_REC_END_NEXT) {
+        end = ct__tsc_ns(ticks_now) - t0;
     } else if (h->flags & CT_RECF_TICKS) {
         /* The start's ticks again (in parent), compared as ticks: converted
          * again, a span open across more segments than the clock keeps
@@ -202,13 +205,34 @@ static void drain_locked(void) {
             /* A pad at the end of the address space is shorter than the
              * record that did not fit (at most half the everyday size). */
             if (type == CT_REC_PAD && size > r->soft / 2 + 2 * sizeof(ct_rec_hdr)) early_wraps++;
+            /* As drain.go: every compact record moves the ring's last id
+             * and counter value, whoever's session it is. */
+            int compact = 1;
+            uint32_t word = ((const ct_rec_short *)p)->word;
+            if (type == CT_REC_BEGIN) {
+                r->id_cur = ((const ct_rec_begin *)p)->id;
+                r->ticks_cur = ((const ct_rec_begin *)p)->ticks;
+            } else if (type == CT_REC_BEGIN_NEXT) {
+                r->id_cur++;
+                r->ticks_cur += word >> 18;
+            } else if (type == CT_REC_END) {
+                r->ticks_cur = ((const ct_rec_end *)p)->ticks;
+            } else if (type == CT_REC_END_NEXT) {
+                r->ticks_cur += word >> 8;
+            } else {
+                compact = 0;
+            }
+            if (type == CT_REC_BEGIN_NEXT || type == CT_REC_END_NEXT) {
+                short_records++;
+                if (size != sizeof(ct_rec_short)) bad_records++;
+            }
             if (type == CT_REC_TRACE_SESSION) {
                 r->trace_cur = ((ct_rec_agg *)p)->val;
-            } else if ((type == CT_REC_BEGIN || type == CT_REC_END) && tick_handle && r->trace_cur == tick_handle) {
-                tick_record(r, p);
-            } else if (type == CT_REC_BEGIN) {
+            } else if (compact && tick_handle && r->trace_cur == tick_handle) {
+                tick_record(r, p, r->ticks_cur);
+            } else if (type == CT_REC_BEGIN || type == CT_REC_BEGIN_NEXT) {
                 trace_starts++;
-            } else if (type == CT_REC_END) {
+            } else if (type == CT_REC_END || type == CT_REC_END_NEXT) {
                 trace_ends++;
             } else if (type == CT_REC_AGG_SESSION) {
                 r->agg_cur = ((ct_rec_agg *)p)->val;
@@ -233,7 +257,7 @@ static void drain_locked(void) {
                 }
             } else if ((type == CT_REC_SPAN_START || type == CT_REC_SPAN_END) && tick_handle &&
                        ((ct_rec_hdr *)p)->session == tick_handle) {
-                tick_record(r, p);
+                tick_record(r, p, 0);
             } else if (type == CT_REC_SPAN_START) {
                 trace_starts++;
             } else if (type == CT_REC_SPAN_END) {
@@ -278,7 +302,10 @@ static void *drainer(void *arg) {
     /* Nothing is drained until a producer's ring is full and it waits for
      * room (each writes far more than its 64 KiB ring holds): every
      * producer past that point depends on ct__ring_consumed waking it. */
-    while (!any_waiting()) nanosleep(&ts, NULL);
+    while (!any_waiting()) {
+        if (__atomic_load_n(&stop_drainer, __ATOMIC_ACQUIRE)) return NULL; /* the check on saw_waiting fails */
+        nanosleep(&ts, NULL);
+    }
     saw_waiting = 1;
     while (!__atomic_load_n(&stop_drainer, __ATOMIC_ACQUIRE)) {
         drain_rings();
@@ -436,9 +463,14 @@ static void first_intervals(int sessions) {
 static int tick_stop;
 static unsigned long tick_backwards;
 
+/* Three nested pairs an iteration, 48 bytes in the 8-byte records: enough
+ * for a thread to fill its 64 KiB ring's whole address space (1 MiB) and
+ * wait for the drainer. */
+#define TICK_ITERS 60000
+
 static void *tick_spanner(void *arg) {
     (void)arg;
-    for (int i = 0; i < 20000; i++) {
+    for (int i = 0; i < TICK_ITERS; i++) {
         ct_span a, b, c;
         ct_status st = ct__span_begin(tick_handle, "outer", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &a);
         if (st == CT_OK) st = ct__span_begin(tick_handle, "middle", CT_SPAN_FUNCTION, CT_STEP_NONE, 0, &b);
@@ -486,10 +518,11 @@ static void counter_clock_spans(void) {
     __atomic_store_n(&stop_drainer, 1, __ATOMIC_RELEASE);
     pthread_join(d, NULL);
     drain_rings();
-    CHECK(tick_spans == 2ul * 20000 * 3 && tick_bad == 0,
+    CHECK(tick_spans == 2ul * TICK_ITERS * 3 && tick_bad == 0,
           "counter clock: %lu spans checked (want %lu), %lu out of order or outside their parents", tick_spans,
-          2ul * 20000 * 3, tick_bad);
-    CHECK(tick_refs >= 2ul * 3 * (20000 - 1), "counter clock: only %lu span names came from the name cache",
+          2ul * TICK_ITERS * 3, tick_bad);
+    CHECK(short_records > 0, "no span took the 8-byte records");
+    CHECK(tick_refs >= 2ul * 3 * (TICK_ITERS - 1), "counter clock: only %lu span names came from the name cache",
           tick_refs);
     CHECK(tick_segments > 0 && tick_backwards == 0, "counter clock: %lu segments, went back %lu times",
           tick_segments, tick_backwards);
