@@ -173,9 +173,10 @@ func drainRing(r *C.ct_ring) {
 			}
 		case C.CT_REC_BEGIN_NEXT:
 			w := uint32((*C.ct_rec_short)(unsafe.Pointer(h)).word)
-			lastID, lastTicks = lastID+1, lastTicks+uint64(w>>18)
+			lastID, lastTicks = lastID+1, lastTicks+uint64(w>>C.CT_SHORT_BEGIN_DELTA_SHIFT)
 			if compact.usable() {
-				compact.begin(r, &names, &tsc, lastID, lastTicks, w>>8&3, w>>10&3, w>>12, tid)
+				compact.begin(r, &names, &tsc, lastID, lastTicks, w>>C.CT_SHORT_KIND_SHIFT&3,
+					w>>C.CT_SHORT_STEP_SHIFT&3, w>>C.CT_SHORT_SLOT_SHIFT, tid)
 			}
 		case C.CT_REC_END:
 			lastTicks = uint64((*C.ct_rec_end)(unsafe.Pointer(h)).ticks)
@@ -183,7 +184,7 @@ func drainRing(r *C.ct_ring) {
 				compact.end(&tsc, lastTicks)
 			}
 		case C.CT_REC_END_NEXT:
-			lastTicks += uint64(uint32((*C.ct_rec_short)(unsafe.Pointer(h)).word) >> 8)
+			lastTicks += uint64(uint32((*C.ct_rec_short)(unsafe.Pointer(h)).word) >> C.CT_SHORT_END_DELTA_SHIFT)
 			if compact.usable() {
 				compact.end(&tsc, lastTicks)
 			}

@@ -1024,8 +1024,10 @@ ct_status ct__span_begin(ct_session h, const char *name, ct_span_kind kind, ct_s
         if (__builtin_expect(id == r->last_id + 1 && delta < (1u << CT_BEGIN_NEXT_DELTA_BITS), 1)) {
             ct_rec_short *b = (ct_rec_short *)p;
             b->size = sizeof *b;
-            b->word = CT_REC_BEGIN_NEXT | (uint32_t)kind << 8 | (uint32_t)step << 10 |
-                      (flags >> 8 & (CT_NAME_SLOTS - 1)) << 12 | (uint32_t)delta << 18;
+            b->word = CT_REC_BEGIN_NEXT | (uint32_t)kind << CT_SHORT_KIND_SHIFT |
+                      (uint32_t)step << CT_SHORT_STEP_SHIFT |
+                      (flags >> 8 & (CT_NAME_SLOTS - 1)) << CT_SHORT_SLOT_SHIFT |
+                      (uint32_t)delta << CT_SHORT_BEGIN_DELTA_SHIFT;
             used = sizeof *b;
         } else {
             ct_rec_begin *b = (ct_rec_begin *)p;
@@ -1199,7 +1201,7 @@ ct_status ct__span_end(ct_session h, ct_span span) {
         if (__builtin_expect(delta < (1u << CT_END_NEXT_DELTA_BITS), 1)) {
             ct_rec_short *e = (ct_rec_short *)p;
             e->size = sizeof *e;
-            e->word = CT_REC_END_NEXT | (uint32_t)delta << 8;
+            e->word = CT_REC_END_NEXT | (uint32_t)delta << CT_SHORT_END_DELTA_SHIFT;
             used = sizeof *e;
         } else {
             ct_rec_end *e = (ct_rec_end *)p;

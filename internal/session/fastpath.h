@@ -249,8 +249,15 @@ typedef struct ct_rec_short {
     uint32_t word;
 } ct_rec_short;
 
-#define CT_BEGIN_NEXT_DELTA_BITS 14
-#define CT_END_NEXT_DELTA_BITS 24
+/* Where ct_rec_short.word's fields start (bits), one place for the producer
+ * (fastpath.c) and the drainers (drain.go, tests/c/fastpath_sanitize.c). */
+#define CT_SHORT_KIND_SHIFT 8
+#define CT_SHORT_STEP_SHIFT 10
+#define CT_SHORT_SLOT_SHIFT 12
+#define CT_SHORT_BEGIN_DELTA_SHIFT 18
+#define CT_SHORT_END_DELTA_SHIFT 8
+#define CT_BEGIN_NEXT_DELTA_BITS (32 - CT_SHORT_BEGIN_DELTA_SHIFT)
+#define CT_END_NEXT_DELTA_BITS (32 - CT_SHORT_END_DELTA_SHIFT)
 
 /* Aggregate sessions write 16 bytes per span end and no start record.
  * CT_REC_AGG: type_key = type | key << 8, val = duration in ticks (see

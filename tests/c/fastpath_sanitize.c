@@ -214,11 +214,11 @@ static void drain_locked(void) {
                 r->ticks_cur = ((const ct_rec_begin *)p)->ticks;
             } else if (type == CT_REC_BEGIN_NEXT) {
                 r->id_cur++;
-                r->ticks_cur += word >> 18;
+                r->ticks_cur += word >> CT_SHORT_BEGIN_DELTA_SHIFT;
             } else if (type == CT_REC_END) {
                 r->ticks_cur = ((const ct_rec_end *)p)->ticks;
             } else if (type == CT_REC_END_NEXT) {
-                r->ticks_cur += word >> 8;
+                r->ticks_cur += word >> CT_SHORT_END_DELTA_SHIFT;
             } else {
                 compact = 0;
             }
