@@ -79,3 +79,7 @@ func ownRingData() uintptr {
 func ownRingTail() uint64 {
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&C.ct__own_ring().tail)))
 }
+
+// ownRingLook is what the drainer's wait sees of the calling thread's ring
+// (tests; while the drainer is held, holdDrainer).
+func ownRingLook() ringLook { return lookAt(C.ct__own_ring()) }

@@ -85,6 +85,7 @@ func drainOnWake(fd int, polled bool) {
 	for polled {
 		_, err := wakeFile.Read(buf[:])
 		if err == nil {
+			yieldToProducers()
 			drainAndWrite()
 			continue
 		}
@@ -101,6 +102,7 @@ func drainOnWake(fd int, polled bool) {
 		if err != nil {
 			return
 		}
+		yieldToProducers()
 		drainAndWrite()
 	}
 }
