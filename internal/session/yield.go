@@ -16,7 +16,7 @@ import (
 // is several times the program's (~30 ns). While the program's own threads
 // keep every CPU busy with spans, each slice of CPU the drainer takes is one
 // a program thread waits for: with four threads on two CPUs a burst of spans
-// took ~1.2 times as long with the drainer running beside it (its share of
+// took ~1.15 times as long with the drainer running beside it (its share of
 // five runnable threads) as with it waiting until the burst ends. So, woken,
 // the drainer first waits while the program's threads outnumber the CPUs,
 // for as long as every ring has room: the work is the same, done once the
