@@ -422,12 +422,15 @@ def test_a_model_of_raw_tensors_unmodified(tmp_path, kind, optimizer):
 
 
 @pytest.mark.parametrize("flags, d_steps", [([], 1), (["--critic", "3"], 3),
-                                             (["--generator-first"], 1)])
+                                             (["--generator-first"], 1), (["--container"], 1)])
 def test_a_gan_unmodified(tmp_path, flags, d_steps):
     """Two models, each with its optimizer: the update is the iteration -- every
     discriminator step and the generator's after them -- over both models, whichever
     optimizer was made first; the gradients are the program's once the generator
-    stepped (the discriminator's then hold the generator loss's too, as p.grad does)."""
+    stepped (the discriminator's then hold the generator loss's too, as p.grad does).
+    Held in one module that is never called (``--container``), the model is that module
+    and the update still opens at the generator's forward (until 2026-12-06 it waited for
+    the module's own, and the trace was a "valid, complete" update of 0 ns and 0 ops)."""
     norms = tmp_path / "norms.jsonl"
     r = run(tmp_path, [str(PROGRAMS / "gan.py"), "--updates", "4", *flags],
             env=clean_env(GAN_GRAD_NORMS=str(norms)))
@@ -435,7 +438,8 @@ def test_a_gan_unmodified(tmp_path, flags, d_steps):
     assert "valid, complete" in verdict_line(r)
     [trace] = traces(tmp_path)  # the capture started again over both: one trace
     lines = judged(trace, tmp_path)
-    assert lines[0]["capture_step"] == 3 and lines[0]["entrypoint"] == "model::train"
+    model = "GAN" if "--container" in flags else "model"
+    assert lines[0]["capture_step"] == 3 and lines[0]["entrypoint"] == f"{model}::train"
     want = norms_at(norms, 3)
     grads = {g["key"]: g for g in lines if g["kind"] == "gradient"}
     assert set(grads) == set(want) and len(want) == 8
@@ -450,6 +454,8 @@ def test_a_gan_unmodified(tmp_path, flags, d_steps):
     assert spans.count("backward") == d_steps + 1
     fwd = forward_span_names(lines)
     assert (fwd.count("netG"), fwd.count("netD")) == (d_steps, 2 * d_steps + 1)
+    ops = [o["op_name"] for o in lines if o["kind"] == "op"]
+    assert ops.count("aten::addmm") >= 2 * d_steps + 2 * (2 * d_steps + 1), ops  # two Linears each
     params = [t for t in lines if t["kind"] == "tensor" and t.get("category") == "parameter"]
     assert {t["label"].split(".")[0] for t in params} == {"netG", "netD"}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from conftest import candle_graph, judged
@@ -124,6 +125,76 @@ def test_a_watched_gan_keeps_the_iteration_whose_generator_loss_turns_nan(tmp_pa
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     starts = [s["name"] for s in by_kind(lines, "span_start")]
     assert [s for s in starts if s.endswith(".step")] == ["Adam.step", "SGD.step"]
+
+
+class GAN(nn.Module):
+    """A GAN as many programs hold one: a module with the two networks, never called
+    itself -- the loop calls its generator and discriminator in turn."""
+
+    def __init__(self, netG, netD):
+        super().__init__()
+        self.G, self.D = netG, netD
+
+
+def test_a_gan_held_in_a_module_never_called_is_captured(tmp_path):
+    netG, netD, optD, optG = gan()
+    path = tmp_path / "gan.jsonl"
+    with ctt.profile(GAN(netG, netD), [optD, optG], str(path), capture_step=2) as prof:
+        for update in range(1, 4):
+            norms = iteration(netG, netD, optD, optG)
+            if update == 2:
+                want = norms
+            prof.step()
+    assert prof.state == "done"
+    lines = judged(path, tmp_path)
+    starts = by_kind(lines, "span_start")
+    first = [s["name"] for s in starts].index("update")
+    update = [s["name"] for s in starts[first:]]
+    forwards = [s["name"] for s in starts[first:] if s.get("step") == "forward"]
+    # the update opens at its first forward, the generator's (until this was mended it
+    # waited for the GAN module's own forward, and the trace was an empty update)
+    assert update[1] == "G" and forwards.count("G") == 1 and forwards.count("D") == 3, update
+    assert [s for s in update if s.endswith(".step")] == ["Adam.step", "SGD.step"]
+    ops = [o["op_name"] for o in by_kind(lines, "op")]
+    # three forwards of the discriminator's two Linear layers, one of the generator's
+    assert ops.count("aten::addmm") >= 8, ops
+    assert by_kind(lines, "memory")
+    grads = {g["key"]: g for g in by_kind(lines, "gradient")}
+    assert set(grads) == set(want)
+    for key, norm in want.items():
+        assert math.isclose(grads[key]["norm"], norm, rel_tol=1e-6), (key, grads[key], norm)
+
+
+class Slow(nn.Module):
+    """Sleeps in its forward: an update's time no machine's load can shorten."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return x
+
+
+def test_a_gan_held_in_a_module_never_called_times_its_updates(tmp_path):
+    netG, netD, optD, optG = gan()
+    netG.append(Slow(0.004))
+    agg = tmp_path / "agg.json"
+    updates = 8
+    with ctt.profile(GAN(netG, netD), [optD, optG], str(tmp_path / "t.jsonl"),
+                     capture_step=2, aggregate_path=str(agg)) as prof:
+        for _ in range(updates):
+            iteration(netG, netD, optD, optG)
+            prof.step()
+    spans = {s["name"]: s for s in json.loads(agg.read_text())["spans"]}
+    # Every update but the first (which shows the GAN module is never called) opens at
+    # its first forward: its update span holds the generator's 4 ms. Until this was
+    # mended the update span opened at step() and held nothing, the data span it all.
+    step = spans["train/step"]
+    assert step["count"] == updates
+    assert step["total_ns"] >= (updates - 1) * 4_000_000, step
+    assert step["p50_ns"] >= 4_000_000, step
 
 
 @pytest.mark.parametrize("optimizer", [[torch.nn.Linear(1, 1)], "adam", [None]])

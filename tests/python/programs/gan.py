@@ -2,14 +2,16 @@
 ``netG`` and a discriminator ``netD``, each with its own Adam. Each iteration steps the
 discriminator (on real data and on a detached fake), then the generator (through the
 discriminator, whose gradients it also fills). With ``--critic N`` the discriminator
-steps N times for each generator step, as a WGAN's critic does. Nothing in it knows
+steps N times for each generator step, as a WGAN's critic does. With ``--container`` both
+networks are attributes of one ``nn.Module`` that is never called itself, as many GAN
+programs hold them (the loop calls ``gan.netG`` and ``gan.netD``). Nothing in it knows
 candle_trace: `candle-trace run -- python gan.py` traces it as it is.
 
 With GAN_GRAD_NORMS=FILE set, each iteration appends ``{"update": n, "norms":
 {parameter: |grad|}}`` to FILE once the generator has stepped, named as the trace names
 them (``netG.0.weight``).
 
-    python gan.py [--updates N] [--critic N] [--generator-first]
+    python gan.py [--updates N] [--critic N] [--generator-first] [--container]
 """
 
 from __future__ import annotations
@@ -26,17 +28,30 @@ from torch.nn import functional as F
 LATENT, DATA, HIDDEN, BATCH = 8, 16, 32, 16
 
 
+class GAN(nn.Module):
+    """The two networks in one module, which has no forward: the loop calls each."""
+
+    def __init__(self, netG: nn.Module, netD: nn.Module) -> None:
+        super().__init__()
+        self.netG, self.netD = netG, netD
+
+
 def main() -> None:
-    global netG, netD
+    global netG, netD, gan
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--critic", type=int, default=1)
     ap.add_argument("--generator-first", action="store_true",
                     help="create the generator's optimizer first")
+    ap.add_argument("--container", action="store_true",
+                    help="hold both networks in one nn.Module that is never called")
     args = ap.parse_args()
     torch.manual_seed(0)
     netG = nn.Sequential(nn.Linear(LATENT, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, DATA))
     netD = nn.Sequential(nn.Linear(DATA, HIDDEN), nn.LeakyReLU(0.2), nn.Linear(HIDDEN, 1))
+    if args.container:
+        gan = GAN(netG, netD)
+        netG, netD = gan.netG, gan.netD
     if args.generator_first:
         optG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
         optD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))

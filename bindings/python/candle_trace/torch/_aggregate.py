@@ -49,6 +49,10 @@ class WholeRun:
         self._open: List[Any] = []  # the open update (None) or data span (at most one)
         self._compiles = Compilations(self._compile_begin, self._compile_end)
         self._update: Any = None
+        #: the modules whose forwards open the update (install); their submodules' too
+        #: once an update went by without any of theirs (_begin_at_submodules)
+        self._roots: List[torch.nn.Module] = []
+        self._submodules_begin = False
         self._open_data()
 
     def install(self, modules: Sequence[torch.nn.Module],
@@ -58,6 +62,7 @@ class WholeRun:
         has no forward: its updates start at their backward."""
         for m in modules:
             self._install_forward(m)
+        self._roots = list(modules)
 
         orig_backward = torch.autograd.backward
         spanned_backward = self._bwd(orig_backward)
@@ -152,9 +157,41 @@ class WholeRun:
         self._open.append(None)  # marks "update open"
         self._update = upd
 
+    def _install_begin(self, module: torch.nn.Module) -> None:
+        """``module``'s forward opens the update if none is open (no span of its own)."""
+        orig_forward = module.forward
+
+        @functools.wraps(orig_forward)
+        def forward(*args: Any, **kw: Any) -> Any:
+            if not self._closed and not (self._open and self._open[-1] is None):
+                self._begin_update_unless_open()
+            return orig_forward(*args, **kw)
+
+        prev = patch(module, "forward", forward)
+        self._undo.append(lambda: restore(module, "forward", prev))
+
+    def _begin_at_submodules(self) -> None:
+        """An update ended without a forward of the model's own: a module that holds
+        others and is never called itself (a GAN's, whose loop calls its generator and
+        discriminator in turn). From the next update on, the first forward of any module
+        inside it opens the update, as the model's own would have -- before, the update
+        span held none of the update's time and the data span all of it. Only then: a
+        model that is called costs no wrapper per submodule call."""
+        self._submodules_begin = True
+        roots = {id(m) for m in self._roots}
+        seen = set(roots)
+        for root in self._roots:
+            for m in root.modules():
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    self._install_begin(m)
+
     def step(self) -> None:
         """The end of one update (the profile's ``step()``)."""
         self._compiles.ensure()  # a model compiled after the run's statistics started
+        if self._roots and not self._submodules_begin and \
+                not (self._open and self._open[-1] is None):
+            self._begin_at_submodules()
         self._begin_update_unless_open()  # no forward (or backward) began it
         self._open.pop()
         self._update.__exit__(None, None, None)

@@ -170,9 +170,12 @@ class Capture:
         if self.ops is not None:
             self.ops.suspend(on)
 
-    def on_top_forward(self, module: torch.nn.Module) -> None:
-        """A top module's forward starts while armed: the update starts with the first
-        that runs with gradients on (phase train) or the first of all (phase infer)."""
+    def on_forward(self, module: torch.nn.Module) -> None:
+        """A forward of one of the model's modules starts while armed: the update starts
+        with the first that runs with gradients on (phase train) or the first of all
+        (phase infer). Any module's, not only the model's own: a model may be a module
+        that holds others and is never called itself (a GAN's generator and
+        discriminator, called in turn by the loop)."""
         if self.state == "armed" and (self.cfg.phase == "infer" or torch.is_grad_enabled()):
             self.begin()
 

@@ -31,7 +31,7 @@ PyObject *g_has_torch_function = nullptr;  // torch.overrides.has_torch_function
 PyObject *g_ordered_dict = nullptr;        // collections.OrderedDict
 PyObject *g_mapping = nullptr;             // collections.abc.Mapping
 
-PyObject *s_state, *s_capturing, *s_armed, *s_stats, *s_on_top_forward, *s_failing,
+PyObject *s_state, *s_capturing, *s_armed, *s_stats, *s_on_forward, *s_failing,
     *s_abort, *s_requires_grad, *s_backward_hooks, *s_grad_fn, *s_register_hook_dict,
     *s_register_hook, *s_own_hooks;
 
@@ -46,7 +46,7 @@ bool intern_all() {
         {&s_capturing, "capturing"},
         {&s_armed, "armed"},
         {&s_stats, "stats"},
-        {&s_on_top_forward, "on_top_forward"},
+        {&s_on_forward, "on_forward"},
         {&s_failing, "failing"},
         {&s_abort, "abort"},
         {&s_requires_grad, "requires_grad"},
@@ -91,7 +91,7 @@ struct TableRef {
 
 struct ModuleTable {
     PyObject_HEAD
-    PyObject *cap;            // the Capture: state, stats, on_top_forward, failing, abort
+    PyObject *cap;            // the Capture: state, stats, on_forward, failing, abort
     SpanStack *stack;
     PyObject *key;            // this capture's key in a tensor's _backward_hooks
     PyObject *record_output;  // record_output(index, sid, tensor): the output's statistics
@@ -594,13 +594,13 @@ PyObject *forward_call(ModuleForward *self, PyObject *args, PyObject *kw) {
     ModuleTable *t = self->table;
     const bool top = (*t->mods)[self->index].top;
     State state = state_of(t->cap);
-    if (state != kCapturing && !(top && state == kArmed)) return PyObject_Call(self->orig, args, kw);
+    if (state != kCapturing && state != kArmed) return PyObject_Call(self->orig, args, kw);
     uint64_t sid = 0;
     {
         TracerWork work(t->stack);
         int rc = 0;
         if (state == kArmed) {
-            PyObject *r = PyObject_CallMethodOneArg(t->cap, s_on_top_forward, (*t->mods)[self->index].module);
+            PyObject *r = PyObject_CallMethodOneArg(t->cap, s_on_forward, (*t->mods)[self->index].module);
             rc = r ? 0 : -1;
             Py_XDECREF(r);
         }

@@ -53,7 +53,7 @@ _KEYS = itertools.count(1)  # one key per ModuleSpans, never reused in the proce
 class ModuleSpans:
     """The module spans of one capture. ``capture`` provides ``state``, ``capturing``,
     ``spans``, ``stats`` (a StatsRecorder or None), ``ops_suspend``,
-    ``on_top_forward(module)``, ``failing(exc)`` (the program raised) and ``abort(exc)``
+    ``on_forward(module)``, ``failing(exc)`` (the program raised) and ``abort(exc)``
     (an internal error fails the capture); every hook's work is tracer work, between
     ``spans``' brackets. Subclasses make the wrappers (:meth:`_wrapper`)."""
 
@@ -122,13 +122,13 @@ class PyModuleSpans(ModuleSpans):
 
         def forward(*args: Any, **kw: Any) -> Any:
             state = cap.state
-            if state != "capturing" and not (top and state == "armed"):
+            if state != "capturing" and state != "armed":
                 return orig(*args, **kw)
             tb(hc)
             sid = 0
             try:
                 if state == "armed":
-                    cap.on_top_forward(module)
+                    cap.on_forward(module)
                 if cap.state == "capturing":
                     if is_grad_enabled():
                         if spans.in_backward():
