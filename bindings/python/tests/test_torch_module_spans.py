@@ -378,6 +378,51 @@ def test_a_checkpointed_forward_run_again_in_the_backward_is_a_recompute_span(
             and s.get("step") == "forward"} == {"m", "inp", "head"}
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
+def test_a_gradient_penalty_s_backward_is_a_span_and_the_forwards_after_it_forwards(
+        tmp_path, implementation):
+    """A WGAN-GP critic's update: ``torch.autograd.grad(..., create_graph=True)`` is a
+    backward pass of its own, the span ``autograd.grad`` (step backward) holding the module
+    backward spans it runs through, closed when it returns. Before, nothing spanned it and
+    the module spans it opened stayed open: every forward after it in the update was
+    written as a recomputation inside a backward (``critic [recompute]``, no forward)."""
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+
+    def update():
+        real, fake = torch.randn(8, 8), torch.randn(8, 8)
+        a = torch.rand(8, 1)
+        mixed = (a * real + (1 - a) * fake).requires_grad_(True)
+        g, = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
+        penalty = ((g.norm(dim=1) - 1) ** 2).mean()
+        loss = critic(fake).mean() - critic(real).mean() + 10 * penalty
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    path = tmp_path / "gp.jsonl"
+    with ctt.profile(critic, opt, str(path), capture_step=2, name="critic") as prof:
+        for _ in range(3):
+            update()
+            prof.step()
+    lines = judged(path, tmp_path)
+    starts = {s["id"]: s for s in lines if s["kind"] == "span_start"}
+    names = [s["name"] for s in starts.values()]
+    assert not [n for n in names if n.endswith("[recompute]")], names
+    assert [s["name"] for s in starts.values() if s.get("step") == "forward"
+            and s["name"] == "critic"] == ["critic"] * 3
+    [grad] = [s for s in starts.values() if s["name"] == "autograd.grad"]
+    assert grad["step"] == "backward" and starts[grad["parent_id"]]["name"] == "update"
+    inside = {s["name"] for s in starts.values() if s.get("parent_id") == grad["id"]}
+    assert "critic" in inside, inside
+    ends = {e["id"] for e in lines if e["kind"] == "span_end"}
+    assert set(starts) <= ends  # each closed, the penalty's at its return
+    # the program's loss.backward() is the other backward, after it
+    assert [s["name"] for s in starts.values() if s.get("step") == "backward"
+            and s["span_kind"] == "function"] == ["autograd.grad", "backward"]
+
+
 def test_a_capture_gone_before_its_backward_runs_leaves_the_hooks_harmless(tmp_path):
     """The capture ends between the forward and the backward: the tensors' hooks write
     nothing and do not fail the backward; the next capture is whole."""

@@ -22,6 +22,8 @@ from typing import Any, Iterable, List
 
 import torch
 
+from ._common import torch_grad
+
 __all__ = ["close_spans_on_device_threads", "devices_of"]
 
 
@@ -59,4 +61,4 @@ def close_spans_on_device_threads(spans: Any, devices: List[torch.device]) -> No
     leaves = [torch.empty(0, device=d, requires_grad=True) for d in devices]
     with torch.enable_grad():
         outs = [_CloseSpans.apply(x, spans) for x in leaves]
-    torch.autograd.grad(outs, leaves, [torch.empty(0, device=d) for d in devices])
+    torch_grad(outs, leaves, [torch.empty(0, device=d) for d in devices])

@@ -542,18 +542,40 @@ class Capture:
             if self.state != "capturing":
                 return orig(tensors, *a, **k)
             sid = self.guard_call(self._backward_begin, tensors)
-            try:
-                return orig(tensors, *a, **k)
-            except BaseException as e:
-                self.failing(e)
-                raise
-            finally:
-                if sid:
-                    self.guard_call(self._backward_end, sid)
+            return self._backward_in(sid, orig, (tensors, *a), k)
 
         # Tensor.backward calls it too
         prev = patch(torch.autograd, "backward", outside_dynamo(backward))
         self._undo.append(lambda: restore(torch.autograd, "backward", prev))
+
+        orig_grad = torch.autograd.grad
+
+        @functools.wraps(orig_grad)
+        def grad(*a: Any, **k: Any) -> Any:
+            # A backward pass too (a gradient penalty's, a meta-learner's inner step):
+            # its span holds the module backward spans it opens, and closes them when it
+            # returns -- left open, every forward after it read as a recomputation
+            # inside a backward.
+            if self.state != "capturing":
+                return orig_grad(*a, **k)
+            sid = self.guard_call(self.spans.push, "backward", "autograd.grad", "function",
+                                  "backward")
+            return self._backward_in(sid, orig_grad, a, k)
+
+        prev_grad = patch(torch.autograd, "grad", outside_dynamo(grad))
+        self._undo.append(lambda: restore(torch.autograd, "grad", prev_grad))
+
+    def _backward_in(self, sid: int, fn: Callable, args: Any, kw: Any) -> Any:
+        """The program's backward pass ``fn(*args, **kw)`` inside its span ``sid`` (0:
+        none could open), closed when it returns; an exception fails the capture."""
+        try:
+            return fn(*args, **kw)
+        except BaseException as e:
+            self.failing(e)
+            raise
+        finally:
+            if sid:
+                self.guard_call(self._backward_end, sid)
 
     def _backward_begin(self, tensors: Any) -> int:
         sid = self.spans.push("backward", "backward", "function", "backward")

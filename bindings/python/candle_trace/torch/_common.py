@@ -112,6 +112,12 @@ def tensors(args: Any) -> List[torch.Tensor]:
     return out
 
 
+#: ``torch.autograd.grad`` as torch defines it, for the tracer's own backward passes
+#: (closing autograd's device threads' spans, CUPTI's warm-up, the observer's
+#: calibration): a capture wraps the program's (its span ``autograd.grad``) and must not
+#: see these.
+torch_grad = torch.autograd.grad
+
 MISSING = object()
 
 

@@ -8,7 +8,7 @@ from typing import List, Sequence
 import torch
 
 from ..session import CandleTraceError, Session
-from ._common import warn_once
+from ._common import torch_grad, warn_once
 
 __all__ = ["Device", "WARMUP_SPAN"]
 
@@ -72,7 +72,7 @@ class Device:
         try:
             with session.span(WARMUP_SPAN):
                 w = torch.ones(1, device=dev, requires_grad=True)
-                torch.autograd.grad((w * 2).sum(), w)
+                torch_grad((w * 2).sum(), w)
                 torch.cuda.synchronize(dev)
         except Exception as e:  # noqa: BLE001 - a warm-up, not the program's work
             warn_once("cupti-warmup", f"CUPTI warm-up before the update failed: {e}")

@@ -31,6 +31,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _lib
+from ._common import torch_grad
 
 SOURCE = Path(__file__).resolve().parent / "_observer.cpp"
 #: the library's sources: the observer, and the module spans and statistics in C++
@@ -162,12 +163,12 @@ def miniature_step() -> Callable[[], None]:
         weight = torch.randn(8, 8, generator=gen).requires_grad_()
         x = torch.randn(4, 8, generator=gen)
 
-    # torch.autograd.grad, not backward(): what wraps the program's backward (a
+    # torch's autograd.grad, not backward(): what wraps the program's backward (a
     # whole-run session, a watch reading the loss, the user's own) must not see it
     @torch.inference_mode(False)
     @torch.enable_grad()
     def step() -> None:
-        (grad,) = torch.autograd.grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
+        (grad,) = torch_grad(torch.nn.functional.linear(x, weight).relu().sum(), [weight])
         with torch.no_grad():
             weight.add_(grad, alpha=-1e-3)
 
