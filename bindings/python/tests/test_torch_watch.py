@@ -25,6 +25,7 @@ from torch import nn  # noqa: E402
 
 import candle_trace.torch as ctt  # noqa: E402
 from candle_trace.torch import Triggers  # noqa: E402
+from candle_trace.torch._triggers import held_up  # noqa: E402
 
 
 class Slow(nn.Module):
@@ -587,7 +588,7 @@ def test_a_full_captures_own_cost_is_not_a_slow_update(tmp_path):
                 # what the rule judges: the update's time less the time the machine held
                 # its thread up (CpuWait) -- beside CPU hogs, the thread waits for a CPU
                 # while the library's drainer writes the capture, up to 44 ms here
-                times[update] = None if timed is None else timed - min(max(waited, 0.0), timed)
+                times[update] = None if timed is None else timed - held_up(timed, waited)
                 return evaluate(update, timed, loss, waited)
 
             w._eval.end_of_update = spy

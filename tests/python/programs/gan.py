@@ -49,9 +49,8 @@ def main() -> None:
     torch.manual_seed(0)
     netG = nn.Sequential(nn.Linear(LATENT, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, DATA))
     netD = nn.Sequential(nn.Linear(DATA, HIDDEN), nn.LeakyReLU(0.2), nn.Linear(HIDDEN, 1))
-    if args.container:
+    if args.container:  # the loop still calls netG and netD: the module's own attributes
         gan = GAN(netG, netD)
-        netG, netD = gan.netG, gan.netD
     if args.generator_first:
         optG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
         optD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))

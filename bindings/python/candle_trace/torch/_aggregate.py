@@ -145,10 +145,15 @@ class WholeRun:
         data.__enter__()
         self._open.append(data)  # a data span is not None: see forward()
 
+    @property
+    def _update_open(self) -> bool:
+        """An update is open (its marker is the last of ``_open``)."""
+        return bool(self._open) and self._open[-1] is None
+
     def _begin_update_unless_open(self) -> None:
         """Closes the data span (if open) and opens the update span, unless the update
         is open already (a later forward of it, its backward)."""
-        if self._open and self._open[-1] is None:
+        if self._update_open:
             return
         if self._open:
             self._open.pop().__exit__(None, None, None)
@@ -163,7 +168,7 @@ class WholeRun:
 
         @functools.wraps(orig_forward)
         def forward(*args: Any, **kw: Any) -> Any:
-            if not self._closed and not (self._open and self._open[-1] is None):
+            if not self._closed:
                 self._begin_update_unless_open()
             return orig_forward(*args, **kw)
 
@@ -178,8 +183,7 @@ class WholeRun:
         span held none of the update's time and the data span all of it. Only then: a
         model that is called costs no wrapper per submodule call."""
         self._submodules_begin = True
-        roots = {id(m) for m in self._roots}
-        seen = set(roots)
+        seen = {id(m) for m in self._roots}
         for root in self._roots:
             for m in root.modules():
                 if id(m) not in seen:
@@ -189,8 +193,7 @@ class WholeRun:
     def step(self) -> None:
         """The end of one update (the profile's ``step()``)."""
         self._compiles.ensure()  # a model compiled after the run's statistics started
-        if self._roots and not self._submodules_begin and \
-                not (self._open and self._open[-1] is None):
+        if self._roots and not self._submodules_begin and not self._update_open:
             self._begin_at_submodules()
         self._begin_update_unless_open()  # no forward (or backward) began it
         self._open.pop()

@@ -238,6 +238,13 @@ class CpuWait:
         self._fd, self._tid = -1, -1
 
 
+def held_up(seconds: float, cpu_wait: float) -> float:
+    """The part of an update's ``seconds`` the machine held its thread up for: the
+    measured CPU wait, never below 0 nor above the update's time; the slow trigger judges
+    the rest."""
+    return min(max(cpu_wait, 0.0), seconds)
+
+
 class Evaluator:
     """The triggers' state over a run: the last ``window`` update times, sorted."""
 
@@ -305,7 +312,7 @@ class Evaluator:
             self._loss_was_finite = finite
         if seconds is None:
             return fired
-        waited = min(max(cpu_wait, 0.0), seconds)
+        waited = held_up(seconds, cpu_wait)
         seconds -= waited
         if fired is None and self.slow_armed:
             fired = self._slow(update, seconds, waited)
